@@ -1,0 +1,687 @@
+"""Reward models: a Bradley-Terry outcome reward model, and a process reward model (PRM).
+
+Outcome (`--objective outcome`, the default): the reward model of "Learning to summarize from human
+feedback" (Stiennon et al. 2020) as reproduced in "The N+ Implementation Details of RLHF with PPO: A Case
+Study on TL;DR Summarization" (Huang et al. 2024, arXiv:2403.17031). A scalar head on the SFT model reads
+the reward at the last non-pad token of `prompt + response + EOS`, trained with the Bradley-Terry loss
+`-log sigmoid(r_chosen - r_rejected)`; optionally with a margin (Touvron et al. 2023, Llama 2) and the
+reward-centering term `coef * (r_chosen + r_rejected)^2` (Eisenstein et al. 2023, "Helping or Herding?").
+N+ details kept here:
+  * The RM starts from the SFT model; the head `Linear(hidden, 1)` is initialised from N(0, 1/sqrt(hidden+1)).
+  * The reward is read at the last non-pad token, located from the attention mask, and position ids come
+    from the attention mask too, so the reward does not depend on the side padding is on.
+  * After training the reward is normalised: the reference (SFT) responses are scored and the negated mean
+    is stored as `config.reward_bias`, so that their mean reward is 0.
+  * Real-track hyperparameters (N+ paper): learning rate 3e-6, 1 epoch, batch size 64; reported validation
+    accuracies 0.628 / 0.669 / 0.689 for Pythia 1B / 2.8B / 6.9B.
+
+Process (`--objective process`): a PRM scoring every reasoning step, as used in "On Designing Effective RL
+Reward at Training Time for LLM Reasoning" (Gao et al. 2024) and trained like Math-Shepherd (Wang et al.
+2024) on per-step binary labels: each step is followed by a separator token, the head's logit at that
+token is the step's score, and the loss is binary cross-entropy against the step's correctness label.
+
+The saved format, which every consumer (ppo_rlhf.py, grpo_math.py, ...) reads without importing this file:
+  * the directory loads with `AutoModelForSequenceClassification.from_pretrained(path)` (num_labels = 1);
+  * per-token scores are the `score` head's output at every position (what the model's forward computes
+    before pooling), with position ids from the attention mask;
+  * `config.reward_type` is "outcome" or "process"; `config.reward_bias` is added to every outcome
+    reward; a PRM has `config.step_separator` (the text that ends every step, e.g. "\\n") and its step
+    score is `sigmoid(logit at the separator)`, the probability that the step is correct.
+
+Usage:
+    python reward_model.py tiny-tldr --sft-model-path runs/<sft run>/model
+    python reward_model.py tiny-math-prm --sft-model-path runs/<sft run>/model
+    accelerate launch --multi_gpu --num_processes 8 reward_model.py tldr-pythia-1b --sft-model-path ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import resource
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+import torch
+import torch.nn.functional as F
+import tyro
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from tqdm.auto import tqdm
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+
+@dataclass
+class Args:
+    # ---- experiment ----
+    exp_name: str = "reward_model"
+    """name of this experiment; the run name starts with it"""
+    seed: int = 1
+    """seed of the experiment (head init, data order)"""
+    run_name: str | None = None
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    output_dir: str = "runs"
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    track: bool = False
+    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
+    wandb_project: str = "clean-rlhf"
+    """wandb project name"""
+    wandb_entity: str | None = None
+    """wandb entity (team); None uses your default"""
+    num_threads: int | None = None
+    """CPU threads per process; default: the machine's cores divided by the number of processes"""
+
+    # ---- model ----
+    sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
+    """the SFT model the reward model starts from: a hub name or a local directory"""
+    revision: str | None = None
+    """hub revision of the SFT model"""
+    trust_remote_code: bool = False
+    """allow custom modelling code from the hub; off unless you trust the repository"""
+    add_pad_token: bool = False
+    """add a `[PAD]` token when the tokenizer has none (N+ does this for Pythia); otherwise that is an error"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype of the model weights"""
+    objective: Literal["outcome", "process"] = "outcome"
+    """`outcome`: Bradley-Terry on preference pairs; `process`: per-step binary labels (PRM)"""
+
+    # ---- data ----
+    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_oai_preprocessing_1706381144"
+    """preference pairs (outcome) or stepwise labels (process): hub name, `save_to_disk` folder, folder of
+    `{split}.jsonl|json|parquet`, or one such file"""
+    train_split: str = "train"
+    """split to train on"""
+    eval_split: str = "validation"
+    """split to evaluate on"""
+    prompt_template: str = "{query}"
+    """Python format string building the prompt from a row's fields"""
+    use_chat_template: bool = False
+    """wrap the prompt as a user message with the tokenizer's chat template"""
+    chosen_field: str = "chosen"
+    """(outcome) field of the preferred response"""
+    rejected_field: str = "rejected"
+    """(outcome) field of the dispreferred response"""
+    margin_field: str | None = None
+    """(outcome) optional field with a per-pair margin m, making the loss -log sigmoid(r_c - r_r - m)"""
+    confidence_field: str | None = None
+    """(outcome) optional field whose values group the validation accuracy (OpenAI's labeller confidence)"""
+    steps_field: str = "completions"
+    """(process) field with the list of steps (TRL stepwise-supervision format)"""
+    labels_field: str = "labels"
+    """(process) field with one boolean per step: is the step correct"""
+    step_separator: str = "\n"
+    """(process) text appended after every step; it must be one token, at which the step is scored"""
+    max_length: int = 565
+    """longest prompt + response + EOS in tokens (N+: 512 + 53); longer rows are an error unless dropped"""
+    drop_overlong: bool = False
+    """drop (and count) overlong rows instead of failing"""
+    max_train_samples: int | None = None
+    """use only the first N training rows (debugging)"""
+
+    # ---- reward normalisation (outcome) ----
+    normalize: bool = True
+    """after training, set `config.reward_bias` so the mean reward of reference responses is 0 (N+)"""
+    norm_dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """dataset with the reference (SFT) responses used for normalisation"""
+    norm_split: str = "train"
+    """split of the normalisation dataset"""
+    norm_response_template: str = "{reference_response}"
+    """format string of the reference response (the prompt uses `prompt_template`)"""
+    num_norm_examples: int = 1024
+    """reference responses scored for the normalisation"""
+
+    # ---- optimisation ----
+    learning_rate: float = 3e-6
+    """peak learning rate (N+: 3e-6)"""
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """decay after warm-up"""
+    warmup_ratio: float = 0.0
+    """share of the optimizer steps spent warming the learning rate up linearly from 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    center_rewards_coef: float = 0.0
+    """(outcome) weight of (r_chosen + r_rejected)^2, which keeps rewards centred at 0; 0 disables it"""
+    num_train_epochs: int = 1
+    """passes over the training split"""
+    per_device_train_batch_size: int = 8
+    """pairs (outcome) or solutions (process) per device per micro-batch"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches per optimizer step; the global batch is this x per-device batch x processes"""
+
+    # ---- evaluation and logging ----
+    eval_every: int = 100
+    """evaluate every N optimizer steps (and at the end)"""
+    num_eval_examples: int = 400
+    """validation rows"""
+    per_device_eval_batch_size: int = 32
+    """rows per device at evaluation"""
+    log_every: int = 10
+    """log training metrics every N optimizer steps"""
+    save_model: bool = True
+    """save the final model and tokenizer to `runs/<run_name>/model` (safetensors)"""
+
+
+PRESETS = {
+    "tldr-pythia-1b": ("N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)", Args(
+        exp_name="rm_tldr_pythia-1b", sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
+        add_pad_token=True, dtype="bfloat16", per_device_train_batch_size=8, gradient_accumulation_steps=1,
+        confidence_field="confidence")),
+    "tldr-pythia-2.8b": ("N+ reward model, Pythia 2.8B (8 GPUs)", Args(
+        exp_name="rm_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
+        add_pad_token=True, dtype="bfloat16", per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        confidence_field="confidence")),
+    "tldr-pythia-6.9b": ("N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)", Args(
+        exp_name="rm_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
+        add_pad_token=True, dtype="bfloat16", per_device_train_batch_size=2, gradient_accumulation_steps=4,
+        confidence_field="confidence")),
+    "tiny-tldr": ("tiny-tldr Bradley-Terry RM on CPU (needs assets and a tiny-tldr SFT model)", Args(
+        exp_name="rm_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model",
+        dataset_name_or_path="runs/assets/tiny-tldr/preference", norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
+        learning_rate=3e-4, warmup_ratio=0.05, per_device_train_batch_size=32, max_length=160,
+        confidence_field="confidence", eval_every=50, num_norm_examples=512)),
+    "tiny-math-prm": ("tiny-math process reward model on CPU (needs assets and a tiny-math SFT model)", Args(
+        exp_name="prm_tiny-math", objective="process", sft_model_path="runs/sft_tiny-math__1/model",
+        dataset_name_or_path="runs/assets/tiny-math/prm", eval_split="test",
+        prompt_template="Question: {prompt}\nAnswer:\n", normalize=False, learning_rate=5e-4, warmup_ratio=0.05,
+        num_train_epochs=4, per_device_train_batch_size=32, max_length=192, eval_every=125)),
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Offline-first loading (same helpers as every script of this repository)
+# ----------------------------------------------------------------------------------------------------
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def in_hub_cache(name: str, repo_type: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(name, repo_type=repo_type, local_files_only=True)
+        return True
+    except Exception:
+        return False
+
+
+def require_hub(name: str, what: str, flag: str) -> None:
+    """Fail fast, naming the missing thing and how to pass a local copy, when `name` is neither a local
+    path, nor in the local Hugging Face cache, nor reachable on the hub."""
+    if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
+        return
+    raise SystemExit(
+        f"error: the {what} '{name}' is not a local path, is not in the Hugging Face cache, and the hub cannot be "
+        f"reached (no network, or HF_HUB_OFFLINE=1).\n  Download it on a machine with internet "
+        f"(`huggingface-cli download {name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`), "
+        f"then pass the local directory: {flag} DIR\n  For the offline tiny world: `python -m benchmark.assets`, "
+        f"then use a `tiny-*` preset."
+    )
+
+
+def load_split(name_or_path: str, split: str) -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+    path = Path(name_or_path)
+    fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    if path.is_file():
+        return load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+            ds = load_from_disk(str(path))
+            return ds[split] if isinstance(ds, DatasetDict) else ds
+        for suffix, kind in fmt.items():
+            if (path / f"{split}{suffix}").exists():
+                return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
+        raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
+    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
+    return load_dataset(name_or_path, split=split)
+
+
+def load_tokenizer(name_or_path: str, args: Args):
+    local = os.path.isdir(name_or_path)
+    if not local:
+        require_hub(name_or_path, "model", "--sft-model-path")
+    tok = AutoTokenizer.from_pretrained(name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local)
+    if tok.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name_or_path} has no EOS token")
+    if tok.pad_token_id is None:
+        if not args.add_pad_token:
+            raise SystemExit(f"error: the tokenizer of {name_or_path} has no pad token. Pass --add-pad-token to add '[PAD]' "
+                             "(as N+ does for Pythia); do not reuse EOS as PAD, or the reward would be read at the wrong token.")
+        tok.add_special_tokens({"pad_token": "[PAD]"})
+    if tok.pad_token_id == tok.eos_token_id:
+        raise SystemExit("error: the pad token is the EOS token; the last non-pad token could not be found (N+ detail).")
+    return tok
+
+
+# ----------------------------------------------------------------------------------------------------
+# The reward computation (copied into every consumer of a reward model)
+# ----------------------------------------------------------------------------------------------------
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
+
+
+def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, margin: torch.Tensor | None = None,
+                       center_coef: float = 0.0) -> torch.Tensor:
+    """-log sigmoid(r_c - r_r - margin), averaged over pairs, plus center_coef * mean((r_c + r_r)^2)."""
+    diff = r_chosen - r_rejected - (margin if margin is not None else 0.0)
+    loss = -F.logsigmoid(diff).mean()
+    if center_coef:
+        loss = loss + center_coef * ((r_chosen + r_rejected) ** 2).mean()
+    return loss
+
+
+def process_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Binary cross-entropy between the step logits and the step labels; label -100 marks non-step tokens."""
+    mask = labels != -100
+    return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].float())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------
+
+
+def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+    try:
+        text = template.format(**row)
+    except KeyError as e:
+        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
+                         f"'{template}'; its fields are {sorted(row)}") from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+    return text
+
+
+def field(row: dict, name: str, index: int, split: str, kind: type):
+    if name not in row:
+        raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}'; its fields are {sorted(row)}")
+    value = row[name]
+    if not isinstance(value, kind) or (isinstance(value, (str, list)) and len(value) == 0):
+        raise SystemExit(f"error: field '{name}' of row {index} of split '{split}' must be a non-empty {kind.__name__}, got {value!r}")
+    return value
+
+
+def encode_prompt(tokenizer, prompt: str, args: Args) -> list[int]:
+    if args.use_chat_template:
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def check_length(ids: list[int], args: Args, index: int, split: str) -> bool:
+    if len(ids) <= args.max_length:
+        return True
+    if args.drop_overlong:
+        return False
+    raise SystemExit(f"error: row {index} of split '{split}' is {len(ids)} tokens long; the limit is --max-length "
+                     f"{args.max_length}. Raise it or pass --drop-overlong.")
+
+
+def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+    """prompt + response + EOS for the chosen and the rejected response of every pair."""
+    out, dropped = [], 0
+    for i, row in enumerate(ds):
+        prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
+        ids = {}
+        for key, name in (("chosen", args.chosen_field), ("rejected", args.rejected_field)):
+            response = field(row, name, i, split, str)
+            ids[key] = prompt_ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if not (check_length(ids["chosen"], args, i, split) and check_length(ids["rejected"], args, i, split)):
+            dropped += 1
+            continue
+        margin = float(row[args.margin_field]) if args.margin_field else 0.0
+        confidence = row.get(args.confidence_field) if args.confidence_field else None
+        out.append({**ids, "margin": margin, "confidence": confidence})
+    if dropped:
+        print(f"dropped {dropped} overlong pairs of '{split}'")
+    return out
+
+
+def tokenize_steps(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+    """prompt, then every step followed by the separator token; the separator carries the step's label,
+    every other position the label -100."""
+    sep = tokenizer(args.step_separator, add_special_tokens=False)["input_ids"]
+    if len(sep) != 1:
+        raise SystemExit(f"error: the step separator {args.step_separator!r} is {len(sep)} tokens; it must be exactly one")
+    out, dropped = [], 0
+    for i, row in enumerate(ds):
+        ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
+        labels = [-100] * len(ids)
+        steps, step_labels = field(row, args.steps_field, i, split, list), field(row, args.labels_field, i, split, list)
+        if len(steps) != len(step_labels):
+            raise SystemExit(f"error: row {i} of split '{split}' has {len(steps)} steps but {len(step_labels)} labels")
+        for step, label in zip(steps, step_labels):
+            if not isinstance(step, str) or not step.strip() or not isinstance(label, (bool, int)):
+                raise SystemExit(f"error: row {i} of split '{split}' has an empty step or a non-boolean label: {step!r}, {label!r}")
+            step_ids = tokenizer(step, add_special_tokens=False)["input_ids"]
+            ids += step_ids + sep
+            labels += [-100] * len(step_ids) + [int(label)]
+        if not check_length(ids, args, i, split):
+            dropped += 1
+            continue
+        out.append({"input_ids": ids, "labels": labels})
+    if dropped:
+        print(f"dropped {dropped} overlong solutions of '{split}'")
+    return out
+
+
+def right_pad(seqs: list[list[int]], pad_id: int, fill_labels: list[list[int]] | None = None):
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+        mask[i, : len(s)] = 1
+        if fill_labels is not None:
+            labels[i, : len(s)] = torch.tensor(fill_labels[i])
+    return ids, mask, labels
+
+
+def collate(batch: list[dict], pad_id: int, objective: str) -> dict[str, torch.Tensor]:
+    if objective == "outcome":  # chosen rows first, then rejected rows: one forward pass for both
+        ids, mask, _ = right_pad([b["chosen"] for b in batch] + [b["rejected"] for b in batch], pad_id)
+        return {"input_ids": ids, "attention_mask": mask, "margin": torch.tensor([b["margin"] for b in batch])}
+    ids, mask, labels = right_pad([b["input_ids"] for b in batch], pad_id, [b["labels"] for b in batch])
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def compute_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
+    if args.objective == "outcome":
+        rewards = outcome_reward(model, batch["input_ids"], batch["attention_mask"])
+        r_chosen, r_rejected = rewards.chunk(2)
+        loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"], args.center_rewards_coef)
+        return loss, {"r_chosen": r_chosen.detach(), "r_rejected": r_rejected.detach()}
+    logits = token_scores(model, batch["input_ids"], batch["attention_mask"])
+    return process_loss(logits, batch["labels"]), {"logits": logits.detach(), "labels": batch["labels"]}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Logging, evaluation, normalisation
+# ----------------------------------------------------------------------------------------------------
+
+
+class RunLogger:
+    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
+    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
+
+    def __init__(self, args: Args, accelerator: Accelerator):
+        self.enabled = accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.start = time.time()
+        self.wandb = None
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+        self.file = open(self.dir / "metrics.jsonl", "w")
+        if args.track:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                    config=dataclasses.asdict(args), dir=str(self.dir))
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.wandb is not None:
+                self.wandb.finish()
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+@torch.no_grad()
+def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Accelerator) -> dict:
+    """Outcome: pairwise accuracy (overall and by confidence), mean chosen/rejected reward and margin.
+    Process: per-step accuracy (sigmoid(logit) > 0.5 against the label), and the share of solutions whose
+    every step is classified right."""
+    model.eval()
+    unwrapped = accelerator.unwrap_model(model)
+    records = []
+    with accelerator.split_between_processes(examples) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            chunk = shard[start : start + args.per_device_eval_batch_size]
+            batch = {k: v.to(accelerator.device) for k, v in collate(chunk, tokenizer.pad_token_id, args.objective).items()}
+            loss, out = compute_loss(unwrapped, batch, args)
+            if args.objective == "outcome":
+                for e, rc, rr in zip(chunk, out["r_chosen"].tolist(), out["r_rejected"].tolist()):
+                    records.append({"loss": -F.logsigmoid(torch.tensor(rc - rr - e["margin"])).item(), "r_chosen": rc,
+                                    "r_rejected": rr, "correct": rc > rr, "confidence": e["confidence"]})
+            else:
+                for logits, labels in zip(out["logits"], out["labels"]):
+                    mask = labels != -100
+                    right = ((logits[mask] > 0).long() == labels[mask]).tolist()
+                    records.append({"loss": process_loss(logits[None], labels[None]).item(), "steps_right": sum(right), "steps": len(right)})
+    records = gather_object(records)
+    model.train()
+    n = len(records)
+    metrics = {"eval/loss": sum(r["loss"] for r in records) / n}
+    if args.objective == "outcome":
+        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
+        metrics["eval/reward_chosen"] = sum(r["r_chosen"] for r in records) / n
+        metrics["eval/reward_rejected"] = sum(r["r_rejected"] for r in records) / n
+        metrics["eval/reward_margin"] = metrics["eval/reward_chosen"] - metrics["eval/reward_rejected"]
+        by_conf = defaultdict(list)
+        for r in records:
+            if r["confidence"] is not None:
+                by_conf[r["confidence"]].append(r["correct"])
+        for conf, correct in sorted(by_conf.items()):
+            metrics[f"eval/accuracy_confidence_{conf}"] = sum(correct) / len(correct)
+    else:
+        metrics["eval/step_accuracy"] = sum(r["steps_right"] for r in records) / sum(r["steps"] for r in records)
+        metrics["eval/solution_accuracy"] = sum(r["steps_right"] == r["steps"] for r in records) / n
+    return metrics
+
+
+@torch.no_grad()
+def reference_rewards(model, tokenizer, args: Args, accelerator: Accelerator) -> torch.Tensor:
+    """Rewards of the reference (SFT) responses, without the current bias, gathered from every process."""
+    ds = load_split(args.norm_dataset_name_or_path, args.norm_split)
+    ds = ds.select(range(min(args.num_norm_examples, len(ds))))
+    seqs = []
+    for i, row in enumerate(ds):
+        prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, args.norm_split, "prompt"), args)
+        response = render(args.norm_response_template, row, i, args.norm_split, "reference response")
+        seqs.append(prompt_ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.eval()
+    rewards = []
+    with accelerator.split_between_processes(seqs) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            ids, mask, _ = right_pad(shard[start : start + args.per_device_eval_batch_size], tokenizer.pad_token_id)
+            r = outcome_reward(unwrapped, ids.to(accelerator.device), mask.to(accelerator.device))
+            rewards.extend((r - getattr(unwrapped.config, "reward_bias", 0.0)).tolist())
+    return torch.tensor(gather_object(rewards))
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+    return f
+
+
+# ----------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
+    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
+    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    set_seed(args.seed)
+
+    tokenizer = load_tokenizer(args.sft_model_path, args)
+    tokenize = tokenize_pairs if args.objective == "outcome" else tokenize_steps
+    train_rows = load_split(args.dataset_name_or_path, args.train_split)
+    if args.max_train_samples:
+        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
+    train = tokenize(train_rows, tokenizer, args, args.train_split)
+    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
+    evals = tokenize(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args, args.eval_split)
+    if not train or not evals:
+        raise SystemExit("error: no usable training or evaluation rows")
+
+    local = os.path.isdir(args.sft_model_path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.sft_model_path, num_labels=1, revision=args.revision, trust_remote_code=args.trust_remote_code,
+        local_files_only=local, dtype=getattr(torch, args.dtype))
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero
+    torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
+    if getattr(model.score, "bias", None) is not None:
+        torch.nn.init.zeros_(model.score.bias)
+    model.config.reward_type = args.objective
+    model.config.reward_bias = 0.0
+    if args.objective == "process":
+        model.config.step_separator = args.step_separator
+    for module in model.modules():  # N+: dropout off
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+    generator = torch.Generator().manual_seed(args.seed)
+    loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
+                                         collate_fn=lambda b: collate(b, tokenizer.pad_token_id, args.objective), drop_last=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    total_steps = len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
+    if total_steps == 0:
+        raise SystemExit(f"error: {len(train)} training rows make no full batch")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
+    batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    logger = RunLogger(args, accelerator)
+    accelerator.print(f"run {args.run_name}: {args.objective} reward model, {len(train)} training rows, {total_steps} steps")
+
+    step, running, t_last, metrics = 0, defaultdict(list), time.time(), {}
+    progress = tqdm(total=total_steps, disable=not accelerator.is_main_process, desc=f"{args.objective} rm")
+    for epoch in range(args.num_train_epochs):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss, out = compute_loss(model, batch, args)
+                if not torch.isfinite(loss):
+                    raise RuntimeError(f"non-finite reward-model loss {loss.item()} at step {step}; lower --learning-rate or check the data")
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            running["train/loss"].append(loss.detach())
+            if args.objective == "outcome":
+                running["train/accuracy"].append((out["r_chosen"] > out["r_rejected"]).float().mean())
+                running["train/reward_margin"].append((out["r_chosen"] - out["r_rejected"]).mean())
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            step += 1
+            progress.update(1)
+            if step % args.log_every == 0 or step == total_steps:
+                now = time.time()
+                logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in running.items()}
+                n_micro = len(running["train/loss"])
+                logged.update({"train/grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0], "epoch": epoch,
+                               "perf/episodes_per_sec": batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last),
+                               "perf/peak_mem_gb": peak_mem_gb(accelerator.device)})
+                logger.log(logged, step, step * batch_episodes)
+                progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
+                running, t_last = defaultdict(list), now
+            if step % args.eval_every == 0 or step == total_steps:
+                metrics = evaluate(model, evals, tokenizer, args, accelerator)
+                logger.log(metrics, step, step * batch_episodes)
+                accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                t_last = time.time()
+    progress.close()
+
+    if args.objective == "outcome" and args.normalize:
+        raw = reference_rewards(model, tokenizer, args, accelerator)
+        accelerator.unwrap_model(model).config.reward_bias = -raw.mean().item()
+        after = reference_rewards(model, tokenizer, args, accelerator) + accelerator.unwrap_model(model).config.reward_bias
+        metrics["eval/reward_bias"] = -raw.mean().item()
+        metrics["eval/reference_reward_mean"] = after.mean().item()
+        logger.log({"eval/reward_bias": metrics["eval/reward_bias"], "eval/reference_reward_mean": metrics["eval/reference_reward_mean"]},
+                   step, step * batch_episodes)
+        accelerator.print(f"normalised: reward_bias {metrics['eval/reward_bias']:.4f}, reference mean reward now {metrics['eval/reference_reward_mean']:.2e}")
+
+    if args.save_model:
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            accelerator.unwrap_model(model).save_pretrained(logger.dir / "model", safe_serialization=True)
+            tokenizer.save_pretrained(logger.dir / "model")
+    logger.close()
+    accelerator.end_training()
+    return metrics
+
+
+if __name__ == "__main__":
+    main(tyro.extras.overridable_config_cli(PRESETS))

@@ -1,0 +1,604 @@
+"""Supervised fine-tuning (SFT) of a causal language model on prompt/response pairs.
+
+The first stage of the RLHF pipeline of "Learning to summarize from human feedback" (Stiennon et al. 2020),
+as reproduced in "The N+ Implementation Details of RLHF with PPO: A Case Study on TL;DR Summarization"
+(Huang et al. 2024, arXiv:2403.17031; code: github.com/vwxyzjn/summarize_from_feedback_details), and the
+starting policy of the math track.
+
+Details that matter (N+ paper, sections 3-5):
+  * The loss is next-token cross-entropy on the response tokens only: prompt and pad positions get label
+    -100. It is averaged over the response tokens of the batch (not over sequences).
+  * An EOS token is appended to every response, so the model learns to stop; PAD must be a different token
+    from EOS, or EOS would be masked out with the padding and the model would never learn to stop (N+ adds
+    a `[PAD]` token to Pythia's tokenizer; `--add-pad-token` does that here, and a tokenizer without a pad
+    token is an error otherwise).
+  * Right padding for training, left padding for generation (so every prompt ends at the same position and
+    `generate` continues it directly).
+  * Prompts are never truncated silently: too long a prompt or response is an error (or, with
+    `--drop-overlong`, the row is dropped and counted). N+ filters TL;DR queries to 512 tokens and
+    reference responses to 53 tokens.
+  * Real-track hyperparameters (N+ paper, Table 3 and the repository's `sft.py`): learning rate 3e-6,
+    cosine schedule, 1 epoch, batch size 128, AdamW with eps 1e-5, dropout disabled.
+
+Usage:
+    python -m benchmark.assets                 # builds the tiny offline world under runs/assets
+    python sft.py tiny-tldr                    # CPU, a few minutes
+    python sft.py tiny-math
+    accelerate launch --multi_gpu --num_processes 8 sft.py tldr-pythia-1b
+    python sft.py tiny-tldr --help             # every flag, with its documentation
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import resource
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+import torch
+import torch.nn.functional as F
+import tyro
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+@dataclass
+class Args:
+    # ---- experiment ----
+    exp_name: str = "sft"
+    """name of this experiment; the run name starts with it"""
+    seed: int = 1
+    """seed of the experiment (model init of added tokens, data order, sampling)"""
+    run_name: str | None = None
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    output_dir: str = "runs"
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    track: bool = False
+    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
+    wandb_project: str = "clean-rlhf"
+    """wandb project name"""
+    wandb_entity: str | None = None
+    """wandb entity (team); None uses your default"""
+    num_threads: int | None = None
+    """CPU threads per process; default: the machine's cores divided by the number of processes"""
+
+    # ---- model ----
+    model_name_or_path: str = "EleutherAI/pythia-1b-deduped"
+    """base model: a hub name or a local directory saved with `save_pretrained`"""
+    revision: str | None = None
+    """hub revision (branch, tag or commit) of the model"""
+    trust_remote_code: bool = False
+    """allow custom modelling code from the hub; off unless you trust the repository"""
+    add_pad_token: bool = False
+    """add a `[PAD]` token when the tokenizer has none (N+ does this for Pythia); otherwise that is an error"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype of the model weights"""
+
+    # ---- data ----
+    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """a hub dataset, a `save_to_disk` folder, a folder of `{split}.jsonl|json|parquet` files, or one such file"""
+    train_split: str = "train"
+    """split to train on"""
+    eval_split: str = "validation"
+    """split to evaluate on"""
+    prompt_template: str = "{query}"
+    """Python format string building the prompt from a row's fields"""
+    response_template: str = "{reference_response}"
+    """Python format string building the response from a row's fields (EOS is appended by the script)"""
+    use_chat_template: bool = False
+    """wrap the prompt as a user message with the tokenizer's chat template"""
+    max_prompt_length: int = 512
+    """longest prompt in tokens (N+: 512 for TL;DR); longer prompts are an error unless `drop_overlong`"""
+    max_response_length: int = 53
+    """longest response in tokens, EOS included (N+: 53 for TL;DR); also the generation budget at eval"""
+    drop_overlong: bool = False
+    """drop (and count) rows whose prompt or response is too long instead of failing"""
+    max_train_samples: int | None = None
+    """use only the first N training rows (debugging)"""
+
+    # ---- optimisation ----
+    learning_rate: float = 3e-6
+    """peak learning rate (N+: 3e-6)"""
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """decay after warm-up"""
+    warmup_ratio: float = 0.0
+    """share of the optimizer steps spent warming the learning rate up linearly from 0"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    num_train_epochs: int = 1
+    """passes over the training split"""
+    per_device_train_batch_size: int = 16
+    """sequences per device per micro-batch"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches per optimizer step; the global batch is this x per-device batch x processes"""
+
+    # ---- evaluation and logging ----
+    eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
+    """task-specific evaluation of greedy samples: `tldr` gold judge + win rate (tiny world), `gsm8k`
+    (`#### number`) or `boxed` (`\\boxed{}`) exact-answer accuracy; `none` logs validation loss only"""
+    eval_every: int = 100
+    """evaluate every N optimizer steps (and at the end)"""
+    num_eval_examples: int = 200
+    """evaluation rows used for loss and samples"""
+    per_device_eval_batch_size: int = 32
+    """sequences per device at evaluation"""
+    log_every: int = 10
+    """log training metrics every N optimizer steps"""
+    save_model: bool = True
+    """save the final model and tokenizer to `runs/<run_name>/model` (safetensors)"""
+
+
+PRESETS = {
+    "tldr-pythia-1b": ("N+ SFT on TL;DR, Pythia 1B (8 GPUs)", Args(
+        exp_name="sft_tldr_pythia-1b", model_name_or_path="EleutherAI/pythia-1b-deduped", add_pad_token=True,
+        dtype="bfloat16", per_device_train_batch_size=16, gradient_accumulation_steps=1, eval_every=200)),
+    "tldr-pythia-2.8b": ("N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)", Args(
+        exp_name="sft_tldr_pythia-2.8b", model_name_or_path="EleutherAI/pythia-2.8b-deduped", add_pad_token=True,
+        dtype="bfloat16", per_device_train_batch_size=8, gradient_accumulation_steps=2, eval_every=200)),
+    "tldr-pythia-6.9b": ("N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)", Args(
+        exp_name="sft_tldr_pythia-6.9b", model_name_or_path="EleutherAI/pythia-6.9b-deduped", add_pad_token=True,
+        dtype="bfloat16", per_device_train_batch_size=4, gradient_accumulation_steps=4, eval_every=200)),
+    "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.assets`)", Args(
+        exp_name="sft_tiny-tldr", model_name_or_path="runs/assets/models/tiny-neox",
+        dataset_name_or_path="runs/assets/tiny-tldr/sft", learning_rate=1e-3, lr_schedule="cosine",
+        warmup_ratio=0.05, num_train_epochs=2, per_device_train_batch_size=32, max_prompt_length=96,
+        max_response_length=48, eval_task="tldr", eval_every=100, num_eval_examples=200)),
+    "tiny-math": ("tiny-math (GSM8K schema) on CPU (needs `python -m benchmark.assets`)", Args(
+        exp_name="sft_tiny-math", model_name_or_path="runs/assets/models/tiny-llama",
+        dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",
+        prompt_template="Question: {question}\nAnswer:\n", response_template="{answer}", learning_rate=1e-3,
+        warmup_ratio=0.05, num_train_epochs=3, per_device_train_batch_size=32, max_prompt_length=96,
+        max_response_length=80, eval_task="gsm8k", eval_every=100, num_eval_examples=200)),
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Offline-first loading: a local path never touches the network; a hub name that cannot be reached
+# fails in milliseconds with a message that says what to do, instead of a minute of HTTP retries.
+# ----------------------------------------------------------------------------------------------------
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def in_hub_cache(name: str, repo_type: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(name, repo_type=repo_type, local_files_only=True)
+        return True
+    except Exception:
+        return False
+
+
+def require_hub(name: str, what: str, flag: str) -> None:
+    """Fail fast, naming the missing thing and how to pass a local copy, when `name` is neither a local
+    path, nor in the local Hugging Face cache, nor reachable on the hub."""
+    if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
+        return
+    raise SystemExit(
+        f"error: the {what} '{name}' is not a local path, is not in the Hugging Face cache, and the hub cannot be "
+        f"reached (no network, or HF_HUB_OFFLINE=1).\n  Download it on a machine with internet "
+        f"(`huggingface-cli download {name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`), "
+        f"then pass the local directory: {flag} DIR\n  For the offline tiny world: `python -m benchmark.assets`, "
+        f"then use a `tiny-*` preset."
+    )
+
+
+def load_split(name_or_path: str, split: str) -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+    path = Path(name_or_path)
+    fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    if path.is_file():
+        return load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+            ds = load_from_disk(str(path))
+            return ds[split] if isinstance(ds, DatasetDict) else ds
+        for suffix, kind in fmt.items():
+            if (path / f"{split}{suffix}").exists():
+                return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
+        raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
+    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
+    return load_dataset(name_or_path, split=split)
+
+
+def load_tokenizer(args: Args):
+    local = os.path.isdir(args.model_name_or_path)
+    if not local:
+        require_hub(args.model_name_or_path, "model", "--model-name-or-path")
+    tok = AutoTokenizer.from_pretrained(
+        args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+    )
+    if tok.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {args.model_name_or_path} has no EOS token; responses could never end")
+    if tok.pad_token_id is None:
+        if not args.add_pad_token:
+            raise SystemExit(
+                f"error: the tokenizer of {args.model_name_or_path} has no pad token. Pass --add-pad-token to add "
+                "'[PAD]' (as N+ does for Pythia); do not reuse EOS as PAD, or EOS gets masked out with the padding.")
+        tok.add_special_tokens({"pad_token": "[PAD]"})
+    if tok.pad_token_id == tok.eos_token_id:
+        raise SystemExit("error: the pad token is the EOS token; EOS would be masked with the padding (N+ detail). "
+                         "Give the tokenizer a distinct pad token.")
+    return tok
+
+
+def load_causal_lm(args: Args, tokenizer):
+    local = os.path.isdir(args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code,
+        local_files_only=local, dtype=getattr(torch, args.dtype),
+    )
+    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+        model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    for module in model.modules():  # N+: dropout off, so training and evaluation see the same model
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data: render, tokenize, check, pad
+# ----------------------------------------------------------------------------------------------------
+
+
+def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+    try:
+        text = template.format(**row)
+    except KeyError as e:
+        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
+                         f"'{template}'; its fields are {sorted(row)}") from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+    return text
+
+
+def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+    """Prompt and response token ids for every row, with EOS appended to the response. Overlong rows are
+    an error (or dropped with `--drop-overlong`): truncating a TL;DR query would silently cut the post."""
+    examples, dropped = [], 0
+    for i, row in enumerate(ds):
+        prompt = render(args.prompt_template, row, i, split, "prompt")
+        response = render(args.response_template, row, i, split, "response")
+        if args.use_chat_template:
+            prompt_ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                            tokenize=True, return_dict=False))
+        else:
+            prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        if len(prompt_ids) > args.max_prompt_length or len(response_ids) > args.max_response_length:
+            if not args.drop_overlong:
+                raise SystemExit(
+                    f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {len(response_ids)}-token "
+                    f"response (EOS included); the limits are --max-prompt-length {args.max_prompt_length} and "
+                    f"--max-response-length {args.max_response_length}. Raise them or pass --drop-overlong.")
+            dropped += 1
+            continue
+        examples.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "row": row, "response": response})
+    if dropped:
+        print(f"dropped {dropped} of {len(ds)} rows of '{split}' that exceed the length limits")
+    if not examples:
+        raise SystemExit(f"error: no usable rows in split '{split}'")
+    return examples
+
+
+def collate_right_padded(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """prompt + response, right-padded; labels are -100 on the prompt and on padding."""
+    seqs = [e["prompt_ids"] + e["response_ids"] for e in examples]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (e, s) in enumerate(zip(examples, seqs)):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+        labels[i, len(e["prompt_ids"]) : len(s)] = torch.tensor(e["response_ids"])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left padding for generation: every prompt ends at the last column."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the positions whose label is not -100 (response tokens and EOS).
+    Position t predicts label t+1, hence the shift."""
+    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+    mask = labels != -100
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.clamp(min=0).reshape(-1), reduction="none")
+    return (nll.view_as(labels) * mask).sum() / mask.sum().clamp(min=1)
+
+
+def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.Tensor:
+    """Keep each row up to and including its first EOS; everything after becomes pad."""
+    is_eos = tokens == eos_id
+    after_first_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return tokens.masked_fill(after_first_eos, pad_id)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
+# ----------------------------------------------------------------------------------------------------
+
+TLDR_FACT_WORDS = {
+    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
+    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
+}
+TLDR_MAX_WORDS = 12
+
+
+def gold_judge(summary: str, facts: list[str]) -> float:
+    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
+    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
+    minus 0.1 for every word past TLDR_MAX_WORDS. Repeated words count towards length, so repeating
+    a fact cannot earn more than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
+    words = re.findall(r"[a-z]+", summary.lower())
+    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
+    covered = sum(1 for f in facts if f in words) / len(facts)
+    invented = len({w for w in words if w in vocab and w not in facts})
+    too_long = max(0, len(words) - TLDR_MAX_WORDS)
+    return covered - 0.5 * invented - 0.1 * too_long
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
+    removed; None when there is no `####` followed by a number."""
+    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
+    if not matches:
+        return None
+    return matches[-1].replace(",", "").rstrip(".")
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
+    None when there is none or its braces never close."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def numbers_equal(predicted: str | None, gold: str) -> bool:
+    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
+    non-numeric prediction, never an exception."""
+    if predicted is None:
+        return False
+    try:
+        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
+    except ValueError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------------
+# Run directory, metrics and evaluation
+# ----------------------------------------------------------------------------------------------------
+
+
+class RunLogger:
+    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
+    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
+
+    def __init__(self, args: Args, accelerator: Accelerator):
+        self.enabled = accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.start = time.time()
+        self.wandb = None
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+        self.file = open(self.dir / "metrics.jsonl", "w")
+        if args.track:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                    config=dataclasses.asdict(args), dir=str(self.dir))
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.wandb is not None:
+                self.wandb.finish()
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Accelerator) -> tuple[dict, list[dict]]:
+    """Validation loss on reference responses, then greedy samples scored by the task's checker. Each
+    process takes a shard of the examples; results are gathered on every process."""
+    model.eval()
+    unwrapped = accelerator.unwrap_model(model)
+    records = []
+    with accelerator.split_between_processes(examples) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            batch = shard[start : start + args.per_device_eval_batch_size]
+            tensors = {k: v.to(accelerator.device) for k, v in collate_right_padded(batch, tokenizer.pad_token_id).items()}
+            logits = unwrapped(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"]).logits
+            losses = [sft_loss(logits[i : i + 1], tensors["labels"][i : i + 1]).item() for i in range(len(batch))]
+            ids, mask = left_pad([e["prompt_ids"] for e in batch], tokenizer.pad_token_id)
+            out = unwrapped.generate(input_ids=ids.to(accelerator.device), attention_mask=mask.to(accelerator.device),
+                                     max_new_tokens=args.max_response_length, do_sample=False,
+                                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            responses = truncate_after_eos(out[:, ids.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for e, loss, r in zip(batch, losses, responses):
+                text = tokenizer.decode(r, skip_special_tokens=True)
+                rec = {"loss": loss, "response": text, "reference": e["response"], "ends_with_eos": bool((r == tokenizer.eos_token_id).any())}
+                if args.eval_task == "tldr":
+                    rec["gold_reward"] = gold_judge(text, e["row"]["facts"])
+                    rec["reference_gold_reward"] = gold_judge(e["response"], e["row"]["facts"])
+                elif args.eval_task in ("gsm8k", "boxed"):
+                    extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
+                    gold = extract(e["response"])
+                    if gold is None:
+                        raise SystemExit(f"error: the reference response has no final answer for --eval-task {args.eval_task}: {e['response']!r}")
+                    rec["correct"] = numbers_equal(extract(text), gold) or extract(text) == gold
+                records.append(rec)
+    records = gather_object(records)
+    model.train()
+    metrics = {"eval/loss": sum(r["loss"] for r in records) / len(records),
+               "eval/eos_rate": sum(r["ends_with_eos"] for r in records) / len(records)}
+    if args.eval_task == "tldr":
+        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / len(records)
+        metrics["eval/reference_gold_reward"] = sum(r["reference_gold_reward"] for r in records) / len(records)
+        metrics["eval/win_rate"] = sum(1.0 if r["gold_reward"] > r["reference_gold_reward"] else 0.5 if r["gold_reward"] == r["reference_gold_reward"] else 0.0 for r in records) / len(records)
+    elif args.eval_task in ("gsm8k", "boxed"):
+        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / len(records)
+    return metrics, records
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+    return f
+
+
+# ----------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
+    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
+    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    set_seed(args.seed)
+
+    tokenizer = load_tokenizer(args)
+    train_rows = load_split(args.dataset_name_or_path, args.train_split)
+    if args.max_train_samples:
+        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
+    train = tokenize_split(train_rows, tokenizer, args, args.train_split)
+    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
+    evals = tokenize_split(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args, args.eval_split)
+    model = load_causal_lm(args, tokenizer)
+
+    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
+    loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
+                                         collate_fn=lambda b: collate_right_padded(b, tokenizer.pad_token_id), drop_last=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps_per_epoch = len(loader) // args.gradient_accumulation_steps
+    total_steps = steps_per_epoch * args.num_train_epochs
+    if total_steps == 0:
+        raise SystemExit(f"error: {len(train)} training rows make no full batch of {args.per_device_train_batch_size} x "
+                         f"{args.gradient_accumulation_steps} x {accelerator.num_processes} processes")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
+    batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    logger = RunLogger(args, accelerator)
+    accelerator.print(f"run {args.run_name}: {len(train)} training rows, {total_steps} optimizer steps of {batch_episodes} sequences")
+
+    step, running, t_last, metrics = 0, [], time.time(), {}
+    progress = tqdm(total=total_steps, disable=not accelerator.is_main_process, desc="sft")
+    for epoch in range(args.num_train_epochs):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                loss = sft_loss(logits, batch["labels"])
+                if not torch.isfinite(loss):
+                    raise RuntimeError(f"non-finite SFT loss {loss.item()} at step {step}; lower --learning-rate or check the data")
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            running.append(loss.detach())
+            if not accelerator.sync_gradients:
+                continue
+            scheduler.step()
+            step += 1
+            progress.update(1)
+            if step % args.log_every == 0 or step == total_steps:
+                now = time.time()
+                mean_loss = accelerator.gather(torch.stack(running).mean()[None]).mean().item()
+                logger.log({"train/loss": mean_loss, "train/grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
+                            "perf/episodes_per_sec": batch_episodes * len(running) / args.gradient_accumulation_steps / (now - t_last),
+                            "perf/peak_mem_gb": peak_mem_gb(accelerator.device), "epoch": epoch}, step, step * batch_episodes)
+                progress.set_postfix(loss=f"{mean_loss:.3f}")
+                running, t_last = [], now
+            if step % args.eval_every == 0 or step == total_steps:
+                metrics, records = evaluate(model, tokenizer, evals, args, accelerator)
+                logger.log(metrics, step, step * batch_episodes)
+                accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                if accelerator.is_main_process:
+                    with open(logger.dir / "samples.jsonl", "a") as f:
+                        for r in records[:8]:
+                            f.write(json.dumps({"step": step, **r}) + "\n")
+                t_last = time.time()
+    progress.close()
+
+    if args.save_model:
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            accelerator.unwrap_model(model).save_pretrained(logger.dir / "model", safe_serialization=True)
+            tokenizer.save_pretrained(logger.dir / "model")
+    logger.close()
+    accelerator.end_training()
+    return metrics
+
+
+if __name__ == "__main__":
+    main(tyro.extras.overridable_config_cli(PRESETS))

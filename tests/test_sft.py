@@ -1,0 +1,108 @@
+"""sft.py: the loss against hand-computed values, padding and EOS handling, input errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+import sft
+
+
+def test_sft_loss_counts_only_response_tokens_hand_computed():
+    # vocab of 2; example 0: 2 prompt tokens, response token 1 then EOS (id 0); example 1: 1 prompt token,
+    # one response token, then 2 pad positions. Position t predicts label t+1.
+    labels = torch.tensor([[-100, -100, 1, 0], [-100, 1, -100, -100]])
+    garbage = torch.tensor([50.0, -50.0])  # would dominate the loss if a masked position were counted
+    logits = garbage.repeat(2, 4, 1).clone()
+    logits[0, 1] = torch.tensor([0.0, math.log(3)])  # predicts label 1 with p = 3/4
+    logits[0, 2] = torch.tensor([0.0, 0.0])  # predicts label 0 (EOS) with p = 1/2
+    logits[1, 0] = torch.tensor([math.log(4), 0.0])  # predicts label 1 with p = 1/5
+    expected = (math.log(4 / 3) + math.log(2) + math.log(5)) / 3  # mean over the 3 response tokens
+    assert sft.sft_loss(logits, labels).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_collate_right_pads_and_masks_prompt_and_padding():
+    examples = [{"prompt_ids": [5, 6], "response_ids": [7, 0]}, {"prompt_ids": [5], "response_ids": [0]}]
+    batch = sft.collate_right_padded(examples, pad_id=1)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 0], [5, 0, 1, 1]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
+    assert batch["labels"].tolist() == [[-100, -100, 7, 0], [-100, 0, -100, -100]]
+
+
+def test_left_pad_for_generation():
+    ids, mask = sft.left_pad([[3, 4, 5], [6]], pad_id=1)
+    assert ids.tolist() == [[3, 4, 5], [1, 1, 6]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_truncate_after_first_eos():
+    tokens = torch.tensor([[5, 0, 7, 0], [5, 6, 7, 8], [0, 5, 5, 5]])
+    out = sft.truncate_after_eos(tokens, eos_id=0, pad_id=1)
+    assert out.tolist() == [[5, 0, 1, 1], [5, 6, 7, 8], [0, 1, 1, 1]]
+
+
+def _args(assets, **kw):
+    base = dict(model_name_or_path=str(assets / "models" / "tiny-neox"), dataset_name_or_path=str(assets / "tiny-tldr" / "sft"),
+                max_prompt_length=96, max_response_length=48)
+    return sft.Args(**{**base, **kw})
+
+
+def test_tokenize_appends_eos_and_rejects_overlong_rows(assets):
+    args = _args(assets)
+    tok = sft.load_tokenizer(args)
+    rows = Dataset.from_list([{"query": "SUBREDDIT: r/x\n\nTITLE: t\n\nPOST: p\n\nTL;DR:", "reference_response": " my dog"}])
+    (ex,) = sft.tokenize_split(rows, tok, args, "train")
+    assert ex["response_ids"][-1] == tok.eos_token_id
+    assert tok.decode(ex["response_ids"][:-1]) == " my dog"
+    long = Dataset.from_list([{"query": "word " * 200, "reference_response": " x"}])
+    with pytest.raises(SystemExit, match="max-prompt-length"):
+        sft.tokenize_split(long, tok, args, "train")
+    mixed = Dataset.from_list([{"query": "word " * 200, "reference_response": " x"}, {"query": "q", "reference_response": " y"}])
+    assert len(sft.tokenize_split(mixed, tok, _args(assets, drop_overlong=True), "train")) == 1
+
+
+def test_malformed_rows_give_clear_errors(assets):
+    args = _args(assets)
+    tok = sft.load_tokenizer(args)
+    with pytest.raises(SystemExit, match="no field 'reference_response'"):
+        sft.tokenize_split(Dataset.from_list([{"query": "q", "summary": "s"}]), tok, args, "train")
+    with pytest.raises(SystemExit, match="empty response"):
+        sft.tokenize_split(Dataset.from_list([{"query": "q", "reference_response": "  "}]), tok, args, "train")
+
+
+def test_tokenizer_without_pad_token_is_an_error_unless_asked_to_add_one(assets, tmp_path):
+    tok = AutoTokenizer.from_pretrained(assets / "tokenizer")
+    tok.pad_token = None
+    tok.save_pretrained(tmp_path)
+    with pytest.raises(SystemExit, match="no pad token"):
+        sft.load_tokenizer(sft.Args(model_name_or_path=str(tmp_path)))
+    added = sft.load_tokenizer(sft.Args(model_name_or_path=str(tmp_path), add_pad_token=True))
+    assert added.pad_token == "[PAD]" and added.pad_token_id != added.eos_token_id
+
+
+def test_short_run_writes_run_directory(assets, tmp_path):
+    args = _args(assets, output_dir=str(tmp_path), run_name="r", max_train_samples=64, per_device_train_batch_size=8,
+                 learning_rate=1e-3, num_eval_examples=8, eval_every=4, log_every=2, eval_task="tldr", num_threads=1)
+    metrics = sft.main(args)
+    run = tmp_path / "r"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all({"step", "episode", "time"} <= set(r) for r in rows)
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert train_rows[-1]["train/loss"] < train_rows[0]["train/loss"]  # 8 steps at lr 1e-3 must reduce the loss
+    assert [r["episode"] for r in train_rows] == [r["step"] * 8 for r in train_rows]
+    assert {"eval/gold_reward", "eval/win_rate", "eval/loss"} <= set(metrics)
+    assert json.loads((run / "config.json").read_text())["learning_rate"] == 1e-3
+    assert (run / "model" / "model.safetensors").exists() and not list((run / "model").glob("*.bin"))
+
+
+def test_chat_template_wraps_the_prompt_as_a_user_turn(assets):
+    args = _args(assets, use_chat_template=True, prompt_template="{question}", response_template="{answer}")
+    tok = sft.load_tokenizer(args)
+    (ex,) = sft.tokenize_split(Dataset.from_list([{"question": "What is 2 + 2?", "answer": "#### 4"}]), tok, args, "train")
+    assert tok.decode(ex["prompt_ids"]) == "<|user|>\nWhat is 2 + 2?<|endoftext|>\n<|assistant|>\n"
+    assert ex["response_ids"][-1] == tok.eos_token_id

@@ -195,7 +195,7 @@ PRESETS = {
         exp_name="prm_tiny-math", objective="process", sft_model_path="runs/sft_tiny-math__1/model",
         dataset_name_or_path="runs/assets/tiny-math/prm", eval_split="test",
         prompt_template="Question: {prompt}\nAnswer:\n", normalize=False, learning_rate=5e-4, warmup_ratio=0.05,
-        num_train_epochs=4, per_device_train_batch_size=32, max_length=192, eval_every=125)),
+        num_train_epochs=6, per_device_train_batch_size=32, max_length=192, eval_every=125)),
 }
 
 

@@ -34,7 +34,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 import re
 import resource
 import socket

@@ -1,0 +1,123 @@
+"""ppo_rlhf.py: every piece of the PPO math against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ppo_rlhf as ppo
+
+
+def test_truncate_response_after_first_eos():
+    responses = torch.tensor([[5, 6, 0, 7, 0], [5, 6, 7, 8, 9], [0, 5, 5, 5, 5]])
+    out = ppo.truncate_response(responses, stop_token_id=0, pad_id=1)
+    assert out.tolist() == [[5, 6, 0, 1, 1], [5, 6, 7, 8, 9], [0, 1, 1, 1, 1]]
+    # index of the last real token: the EOS, or the last position when there is no EOS
+    assert (ppo.first_true_indices(out == 1) - 1).tolist() == [2, 4, 0]
+
+
+def test_gae_on_a_four_token_example_by_hand():
+    rewards = torch.tensor([[0.1, -0.2, 0.0, 1.0]])
+    values = torch.tensor([[0.5, 0.4, 0.3, 0.2]])
+    gamma, lam = 1.0, 0.95
+    d3 = 1.0 + 0 - 0.2
+    d2 = 0.0 + 0.2 - 0.3
+    d1 = -0.2 + 0.3 - 0.4
+    d0 = 0.1 + 0.4 - 0.5
+    a3 = d3
+    a2 = d2 + lam * a3
+    a1 = d1 + lam * a2
+    a0 = d0 + lam * a1
+    adv, ret = ppo.compute_gae(rewards, values, gamma, lam)
+    torch.testing.assert_close(adv, torch.tensor([[a0, a1, a2, a3]]))
+    torch.testing.assert_close(ret, torch.tensor([[a0 + 0.5, a1 + 0.4, a2 + 0.3, a3 + 0.2]]))
+    # with gamma < 1 the next value is discounted too
+    adv_g, _ = ppo.compute_gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.2]]), 0.9, 0.5)
+    b1 = 1.0 - 0.2
+    b0 = 0.0 + 0.9 * 0.2 - 0.5 + 0.9 * 0.5 * b1
+    torch.testing.assert_close(adv_g, torch.tensor([[b0, b1]]))
+
+
+def test_masked_whitening_ignores_padding():
+    values = torch.tensor([[1.0, 2.0, 3.0, 99.0], [4.0, -50.0, -50.0, -50.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    valid = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    expected = (valid - valid.mean()) / valid.std(unbiased=True)
+    out = ppo.masked_whiten(values, mask)
+    torch.testing.assert_close(out[mask.bool()], expected, atol=1e-4, rtol=1e-4)
+    assert ppo.masked_mean(values, mask).item() == pytest.approx(2.5)
+
+
+def test_per_token_rewards_put_kl_everywhere_and_the_score_at_eos():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5, ppo.INVALID_LOGPROB], [-1.0, -1.0, -1.0, -1.0]])
+    ref_logprobs = torch.tensor([[-1.5, -1.0, -0.5, ppo.INVALID_LOGPROB], [-2.0, -1.0, -1.0, -0.5]])
+    sequence_lengths = torch.tensor([2, 3])  # row 0 ends with EOS at index 2; row 1 has no EOS
+    kl = ppo.kl_penalty(logprobs, ref_logprobs, "k1")
+    kl = kl.masked_fill(torch.tensor([[False, False, False, True], [False] * 4]), 0)
+    rewards, non_score = ppo.per_token_rewards(kl, torch.tensor([2.0, -1.0]), sequence_lengths, kl_coef=0.1)
+    expected = torch.tensor([[-0.1 * 0.5, -0.1 * -1.0, 0.0 + 2.0, 0.0], [-0.1 * 1.0, 0.0, 0.0, -0.1 * -0.5 - 1.0]])
+    torch.testing.assert_close(rewards, expected)
+    torch.testing.assert_close(non_score, torch.tensor([[-0.05, 0.1, 0.0, 0.0], [-0.1, 0.0, 0.0, 0.05]]))
+
+
+def test_k3_estimator_matches_formula_and_is_non_negative():
+    lp, ref = torch.tensor([-1.0, -2.0, -0.3]), torch.tensor([-1.5, -1.0, -0.3])
+    d = lp - ref
+    torch.testing.assert_close(ppo.kl_penalty(lp, ref, "k3"), torch.exp(-d) - 1 + d)
+    assert (ppo.kl_penalty(lp, ref, "k3") >= 0).all()
+    assert ppo.kl_penalty(lp, ref, "k3")[0].item() == pytest.approx(math.exp(-0.5) - 1 + 0.5)
+
+
+def test_clipped_policy_loss_by_hand():
+    old = torch.zeros(1, 3)
+    new = torch.log(torch.tensor([[1.5, 0.5, 1.1]]))  # ratios 1.5, 0.5, 1.1
+    adv = torch.tensor([[1.0, -2.0, 3.0]])
+    mask = torch.tensor([[True, True, True]])
+    loss, stats = ppo.policy_loss(new, old, adv, mask, cliprange=0.2)
+    # token 0: max(-1.5, -1.2) = -1.2 (clipped); token 1: max(1.0, 1.6) = 1.6 (clipped); token 2: max(-3.3, -3.3) = -3.3
+    assert loss.item() == pytest.approx((-1.2 + 1.6 - 3.3) / 3, rel=1e-5)
+    assert stats["clipfrac"].item() == pytest.approx(2 / 3)
+    masked, _ = ppo.policy_loss(new, old, adv, torch.tensor([[True, False, True]]), cliprange=0.2)
+    assert masked.item() == pytest.approx((-1.2 - 3.3) / 2, rel=1e-5)
+
+
+def test_clipped_value_loss_by_hand():
+    vpred, old, ret = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.0]]), torch.tensor([[2.0, 1.0]])
+    loss, clipfrac = ppo.value_loss(vpred, old, ret, torch.tensor([[True, True]]), cliprange_value=0.2)
+    # token 0: unclipped (1-2)^2 = 1, clipped (0.7-2)^2 = 1.69 -> 1.69; token 1: both (0-1)^2 = 1
+    assert loss.item() == pytest.approx(0.5 * (1.69 + 1.0) / 2, rel=1e-5)
+    assert clipfrac.item() == pytest.approx(0.5)
+
+
+def test_clip_and_delta_on_a_three_step_example():
+    r = [0.9, 0.6, 0.8]
+    assert ppo.refine_step_rewards(r, "none", 1.0, 0.5) == pytest.approx([0.9, 0.6, 0.8])
+    # Clip: alpha * min(r - eta, 0): no step earns a positive reward
+    assert ppo.refine_step_rewards(r, "clip", 2.0, 0.7) == pytest.approx([0.0, 2.0 * -0.1, 0.0])
+    # Delta: r_k - r_{k+1}, last step keeps r_K; the sum telescopes to r_1
+    delta = ppo.refine_step_rewards(r, "delta", 1.0, 0.5)
+    assert delta == pytest.approx([0.3, -0.2, 0.8]) and sum(delta) == pytest.approx(0.9)
+    clip_delta = ppo.refine_step_rewards(r, "clip_delta", 1.0, 0.7)
+    assert clip_delta == pytest.approx([0.1, -0.1, 0.0]) and sum(clip_delta) == pytest.approx(0.0)
+    # more steps cannot earn more under delta: appending good steps leaves the sum at r_1
+    assert sum(ppo.refine_step_rewards(r + [0.95, 0.95], "delta", 1.0, 0.5)) == pytest.approx(0.9)
+
+
+def test_adaptive_kl_controller_moves_towards_target():
+    ctl = ppo.AdaptiveKLController(0.1, target=6.0, horizon=10000)
+    ctl.update(current_kl=12.0, n_steps=1000)  # error clipped to +0.2
+    assert ctl.value == pytest.approx(0.1 * (1 + 0.2 * 1000 / 10000))
+    ctl.update(current_kl=3.0, n_steps=1000)  # error -0.5 clipped to -0.2
+    assert ctl.value == pytest.approx(0.1 * 1.02 * 0.98)
+
+
+def test_success_reward_and_position_ids_of_padded_inputs():
+    assert ppo.success_reward("3 + 4 = 7 pens.\n#### 7", "7", "gsm8k") == 1.0
+    assert ppo.success_reward("#### 8", "7", "gsm8k") == 0.0
+    assert ppo.success_reward("no answer", "7", "gsm8k") == 0.0
+    assert ppo.success_reward("so $\\boxed{7}$", "7", "boxed") == 1.0
+    inputs = ppo.padded_inputs(torch.tensor([[1, 1, 5, 6, 0, 1], [5, 6, 7, 8, 9, 0]]), pad_id=1)
+    assert inputs["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
+    assert inputs["position_ids"][0, 2:5].tolist() == [0, 1, 2] and inputs["position_ids"][1].tolist() == [0, 1, 2, 3, 4, 5]

@@ -41,13 +41,14 @@ TLDR_MAX_WORDS = 12
 def gold_judge(summary: str, facts: list[str]) -> float:
     """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
     every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
-    minus 0.1 for every word past TLDR_MAX_WORDS. Repeated words count towards length, so repeating
-    a fact cannot earn more than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
+    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
+    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
+    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
     words = re.findall(r"[a-z]+", summary.lower())
     vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
     covered = sum(1 for f in facts if f in words) / len(facts)
     invented = len({w for w in words if w in vocab and w not in facts})
-    too_long = max(0, len(words) - TLDR_MAX_WORDS)
+    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
     return covered - 0.5 * invented - 0.1 * too_long
 
 
@@ -171,8 +172,6 @@ def prm_row(rng: random.Random, p: dict) -> dict:
         result = left + s["right"] if s["op"] == "+" else left - s["right"] if s["op"] == "-" else left * s["right"]
         if k == error_at and error_kind == "arithmetic":
             result = rng.choice([v for v in range(max(0, result - 20), result + 21) if abs(v - result) >= 10])
-        if result == s["result"] and k == error_at:  # a copy error that happens to land on the right value
-            result += 10
         value = result
         completions.append(f"{left} {s['op']} {s['right']} = {result} {p['item']}.")
         labels.append(result == s["result"])

@@ -21,7 +21,24 @@ def _definitions(path: Path) -> dict[str, str]:
             out[node.name] = ast.get_source_segment(source, node)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             out[node.targets[0].id] = ast.get_source_segment(source, node)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # `TLDR_MAX_WORDS: int = 12`
+            out[node.target.id] = ast.get_source_segment(source, node)
     return out
+
+
+def test_canonical_helpers_exist():
+    """A renamed helper in tiny_world.py would make the drift check below pass vacuously."""
+    assert set(COPIED) <= set(_definitions(REPO / "benchmark" / "tiny_world.py"))
+
+
+def test_drift_check_catches_a_changed_copy(tmp_path):
+    canonical = _definitions(REPO / "benchmark" / "tiny_world.py")
+    faithful = "import re\n\n" + canonical["TLDR_MAX_WORDS"] + "\n\n\n" + canonical["numbers_equal"] + "\n"
+    (tmp_path / "ok.py").write_text(faithful)
+    (tmp_path / "drifted.py").write_text(faithful.replace("< 1e-6", "< 1e-3").replace("= 12", ": int = 13"))
+    ok, drifted = _definitions(tmp_path / "ok.py"), _definitions(tmp_path / "drifted.py")
+    assert all(ok[name] == canonical[name] for name in ("TLDR_MAX_WORDS", "numbers_equal"))
+    assert all(drifted[name] != canonical[name] for name in ("TLDR_MAX_WORDS", "numbers_equal"))
 
 
 def test_there_are_scripts():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark.assets import ensure_assets
+from benchmark.compare import read_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,14 +69,8 @@ SUITES = {
 def final_metrics(run_dir: Path) -> dict:
     """The last value of every metric in a run's metrics.jsonl; unreadable lines are skipped."""
     last: dict = {}
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return last
-    for line in path.read_text().splitlines():
-        try:
-            last.update(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    for row in read_run(run_dir).rows:
+        last.update(row)
     return last
 
 

@@ -193,6 +193,10 @@ PRESETS = {
     "tldr-pythia-1b": ("N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)", Args(
         exp_name="ppo_tldr_pythia-1b", dtype="bfloat16", per_device_batch_size=64, num_mini_batches=4,
         gradient_accumulation_steps=4, eval_every=100)),
+    "tldr-pythia-2.8b": ("N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)", Args(
+        exp_name="ppo_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
+        reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr", dtype="bfloat16",
+        per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=8, eval_every=100)),
     "tldr-pythia-6.9b": ("N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)", Args(
         exp_name="ppo_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
         reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr", dtype="bfloat16",
@@ -206,9 +210,9 @@ PRESETS = {
         gradient_accumulation_steps=4, dtype="bfloat16", eval_task="gsm8k", eval_every=20)),
     "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
         exp_name="ppo_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", reward_model_path="runs/rm_tiny-tldr__1/model",
-        dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, response_length=32, total_episodes=4096,
+        dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, response_length=32, total_episodes=1024,
         per_device_batch_size=64, num_mini_batches=2, learning_rate=3e-5, kl_coef=0.05, eval_task="tldr",
-        eval_every=16, num_eval_examples=200)),
+        eval_every=4, num_eval_examples=200)),
     "tiny-math": ("tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)", Args(
         exp_name="ppo_tiny-math", sft_model_path="runs/sft_tiny-math__1/model", reward_model_path=None,
         reward_source="math", dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",

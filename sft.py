@@ -156,8 +156,12 @@ PRESETS = {
     "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.assets`)", Args(
         exp_name="sft_tiny-tldr", model_name_or_path="runs/assets/models/tiny-neox",
         dataset_name_or_path="runs/assets/tiny-tldr/sft", learning_rate=1e-3, lr_schedule="cosine",
-        warmup_ratio=0.05, num_train_epochs=2, per_device_train_batch_size=32, max_prompt_length=96,
-        max_response_length=48, eval_task="tldr", eval_every=100, num_eval_examples=200)),
+        # 6 epochs, not 2: the copy of the feeling word from the post into the summary (an induction-style
+        # lookup) only forms after ~4 epochs. At 2 epochs the SFT model guessed the feeling (next-token copy
+        # accuracy 0.105 = chance over 8 words; 0.935 at 6 epochs), so RL that learned to add ", I feel ..."
+        # added a wrong feeling that the reward model, which never saw a wrong one, scored as right.
+        warmup_ratio=0.05, num_train_epochs=6, per_device_train_batch_size=32, max_prompt_length=96,
+        max_response_length=48, eval_task="tldr", eval_every=200, num_eval_examples=200)),
     "tiny-math": ("tiny-math (GSM8K schema) on CPU (needs `python -m benchmark.assets`)", Args(
         exp_name="sft_tiny-math", model_name_or_path="runs/assets/models/tiny-llama",
         dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",

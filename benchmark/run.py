@@ -37,32 +37,114 @@ class Stage:
     extra: list[str] = field(default_factory=list)
     needs: list[str] = field(default_factory=list)
     """run names whose models this stage reads"""
+    accelerate_config: str | None = None
+    """real suites: launched with `accelerate launch --config_file benchmark/accelerate_configs/<this>.yaml`"""
 
     def command(self, launcher: list[str]) -> list[str]:
+        if self.accelerate_config:
+            launcher = ["accelerate", "launch", "--config_file", f"benchmark/accelerate_configs/{self.accelerate_config}.yaml"]
+            return [*launcher, self.script, self.preset, "--run-name", self.run_name, *self.extra]
         return [*launcher, str(REPO / self.script), self.preset, "--run-name", self.run_name, *self.extra]
+
+
+def rl_stage(algo: str, script: str, preset: str, seed: int, track: str, needs: list[str], extra: list[str] = ()) -> Stage:
+    return Stage(f"{algo}_{track}__{seed}", script, preset, ["--seed", str(seed), *extra], needs=needs)
 
 
 def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
     # SFT and reward model are trained once (seed 1), as in the N+ paper where the RL seeds share them.
-    return [
+    stages = [
         Stage("sft_tiny-tldr__1", "sft.py", "tiny-tldr"),
         Stage("rm_tiny-tldr__1", "reward_model.py", "tiny-tldr", ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
               needs=["sft_tiny-tldr__1"]),
     ]
+    rl = ["sft_tiny-tldr__1", "rm_tiny-tldr__1"]
+    for s in seeds:
+        stages += [
+            rl_stage("ppo", "ppo_rlhf.py", "tiny-tldr", s, "tiny-tldr", rl),
+            rl_stage("rloo", "rloo.py", "tiny-tldr", s, "tiny-tldr", rl),
+            rl_stage("remax", "remax.py", "tiny-tldr", s, "tiny-tldr", rl),
+            rl_stage("dpo", "dpo.py", "tiny-tldr", s, "tiny-tldr", rl[:1]),
+            rl_stage("online-dpo", "dpo.py", "tiny-tldr-online", s, "tiny-tldr", rl),
+        ]
+    return stages
 
 
 def tiny_math_stages(seeds: list[int]) -> list[Stage]:
-    return [
+    stages = [
         Stage("sft_tiny-math__1", "sft.py", "tiny-math"),
         Stage("prm_tiny-math__1", "reward_model.py", "tiny-math-prm", ["--sft-model-path", "runs/sft_tiny-math__1/model"],
               needs=["sft_tiny-math__1"]),
     ]
+    sft, prm = ["sft_tiny-math__1"], ["sft_tiny-math__1", "prm_tiny-math__1"]
+    prm_flags = ["--prm-path", "runs/prm_tiny-math__1/model"]
+    for s in seeds:
+        stages += [
+            rl_stage("grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "grpo"]),
+            rl_stage("dr-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dr_grpo"]),
+            rl_stage("dapo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dapo"]),
+            rl_stage("ppo", "ppo_rlhf.py", "tiny-math", s, "tiny-math", sft),
+            rl_stage("rloo", "rloo.py", "tiny-math", s, "tiny-math", sft),
+            rl_stage("remax", "remax.py", "tiny-math", s, "tiny-math", sft),
+            # Gao et al. 2024 in miniature: the raw process reward is hacked, Clip + Delta are not
+            rl_stage("ppo-prm-raw", "ppo_rlhf.py", "tiny-math", s, "tiny-math", prm, [*prm_flags, "--prm-refine", "none"]),
+            rl_stage("ppo-prm-clip-delta", "ppo_rlhf.py", "tiny-math", s, "tiny-math", prm, [*prm_flags, "--prm-refine", "clip_delta"]),
+        ]
+    return stages
+
+
+# The real reproductions, for a GPU cluster: 8 GPUs per run, the papers' hyperparameters in the scripts' presets.
+# size: (accelerate config of SFT and RM, of the RL runs); as in the presets' descriptions
+PYTHIA_SIZES = {"1b": ("multi_gpu", "deepspeed_zero2"), "2.8b": ("multi_gpu", "deepspeed_zero2"),
+                "6.9b": ("deepspeed_zero2", "deepspeed_zero3")}
+
+
+def tldr_stages(seeds: list[int]) -> list[Stage]:
+    """N+ (Huang et al. 2024): SFT and RM per model size and seed, then each RL algorithm on that SFT/RM pair."""
+    stages = []
+    for size, (sup, zero) in PYTHIA_SIZES.items():
+        for s in seeds:
+            sft, rm = f"sft_tldr-pythia-{size}__{s}", f"rm_tldr-pythia-{size}__{s}"
+            paths = ["--sft-model-path", f"runs/{sft}/model", "--reward-model-path", f"runs/{rm}/model"]
+            stages += [
+                Stage(sft, "sft.py", f"tldr-pythia-{size}", ["--seed", str(s)], accelerate_config=sup),
+                Stage(rm, "reward_model.py", f"tldr-pythia-{size}", ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
+                      needs=[sft], accelerate_config=sup),
+                Stage(f"ppo_tldr-pythia-{size}__{s}", "ppo_rlhf.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
+                      needs=[sft, rm], accelerate_config=zero),
+                Stage(f"rloo_tldr-pythia-{size}__{s}", "rloo.py", "tldr-pythia-1b", ["--seed", str(s), *paths],
+                      needs=[sft, rm], accelerate_config=zero),
+                Stage(f"remax_tldr-pythia-{size}__{s}", "remax.py", "tldr-pythia-1b", ["--seed", str(s), *paths],
+                      needs=[sft, rm], accelerate_config=zero),
+                Stage(f"dpo_tldr-pythia-{size}__{s}", "dpo.py", "tldr-pythia-1b", ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
+                      needs=[sft], accelerate_config=zero),
+            ]
+    return stages
+
+
+def math_stages(seeds: list[int]) -> list[Stage]:
+    """GSM8K with Qwen2.5-0.5B-Instruct (every algorithm) and MATH with Qwen2.5-Math-1.5B (Dr. GRPO, as in its paper)."""
+    stages = []
+    for s in seeds:
+        seed = ["--seed", str(s)]
+        stages += [
+            Stage(f"grpo_gsm8k-qwen2.5-0.5b__{s}", "grpo_math.py", "gsm8k-qwen2.5-0.5b", [*seed, "--loss-type", "grpo"], accelerate_config="deepspeed_zero2"),
+            Stage(f"dr-grpo_gsm8k-qwen2.5-0.5b__{s}", "grpo_math.py", "gsm8k-qwen2.5-0.5b", [*seed, "--loss-type", "dr_grpo"], accelerate_config="deepspeed_zero2"),
+            Stage(f"dapo_gsm8k-qwen2.5-0.5b__{s}", "grpo_math.py", "gsm8k-qwen2.5-0.5b", [*seed, "--loss-type", "dapo"], accelerate_config="deepspeed_zero2"),
+            Stage(f"ppo_gsm8k-qwen2.5-0.5b__{s}", "ppo_rlhf.py", "gsm8k-qwen2.5-0.5b", seed, accelerate_config="deepspeed_zero2"),
+            Stage(f"rloo_gsm8k-qwen2.5-0.5b__{s}", "rloo.py", "gsm8k-qwen2.5-0.5b", seed, accelerate_config="deepspeed_zero2"),
+            Stage(f"remax_gsm8k-qwen2.5-0.5b__{s}", "remax.py", "gsm8k-qwen2.5-0.5b", seed, accelerate_config="deepspeed_zero2"),
+            Stage(f"dr-grpo_math-qwen2.5-math-1.5b__{s}", "grpo_math.py", "math-qwen2.5-math-1.5b", seed, accelerate_config="deepspeed_zero2"),
+        ]
+    return stages
 
 
 SUITES = {
     "tiny-tldr": tiny_tldr_stages,
     "tiny-math": tiny_math_stages,
     "tiny": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),
+    "tldr": tldr_stages,
+    "math": math_stages,
 }
 
 
@@ -75,54 +157,94 @@ def final_metrics(run_dir: Path) -> dict:
 
 
 def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: bool = False,
-              launcher: list[str] | None = None) -> dict[str, str]:
-    """Run the stages of `suite` with `workdir` as the working directory (runs land in workdir/runs)."""
+              launcher: list[str] | None = None, jobs: int = 1, only: list[str] | None = None) -> dict[str, str]:
+    """Run the stages of `suite` with `workdir` as the working directory (runs land in workdir/runs).
+
+    `jobs` > 1 runs that many independent stages at once, each with one thread per job's share of the cores
+    (on a 2-core CPU, two 1-thread runs get more done than one 2-thread run of these tiny models).
+    `only` keeps the stages whose algorithm (run name before `_`) is listed, plus the stages they need."""
     launcher = launcher or [sys.executable]
     runs_dir = Path(workdir) / "runs"
     stages = SUITES[suite](seeds)
+    if only:
+        keep = {st.run_name for st in stages if st.run_name.split("_")[0] in only}
+        for st in stages:  # the SFT/RM stages the kept ones depend on
+            if st.run_name in keep:
+                keep |= set(st.needs)
+        stages = [st for st in stages if st.run_name in keep]
     status: dict[str, str] = {}
-    if not dry_run:
-        ensure_assets(runs_dir / "assets")
-    for stage in stages:
-        cmd = stage.command(launcher)
-        done = runs_dir / stage.run_name / "DONE"
-        if dry_run:
-            print(shlex.join(cmd))
-            status[stage.run_name] = "dry-run"
-            continue
-        if done.exists():
-            print(f"[skip] {stage.run_name}: finished earlier")
-            status[stage.run_name] = "skipped"
-            continue
-        failed_deps = [d for d in stage.needs if status.get(d) == "failed"]
-        if failed_deps:
-            print(f"[skip] {stage.run_name}: depends on failed {failed_deps}")
-            status[stage.run_name] = "blocked"
-            continue
-        print(f"[run] {shlex.join(cmd)}", flush=True)
-        t0 = time.time()
-        log = runs_dir / f"{stage.run_name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f:
-            rc = subprocess.call(cmd, cwd=workdir, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")})
-        if rc == 0:
-            done.parent.mkdir(parents=True, exist_ok=True)
-            done.write_text(json.dumps({"seconds": round(time.time() - t0, 1), "command": cmd}) + "\n")
-            status[stage.run_name] = "ok"
-            print(f"[ok] {stage.run_name} in {time.time() - t0:.0f}s")
-        else:
-            status[stage.run_name] = "failed"
-            print(f"[FAILED] {stage.run_name} (exit {rc}); last lines of {log}:")
-            print("\n".join(log.read_text().splitlines()[-5:]))
-    if not dry_run:
-        lines = [f"# {suite} suite", "", "| run | status | final metrics |", "| --- | --- | --- |"]
+    if dry_run:
         for stage in stages:
-            m = final_metrics(runs_dir / stage.run_name)
-            shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("eval/") and isinstance(v, float) and "confidence" not in k)
-            lines.append(f"| {stage.run_name} | {status[stage.run_name]} | {shown} |")
-        summary = "\n".join(lines) + "\n"
-        (runs_dir / f"{suite}_summary.md").write_text(summary)
-        print(summary)
+            print(shlex.join(stage.command(launcher)))
+            status[stage.run_name] = "dry-run"
+        return status
+    if suite.startswith("tiny"):
+        ensure_assets(runs_dir / "assets")
+    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
+    pending = list(stages)
+    running: dict[str, tuple[subprocess.Popen, float, Path, object]] = {}
+    while pending or running:
+        for stage in list(pending):
+            if len(running) >= jobs:
+                break
+            done = runs_dir / stage.run_name / "DONE"
+            if done.exists():
+                print(f"[skip] {stage.run_name}: finished earlier")
+                status[stage.run_name] = "skipped"
+                pending.remove(stage)
+                continue
+            if not (Path(workdir) / stage.script).exists() and not (REPO / stage.script).exists():
+                print(f"[missing] {stage.run_name}: {stage.script} does not exist")
+                status[stage.run_name] = "failed"
+                pending.remove(stage)
+                continue
+            bad = [d for d in stage.needs if status.get(d) in ("failed", "blocked")]
+            if bad:
+                print(f"[skip] {stage.run_name}: depends on failed {bad}")
+                status[stage.run_name] = "blocked"
+                pending.remove(stage)
+                continue
+            if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
+                continue  # wait for what it needs
+            cmd = stage.command(launcher)
+            if jobs > 1 and not stage.accelerate_config:
+                cmd += ["--num-threads", str(threads)]
+            print(f"[run] {shlex.join(cmd)}", flush=True)
+            log = runs_dir / f"{stage.run_name}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            f = open(log, "w")
+            env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+            if jobs > 1:
+                env["OMP_NUM_THREADS"] = str(threads)
+            proc = subprocess.Popen(cmd, cwd=workdir, stdout=f, stderr=subprocess.STDOUT, env=env)
+            running[stage.run_name] = (proc, time.time(), log, f)
+            pending.remove(stage)
+        for name, (proc, t0, log, f) in list(running.items()):
+            rc = proc.poll()
+            if rc is None:
+                continue
+            f.close()
+            del running[name]
+            if rc == 0:
+                done = runs_dir / name / "DONE"
+                done.parent.mkdir(parents=True, exist_ok=True)
+                done.write_text(json.dumps({"seconds": round(time.time() - t0, 1), "command": proc.args}) + "\n")
+                status[name] = "ok"
+                print(f"[ok] {name} in {time.time() - t0:.0f}s", flush=True)
+            else:
+                status[name] = "failed"
+                print(f"[FAILED] {name} (exit {rc}); last lines of {log}:")
+                print("\n".join(log.read_text().splitlines()[-5:]), flush=True)
+        if running:
+            time.sleep(0.5)
+    lines = [f"# {suite} suite", "", "| run | status | final metrics |", "| --- | --- | --- |"]
+    for stage in stages:
+        m = final_metrics(runs_dir / stage.run_name)
+        shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("eval/") and isinstance(v, float) and "confidence" not in k)
+        lines.append(f"| {stage.run_name} | {status[stage.run_name]} | {shown} |")
+    summary = "\n".join(lines) + "\n"
+    (runs_dir / f"{suite}_summary.md").write_text(summary)
+    print(summary)
     return status
 
 
@@ -132,8 +254,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of the RL stages")
     parser.add_argument("--workdir", default=".", help="working directory; runs are written to WORKDIR/runs")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--jobs", type=int, default=1, help="independent stages run at once (threads split between them)")
+    parser.add_argument("--only", nargs="+", default=None, help="keep these algorithms (e.g. ppo grpo) and what they need")
     a = parser.parse_args()
-    status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run)
+    status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only)
     sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
 
 

@@ -1,0 +1,87 @@
+"""The README's results tables and plots: `python -m benchmark.results [--runs-dir runs]`.
+
+For each tiny track it reads every RL run of the suite (`runs/<algo>_<track>__<seed>`), and writes
+`runs/results_<track>.md` (a table: the starting SFT policy, then each algorithm's final metrics as mean and
+95% bootstrap CI over seeds, with throughput and peak memory) and `runs/results_<track>.png` (the learning
+curves of the track's main metric against episodes and wall-clock time, mean and 95% band over seeds).
+The "SFT (start)" row is the evaluation every RL run makes before its first update, so it is measured on
+the same prompts with the same code as the final numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.compare import bootstrap_ci, plot, read_run
+
+TRACKS = {
+    "tiny-tldr": ["eval/gold_reward", "eval/win_rate"],
+    "tiny-math": ["eval/accuracy"],
+}
+PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    v = np.array(values, dtype=float)
+    if len(v) == 1:
+        return f"{v[0]:.3f}"
+    low, high = bootstrap_ci(v)
+    return f"{v.mean():.3f} [{low:.3f}, {high:.3f}]"
+
+
+def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
+    metrics = TRACKS[track]
+    runs = [read_run(d) for d in sorted(runs_dir.glob(f"*_{track}__*")) if (d / "metrics.jsonl").exists()]
+    # SFT / reward-model stages are not RL algorithms
+    runs = [r for r in runs if r.group.split("_")[0] not in ("sft", "rm", "prm")]
+    start: dict[str, list[float]] = defaultdict(list)
+    final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        evals = [row for row in run.rows if metrics[0] in row]
+        if not evals:
+            continue
+        for m in metrics:
+            if m in evals[0] and evals[0].get("episode", 0) == 0:
+                start[m].append(float(evals[0][m]))
+            final[run.group][m].append(float(evals[-1][m]))
+        for m in PERF:
+            vals = [row[m] for row in run.rows if m in row]
+            if vals:
+                final[run.group][m].append(float(vals[-1]))
+        final[run.group]["seconds"].append(float(run.rows[-1].get("time", float("nan"))))
+    cols = metrics + PERF + ["seconds"]
+    head = "| algorithm | seeds | " + " | ".join(c.split("/")[-1] for c in cols) + " |"
+    lines = [head, "|" + " --- |" * (len(cols) + 2)]
+    lines.append(f"| SFT (start) | {len(start.get(metrics[0], []))} runs | " + " | ".join(_cell(start.get(c, [])) for c in metrics)
+                 + " |" + " - |" * (len(PERF) + 1))
+    for group in sorted(final):
+        seeds = len(final[group][metrics[0]])
+        lines.append(f"| {group.split('_')[0]} | {seeds} | " + " | ".join(_cell(final[group][c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n", runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs-dir", default="runs")
+    parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))
+    a = parser.parse_args(argv)
+    runs_dir = Path(a.runs_dir)
+    for track in a.tracks:
+        md, runs = track_table(runs_dir, track)
+        if not runs:
+            print(f"{track}: no RL runs under {runs_dir}")
+            continue
+        (runs_dir / f"results_{track}.md").write_text(md)
+        plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png")
+        print(f"## {track}\n\n{md}\nwrote {runs_dir / f'results_{track}.md'} and {runs_dir / f'results_{track}.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -44,7 +44,6 @@ from urllib.parse import urlparse
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
@@ -570,8 +569,9 @@ class PolicyAndValue(nn.Module):
         super().__init__()
         self.policy, self.value_model = policy, value_model
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0):
+        # logits_to_keep = N: the LM head runs on the last N positions only (the response), not on the prompt (0: all)
+        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=logits_to_keep).logits
         backbone = getattr(self.value_model, self.value_model.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
         return logits, self.value_model.score(hidden).squeeze(-1)
@@ -823,17 +823,20 @@ def main(args: Args) -> dict:
             query_responses = unwrapped.policy.generate(
                 input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=True, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            # When every sample stopped early, generate returns fewer than response_length columns; they are kept as
+            # they are (not padded back to the full length), so no forward pass below spends time on all-pad columns.
             responses = query_responses[:, context_length:]
-            if responses.shape[1] < args.response_length:  # every sample stopped early: pad to the fixed length
-                responses = F.pad(responses, (0, args.response_length - responses.shape[1]), value=tokenizer.pad_token_id)
-                query_responses = torch.cat([queries, responses], 1)
             inputs = padded_inputs(query_responses, tokenizer.pad_token_id)
-            logits, full_values = model(**inputs)
-            logprobs = response_logprobs(logits, responses, context_length, args.temperature)
-            probs_logits = logits[:, context_length - 1 : -1].float() / (args.temperature + 1e-7)
+            # The LM head runs on the response positions only: logits_to_keep = R + 1 gives the logits at columns
+            # context_length - 1 .. end, and response_logprobs with context_length 1 drops the last one, so
+            # position t holds the prediction of response token t, as with the full logits.
+            keep = responses.shape[1] + 1
+            logits, full_values = model(**inputs, logits_to_keep=keep)
+            logprobs = response_logprobs(logits, responses, 1, args.temperature)
+            probs_logits = logits[:, :-1].float() / (args.temperature + 1e-7)
             entropy = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
             del logits, probs_logits
-            ref_logprobs = response_logprobs(ref_policy(**inputs).logits, responses, context_length, args.temperature)
+            ref_logprobs = response_logprobs(ref_policy(**inputs, logits_to_keep=keep).logits, responses, 1, args.temperature)
             values = full_values[:, context_length - 1 : -1].float()
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
@@ -882,13 +885,20 @@ def main(args: Args) -> dict:
                 for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
                     with accelerator.accumulate(model):
                         mb = order[micro_start : micro_start + micro_batch_size]
-                        mb_inputs = {k: v[mb] for k, v in inputs.items()}
-                        new_logits, vpred_full = model(**mb_inputs)
-                        new_logprobs = response_logprobs(new_logits, responses[mb], context_length, args.temperature)
-                        new_logprobs = new_logprobs.masked_fill(padding_mask[mb], INVALID_LOGPROB)
-                        vpred = vpred_full[:, context_length - 1 : -1].float().masked_fill(padding_mask_p1[mb], 0)
-                        pg_loss, pg_stats = policy_loss(new_logprobs, logprobs[mb], advantages[mb], ~padding_mask[mb], args.cliprange)
-                        vf_loss, vf_clipfrac = value_loss(vpred, values[mb], returns[mb], ~padding_mask_p1[mb], args.cliprange_value)
+                        # Trim the columns that are padding in every row of this micro-batch: leading prompt pads and
+                        # response positions past the longest response + 1 (the value one past EOS is still trained).
+                        # Attention is causal and position ids follow the mask, so every kept logprob and value is the
+                        # number the full-width batch gives, and all dropped positions were masked out of the losses.
+                        first = int(inputs["attention_mask"][mb, :context_length].any(0).long().argmax())
+                        width = min(responses.shape[1], int(sequence_lengths[mb].max()) + 2)
+                        mb_inputs = {k: v[mb, first : context_length + width] for k, v in inputs.items()}
+                        mb_responses, mb_mask, mb_mask_p1 = responses[mb, :width], padding_mask[mb, :width], padding_mask_p1[mb, :width]
+                        new_logits, vpred_full = model(**mb_inputs, logits_to_keep=width + 1)
+                        new_logprobs = response_logprobs(new_logits, mb_responses, 1, args.temperature)
+                        new_logprobs = new_logprobs.masked_fill(mb_mask, INVALID_LOGPROB)
+                        vpred = vpred_full[:, context_length - first - 1 : -1].float().masked_fill(mb_mask_p1, 0)
+                        pg_loss, pg_stats = policy_loss(new_logprobs, logprobs[mb, :width], advantages[mb, :width], ~mb_mask, args.cliprange)
+                        vf_loss, vf_clipfrac = value_loss(vpred, values[mb, :width], returns[mb, :width], ~mb_mask_p1, args.cliprange_value)
                         loss = pg_loss + args.vf_coef * vf_loss
                         if not torch.isfinite(loss):
                             raise RuntimeError(f"non-finite PPO loss at update {update}: policy {pg_loss.item()}, value {vf_loss.item()}")

@@ -121,3 +121,36 @@ def test_success_reward_and_position_ids_of_padded_inputs():
     inputs = ppo.padded_inputs(torch.tensor([[1, 1, 5, 6, 0, 1], [5, 6, 7, 8, 9, 0]]), pad_id=1)
     assert inputs["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
     assert inputs["position_ids"][0, 2:5].tolist() == [0, 1, 2] and inputs["position_ids"][1].tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_ppo_runs_on_two_processes(assets, tmp_path):
+    """PPO under `accelerate launch --multi_gpu --num_processes 2` (gloo on CPU): both ranks' episodes are counted,
+    every log row has episode/time, and the saved policy moved away from its start."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    repo = Path(__file__).resolve().parent.parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), str(repo / "ppo_rlhf.py"),
+           "tiny-math", "--sft-model-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
+           "--output-dir", str(tmp_path / "runs"), "--run-name", "ddp", "--response-length", "12", "--num-eval-examples", "6",
+           "--per-device-eval-batch-size", "3", "--eval-every", "1", "--num-threads", "1", "--total-episodes", "32",
+           "--per-device-batch-size", "8", "--num-mini-batches", "2"]
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert all("episode" in r and "time" in r for r in rows)
+    assert [r["episode"] for r in rows if "loss/policy_avg" in r] == [16, 32]  # 2 processes x 8 responses per update
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "ddp" / "model")
+    initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama")
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), initial.state_dict().values()))

@@ -1,0 +1,874 @@
+"""Direct Preference Optimization, offline on a preference dataset and online (optionally asynchronous).
+
+Offline (`--mode offline`): "Direct Preference Optimization: Your Language Model is Secretly a Reward Model"
+(Rafailov et al. 2023, arXiv:2305.18290) on (prompt, chosen, rejected) pairs, as run on TL;DR in "The N+
+Implementation Details of RLHF with PPO" (Huang et al. 2024, arXiv:2403.17031; beta 0.05, lr 3e-6, cosine,
+batch 64, one epoch over the 92,832 OpenAI preference pairs).
+  * The sequence logprob log pi(y|x) is the sum of the response tokens' logprobs (EOS included) of the
+    right-padded prompt + response + EOS, with position ids from the attention mask, so the side of the
+    padding never changes it (tests check left against right padding).
+  * The implicit reward is r(x, y) = beta * (log pi(y|x) - log pi_ref(y|x)); with h = the chosen-minus-rejected
+    difference of log pi - log pi_ref, the losses (`--loss-type`) are
+      sigmoid: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)   (DPO; eps = label smoothing is
+               conservative DPO, Mitchell 2023, "A note on DPO with noisy preferences")
+      ipo:     (h - 1 / (2 beta))^2   (Azar et al. 2023, arXiv:2310.12036, on summed logprobs; TRL averages per token)
+      hinge:   max(0, 1 - beta h)     (SLiC, Zhao et al. 2023, arXiv:2305.10425)
+  * The reference logprobs of the frozen SFT model are computed once before training and cached with the
+    pairs (`--precompute-ref-logprobs`, default), so the reference model is not in memory while training.
+  * Implicit reward accuracy counts a pair as 1 when r_chosen > r_rejected, 0 when smaller and 1/2 on an
+    exact tie (as the win rate does): at initialisation policy = reference, every pair ties and the accuracy
+    is 0.5, not 0 (TRL counts ties as wrong and reports 0).
+
+Online (`--mode online`): online DPO (Guo et al. 2024, "Direct Language Model Alignment from Online AI
+Feedback", arXiv:2402.04792), the RLHF algorithm "Asynchronous RLHF" (Noukhovitch et al. 2024, arXiv:2410.18252)
+found most robust to off-policy data. Each step samples two responses per prompt from the current policy
+(temperature 0.7, truncated after the first EOS; a response without EOS gets `penalty_reward_value`, N+),
+labels them with the reward model or the tiny world's gold judge (`--judge rm|gold`), and takes a DPO step
+on (higher, lower); tied pairs carry no preference and are left out of the loss (`objective/tie_rate`).
+With `--async`, generation of batch t+1 runs in a separate thread with its own copy of the policy while the
+learner trains on batch t (Noukhovitch et al.'s one-step off-policy "Cleanba" setup): the copy is synced
+after every step, so every batch after the first was sampled by the policy of one step earlier
+(`async/policy_lag` = 1). On CPU the torch threads are split between learner and generator (`num_threads`
+and `generation_threads`). Sampling order in the thread makes async runs not bitwise reproducible.
+
+Usage:
+    python dpo.py tiny-tldr                   # after `python -m benchmark.run tiny-tldr` (SFT and RM)
+    python dpo.py tiny-tldr-online --judge gold --async
+    accelerate launch --config_file benchmark/accelerate_configs/deepspeed_zero2.yaml dpo.py tldr-pythia-1b
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import re
+import resource
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlparse
+
+import torch
+import torch.nn.functional as F
+import tyro
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+
+@dataclass
+class Args:
+    # ---- experiment ----
+    exp_name: str = "dpo"
+    """name of this experiment; the run name starts with it"""
+    seed: int = 1
+    """seed of the experiment (data order, sampling)"""
+    run_name: str | None = None
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    output_dir: str = "runs"
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    track: bool = False
+    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
+    wandb_project: str = "clean-rlhf"
+    """wandb project name"""
+    wandb_entity: str | None = None
+    """wandb entity (team); None uses your default"""
+    num_threads: int | None = None
+    """CPU threads per process; default: the machine's cores divided by the number of processes"""
+
+    # ---- models ----
+    sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
+    """the SFT model: initial policy and frozen reference (hub name or local directory)"""
+    reward_model_path: str | None = None
+    """reward model (reward_model.py format): labels online pairs with `judge=rm`; if set, evaluation logs its score"""
+    trust_remote_code: bool = False
+    """allow custom modelling code from the hub; off unless you trust the repository"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype of the models"""
+
+    # ---- data ----
+    mode: Literal["offline", "online"] = "offline"
+    """`offline`: DPO on the preference pairs; `online`: sample pairs from the policy and label them each step"""
+    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_oai_preprocessing_1706381144"
+    """preference pairs (offline training; validation pairs for the implicit-reward accuracy in both modes):
+    hub name, `save_to_disk` folder, folder of `{split}.jsonl|json|parquet`, or one such file"""
+    prompt_dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompts with reference responses: online training prompts and the evaluation prompts of both modes"""
+    dataset_config: str | None = None
+    """dataset configuration name on the hub"""
+    train_split: str = "train"
+    """split to train on (pairs offline, prompts online)"""
+    eval_split: str = "validation"
+    """split to evaluate on (pairs and prompts)"""
+    prompt_template: str = "{query}"
+    """Python format string building the prompt from a row's fields"""
+    use_chat_template: bool = False
+    """wrap the prompt as a user message with the tokenizer's chat template"""
+    chosen_field: str = "chosen"
+    """field of the preferred response"""
+    rejected_field: str = "rejected"
+    """field of the dispreferred response"""
+    reference_template: str = "{reference_response}"
+    """format string of the reference response of a prompt row (the tiny-tldr win rate compares against it)"""
+    max_prompt_length: int = 512
+    """longest prompt in tokens (N+: 512); longer is an error unless `drop_overlong`"""
+    max_response_length: int = 170
+    """longest preference response in tokens, EOS included (N+ keeps preference responses up to 169 tokens)"""
+    drop_overlong: bool = False
+    """drop (and count) overlong rows instead of failing"""
+    max_train_samples: int | None = None
+    """use only the first N training rows (debugging)"""
+
+    # ---- DPO ----
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    """`sigmoid` (DPO, with label smoothing = cDPO), `ipo` (Azar et al. 2023), `hinge` (SLiC)"""
+    beta: float = 0.05
+    """KL strength beta (N+ TL;DR DPO: 0.05)"""
+    label_smoothing: float = 0.0
+    """(sigmoid) probability eps that a preference label is flipped (conservative DPO); 0 is plain DPO"""
+    precompute_ref_logprobs: bool = True
+    """(offline) compute the reference logprobs of every pair once before training; else on the fly each step"""
+
+    # ---- online ----
+    judge: Literal["rm", "gold"] = "rm"
+    """(online) who labels the two samples: the reward model, or the tiny world's gold judge (needs `facts`)"""
+    total_episodes: int = 131072
+    """(online) prompts (= sampled pairs) over the whole run, all processes"""
+    response_length: int = 53
+    """tokens sampled per response, online and at evaluation (N+: 53)"""
+    temperature: float = 0.7
+    """(online) sampling temperature (N+: 0.7); DPO logprobs are at temperature 1"""
+    non_eos_penalty: bool = True
+    """(online) replace the score of a response without EOS by `penalty_reward_value` (N+)"""
+    penalty_reward_value: float = -1.0
+    """(online) score of a response that never ends (N+: -1)"""
+    async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False
+    """(online) generate the next batch in a separate thread while training on this one (one step off-policy)"""
+    generation_threads: int | None = None
+    """(online, async, CPU) torch threads of the generator thread; default half of `num_threads` (at least 1)"""
+
+    # ---- optimisation ----
+    learning_rate: float = 3e-6
+    """peak learning rate (N+ DPO: 3e-6)"""
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    """decay after warm-up (N+ DPO: cosine)"""
+    warmup_ratio: float = 0.0
+    """share of the optimizer steps spent warming the learning rate up linearly from 0"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    num_train_epochs: int = 1
+    """(offline) passes over the preference pairs (N+: 1)"""
+    per_device_train_batch_size: int = 8
+    """pairs per device per micro-batch (online: prompts per micro-batch, two samples each)"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches per optimizer step; the global batch is this x per-device batch x processes"""
+
+    # ---- evaluation and logging ----
+    eval_task: Literal["none", "tldr"] = "none"
+    """`tldr`: greedy summaries scored by the tiny world's gold judge, and win rate against the references"""
+    eval_every: int = 100
+    """evaluate every N optimizer steps (and before the first and after the last)"""
+    num_eval_examples: int = 200
+    """evaluation prompts (greedy generation); 0 skips generation"""
+    num_eval_pairs: int = 400
+    """validation pairs for the implicit-reward accuracy and loss; 0 skips them"""
+    per_device_eval_batch_size: int = 32
+    """prompts or pairs per device at evaluation"""
+    log_every: int = 1
+    """log training metrics every N optimizer steps"""
+    save_model: bool = True
+    """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
+
+
+PRESETS = {
+    "tldr-pythia-1b": ("N+ offline DPO on TL;DR preferences, Pythia 1B (8 GPUs; beta 0.05, lr 3e-6, batch 64)", Args(
+        exp_name="dpo_tldr_pythia-1b", dtype="bfloat16", per_device_train_batch_size=8, eval_every=200)),
+    # online: N+ beta / lr / temperature / response length / EOS penalty; batch 512 pairs x 256 steps is our choice
+    "tldr-pythia-1b-online": ("online DPO on TL;DR prompts labelled by the N+ reward model, Pythia 1B (8 GPUs)", Args(
+        exp_name="online_dpo_tldr_pythia-1b", mode="online", reward_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr",
+        dtype="bfloat16", per_device_train_batch_size=16, gradient_accumulation_steps=4, total_episodes=131072, eval_every=50)),
+    "tiny-tldr": ("tiny-tldr offline DPO on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
+        exp_name="dpo_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", dataset_name_or_path="runs/assets/tiny-tldr/preference",
+        prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, max_response_length=48, response_length=32,
+        beta=0.1, learning_rate=1e-5, warmup_ratio=0.05, per_device_train_batch_size=32, eval_task="tldr", eval_every=50,
+        num_eval_examples=200, log_every=5)),
+    "tiny-tldr-online": ("tiny-tldr online DPO on CPU, labelled by the tiny reward model (`--judge gold` for the gold judge)", Args(
+        exp_name="online_dpo_tiny-tldr", mode="online", sft_model_path="runs/sft_tiny-tldr__1/model",
+        reward_model_path="runs/rm_tiny-tldr__1/model", dataset_name_or_path="runs/assets/tiny-tldr/preference",
+        prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, max_response_length=48, response_length=32,
+        beta=0.1, learning_rate=1e-5, total_episodes=2048, per_device_train_batch_size=32, lr_schedule="linear",
+        eval_task="tldr", eval_every=16, num_eval_examples=200, num_eval_pairs=200)),
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Offline-first loading (same helpers as every script of this repository)
+# ----------------------------------------------------------------------------------------------------
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def in_hub_cache(name: str, repo_type: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(name, repo_type=repo_type, local_files_only=True)
+        return True
+    except Exception:
+        return False
+
+
+def require_hub(name: str, what: str, flag: str) -> None:
+    """Fail fast, naming the missing thing and how to pass a local copy, when `name` is neither a local
+    path, nor in the local Hugging Face cache, nor reachable on the hub."""
+    if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
+        return
+    raise SystemExit(
+        f"error: the {what} '{name}' is not a local path, is not in the Hugging Face cache, and the hub cannot be "
+        f"reached (no network, or HF_HUB_OFFLINE=1).\n  Download it on a machine with internet "
+        f"(`huggingface-cli download {name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`), "
+        f"then pass the local directory: {flag} DIR\n  For the offline tiny world: `python -m benchmark.assets`, "
+        f"then use a `tiny-*` preset."
+    )
+
+
+def load_split(name_or_path: str, split: str, config: str | None = None) -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+    path = Path(name_or_path)
+    fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    if path.is_file():
+        return load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+            ds = load_from_disk(str(path))
+            return ds[split] if isinstance(ds, DatasetDict) else ds
+        for suffix, kind in fmt.items():
+            if (path / f"{split}{suffix}").exists():
+                return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
+        raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
+    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
+    return load_dataset(name_or_path, config, split=split)
+
+
+def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local, dtype=getattr(torch, args.dtype), **kwargs)
+    for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Padding, reward-model scores, tiny-world judge (copied from sft.py / ppo_rlhf.py / benchmark/tiny_world.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+    try:
+        text = template.format(**row)
+    except KeyError as e:
+        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
+                         f"'{template}'; its fields are {sorted(row)}") from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+    return text
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left padding for generation: every prompt ends at the last column."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
+    """Index of the first True in each row, or the row length when there is none."""
+    row_len = bools.size(-1)
+    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(row_len, dtype=dtype, device=bools.device)
+    return torch.min(zero_or_index, dim=-1).values
+
+
+def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) -> torch.Tensor:
+    """Everything after the first stop token (EOS) becomes pad; the stop token itself is kept."""
+    trunc_idxs = first_true_indices(responses == stop_token_id).unsqueeze(-1)
+    idxs = torch.arange(responses.size(1), device=responses.device).view(1, -1)
+    return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
+
+
+TLDR_FACT_WORDS = {
+    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
+    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
+}
+TLDR_MAX_WORDS = 12
+
+
+def gold_judge(summary: str, facts: list[str]) -> float:
+    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
+    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
+    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
+    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
+    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
+    words = re.findall(r"[a-z]+", summary.lower())
+    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
+    covered = sum(1 for f in facts if f in words) / len(facts)
+    invented = len({w for w in words if w in vocab and w not in facts})
+    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
+    return covered - 0.5 * invented - 0.1 * too_long
+
+
+# ----------------------------------------------------------------------------------------------------
+# Run directory and metrics
+# ----------------------------------------------------------------------------------------------------
+
+
+class RunLogger:
+    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
+    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
+
+    def __init__(self, args: Args, accelerator: Accelerator):
+        self.enabled = accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.start = time.time()
+        self.wandb = None
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+        self.file = open(self.dir / "metrics.jsonl", "w")
+        if args.track:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                    config=dataclasses.asdict(args), dir=str(self.dir))
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.wandb is not None:
+                self.wandb.finish()
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+    return f
+
+
+# ----------------------------------------------------------------------------------------------------
+# The DPO math: small pure functions, each checked against hand-computed values in tests/test_dpo.py
+# ----------------------------------------------------------------------------------------------------
+
+
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
+             beta: float, loss_type: str = "sigmoid", label_smoothing: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-pair losses (B,) and the implicit rewards beta * (log pi - log pi_ref) of chosen and rejected.
+    h = (log pi_c - log pi_r) - (log ref_c - log ref_r) is the policy's log-ratio margin over the reference."""
+    h = (policy_chosen - policy_rejected) - (ref_chosen - ref_rejected)
+    if loss_type == "sigmoid":
+        # cDPO: the label is right with probability 1 - eps, so the loss is the expected BCE under flipped labels
+        losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(-beta * h)
+    elif loss_type == "ipo":
+        losses = (h - 1 / (2 * beta)) ** 2
+    elif loss_type == "hinge":
+        losses = torch.relu(1 - beta * h)
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+    return losses, beta * (policy_chosen - ref_chosen).detach(), beta * (policy_rejected - ref_rejected).detach()
+
+
+def implicit_accuracy(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
+    """Per pair: 1 if the implicit reward ranks the chosen response higher, 0 if lower, 1/2 on an exact tie
+    (policy = reference gives ties everywhere, so the accuracy at initialisation is 0.5)."""
+    return (chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()
+
+
+def sequence_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Sum over the response tokens (loss_mask = 1) of log p(token | prefix): logits at t predict token t+1."""
+    logps = torch.gather(logits[:, :-1].float().log_softmax(-1), 2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return (logps * loss_mask[:, 1:]).sum(-1)
+
+
+def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) sequence logprobs of a pair batch whose first half of rows are the chosen responses.
+    Position ids follow the attention mask, so the side of the padding does not change the result."""
+    mask = batch["attention_mask"]
+    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=position_ids).logits
+    return sequence_logprobs(logits, batch["input_ids"], batch["loss_mask"]).chunk(2)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data
+# ----------------------------------------------------------------------------------------------------
+
+
+def encode_prompt(tokenizer, prompt: str, args: Args) -> list[int]:
+    if args.use_chat_template:
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                  tokenize=True, return_dict=False))
+    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+
+
+def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+    """Prompt ids and chosen / rejected response ids (EOS appended) of every pair; overlong rows are an error."""
+    out, dropped = [], 0
+    for i, row in enumerate(ds):
+        prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
+        item = {"prompt_ids": prompt_ids}
+        for key, name in (("chosen", args.chosen_field), ("rejected", args.rejected_field)):
+            if not isinstance(row.get(name), str) or not row[name].strip():
+                raise SystemExit(f"error: field '{name}' of row {i} of split '{split}' must be a non-empty string, got {row.get(name)!r}")
+            item[key] = tokenizer(row[name], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        longest = max(len(item["chosen"]), len(item["rejected"]))
+        if len(prompt_ids) > args.max_prompt_length or longest > args.max_response_length:
+            if not args.drop_overlong:
+                raise SystemExit(f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {longest}-token "
+                                 f"response (EOS included); the limits are --max-prompt-length {args.max_prompt_length} and "
+                                 f"--max-response-length {args.max_response_length}. Raise them or pass --drop-overlong.")
+            dropped += 1
+            continue
+        out.append(item)
+    if dropped:
+        print(f"dropped {dropped} of {len(ds)} overlong pairs of '{split}'")
+    if not out:
+        raise SystemExit(f"error: no usable pairs in split '{split}'")
+    return out
+
+
+def collate_pairs(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Chosen rows first, then rejected rows, right-padded (one forward pass for both); the loss mask marks
+    the response tokens and EOS. Cached reference logprobs travel with the pairs when present."""
+    seqs = [(it["prompt_ids"], it[key]) for key in ("chosen", "rejected") for it in items]
+    width = max(len(p) + len(r) for p, r in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (p, r) in enumerate(seqs):
+        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attention_mask[i, : len(p) + len(r)] = 1
+        loss_mask[i, len(p) : len(p) + len(r)] = 1
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    if "ref_chosen" in items[0]:
+        batch["ref_chosen"] = torch.tensor([it["ref_chosen"] for it in items])
+        batch["ref_rejected"] = torch.tensor([it["ref_rejected"] for it in items])
+    return batch
+
+
+def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+    """Prompt token ids plus the reference response and key facts (tiny-tldr) that evaluation needs."""
+    rows, dropped = [], 0
+    for i, row in enumerate(ds):
+        ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
+        if len(ids) > args.max_prompt_length:
+            if not args.drop_overlong:
+                raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
+                                 f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
+            dropped += 1
+            continue
+        reference = render(args.reference_template, row, i, split, "reference") if args.eval_task == "tldr" else None
+        if (args.eval_task == "tldr" or args.judge == "gold") and not row.get("facts"):
+            raise SystemExit(f"error: row {i} of split '{split}' has no `facts`; the gold judge needs them (tiny-tldr only)")
+        rows.append({"prompt_ids": ids, "reference": reference, "facts": row.get("facts")})
+    if dropped:
+        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than {args.max_prompt_length} tokens")
+    if not rows:
+        raise SystemExit(f"error: no usable prompts in split '{split}'")
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# Reference logprobs, online pairs, evaluation
+# ----------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def cache_ref_logprobs(ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> None:
+    """Reference logprobs of every pair, computed once (each process takes a shard, all get the union)."""
+    out = []
+    with accelerator.split_between_processes(list(range(len(items)))) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            idx = shard[start : start + args.per_device_eval_batch_size]
+            batch = {k: v.to(accelerator.device) for k, v in collate_pairs([items[i] for i in idx], pad_id).items()}
+            chosen, rejected = forward_logprobs(ref_policy, batch)
+            out.extend(zip(idx, chosen.tolist(), rejected.tolist()))
+    for i, c, r in gather_object(out):
+        items[i]["ref_chosen"], items[i]["ref_rejected"] = c, r
+
+
+@torch.no_grad()
+def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dict], args: Args, device, version: int,
+                 num_threads: int | None = None) -> dict:
+    """Online DPO data for one step: two samples per prompt from `gen_policy`, truncated after EOS, scored by
+    the judge; the higher-scored one is `chosen`. Returns a pair batch with reference logprobs, which pairs
+    tie, the policy version that generated it, and rollout statistics. Runs in the generator thread with --async."""
+    if num_threads:  # a new thread starts with the default OpenMP pool; give it its share of the cores
+        torch.set_num_threads(num_threads)
+    t0 = time.time()
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    queries, qmask = left_pad([r["prompt_ids"] for r in rows for _ in range(2)], pad)  # rows 2i and 2i+1: prompt i
+    queries, qmask = queries.to(device), qmask.to(device)
+    out = gen_policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=True,
+                              temperature=args.temperature + 1e-7, top_k=0, top_p=1.0, pad_token_id=pad, eos_token_id=eos)
+    responses = truncate_response(out[:, queries.shape[1]:], eos, pad)
+    if (responses[:, 0] == pad).any():
+        raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
+    contain_eos = (responses == eos).any(1)
+    if args.judge == "gold":
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+        scores = torch.tensor([gold_judge(t, rows[i // 2]["facts"]) for i, t in enumerate(texts)], device=device)
+    else:
+        seqs = torch.cat([queries, responses], 1)
+        scores = outcome_reward(reward_model, seqs.masked_fill(seqs == pad, 0), (seqs != pad).long()).float()
+    if args.non_eos_penalty:
+        scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
+    first_wins = scores[0::2] >= scores[1::2]
+    chosen = torch.where(first_wins[:, None], responses[0::2], responses[1::2])
+    rejected = torch.where(first_wins[:, None], responses[1::2], responses[0::2])
+    # prompt (left-padded) + response (right-padded): position ids from the attention mask handle both sides
+    seqs = torch.cat([torch.cat([queries[0::2], chosen], 1), torch.cat([queries[0::2], rejected], 1)], 0)
+    attention_mask = (seqs != pad).long()
+    loss_mask = attention_mask.clone()
+    loss_mask[:, : queries.shape[1]] = 0
+    batch = {"input_ids": seqs.masked_fill(seqs == pad, 0), "attention_mask": attention_mask, "loss_mask": loss_mask}
+    batch["ref_chosen"], batch["ref_rejected"] = forward_logprobs(ref_policy, batch)
+    high, low = scores.view(-1, 2).max(1).values, scores.view(-1, 2).min(1).values
+    stats = {"objective/reward": scores.mean(), "objective/score_margin": (high - low).mean(), "objective/tie_rate": (high == low).float().mean(),
+             "objective/eos_rate": contain_eos.float().mean(), "objective/completion_length": (responses != pad).sum(1).float().mean()}
+    return {"batch": batch, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
+
+
+@torch.no_grad()
+def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> dict:
+    """DPO loss and implicit-reward accuracy on held-out preference pairs."""
+    policy.eval()
+    records = []
+    with accelerator.split_between_processes(items) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            batch = {k: v.to(accelerator.device) for k, v in collate_pairs(shard[start : start + args.per_device_eval_batch_size], pad_id).items()}
+            chosen, rejected = forward_logprobs(policy, batch)
+            ref_c, ref_r = (batch["ref_chosen"], batch["ref_rejected"]) if "ref_chosen" in batch else forward_logprobs(ref_policy, batch)
+            losses, rc, rr = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
+            records.extend(zip(losses.tolist(), rc.tolist(), rr.tolist(), implicit_accuracy(rc, rr).tolist()))
+    records = gather_object(records)
+    policy.train()
+    n = len(records)
+    return {"eval/loss": sum(r[0] for r in records) / n, "eval/accuracy": sum(r[3] for r in records) / n,
+            "eval/reward_chosen": sum(r[1] for r in records) / n, "eval/reward_rejected": sum(r[2] for r in records) / n,
+            "eval/reward_margin": sum(r[1] - r[2] for r in records) / n}
+
+
+@torch.no_grad()
+def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator) -> tuple[dict, list[dict]]:
+    """Greedy responses to the evaluation prompts, scored by the gold judge (tiny-tldr) and the reward model if any."""
+    policy.eval()
+    records = []
+    with accelerator.split_between_processes(rows) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            batch = shard[start : start + args.per_device_eval_batch_size]
+            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
+            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
+            out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
+                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+            scores = [None] * len(batch)
+            if reward_model is not None:
+                seqs = torch.cat([queries, responses], 1)
+                scores = outcome_reward(reward_model, seqs.masked_fill(seqs == tokenizer.pad_token_id, 0), (seqs != tokenizer.pad_token_id).long()).tolist()
+            for r, resp, score in zip(batch, responses, scores):
+                text = tokenizer.decode(resp, skip_special_tokens=True)
+                rec = {"response": text, "score": score, "length": int((resp != tokenizer.pad_token_id).sum()), "eos": bool((resp == tokenizer.eos_token_id).any())}
+                if args.eval_task == "tldr":
+                    rec["gold_reward"], rec["reference_gold_reward"] = gold_judge(text, r["facts"]), gold_judge(r["reference"], r["facts"])
+                records.append(rec)
+    records = gather_object(records)
+    policy.train()
+    n = len(records)
+    metrics = {"eval/completion_length": sum(r["length"] for r in records) / n, "eval/eos_rate": sum(r["eos"] for r in records) / n}
+    if reward_model is not None:
+        metrics["eval/score"] = sum(r["score"] for r in records) / n
+    if args.eval_task == "tldr":
+        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
+        metrics["eval/win_rate"] = sum(1.0 if r["gold_reward"] > r["reference_gold_reward"] else 0.5 if r["gold_reward"] == r["reference_gold_reward"] else 0.0 for r in records) / n
+    return metrics, records
+
+
+# ----------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
+    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
+    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    threads = args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes)
+    gen_threads = None
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        if args.mode == "online" and args.async_generation:  # learner and generator thread split the process's share
+            gen_threads = args.generation_threads or max(1, threads // 2)
+            threads = max(1, threads - gen_threads)
+        torch.set_num_threads(threads)
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    set_seed(args.seed)
+    device = accelerator.device
+    online = args.mode == "online"
+
+    # ---- models: the policy (trained), the reference and the reward model (frozen) ----
+    local = os.path.isdir(args.sft_model_path)
+    if not local:
+        require_hub(args.sft_model_path, "model", "--sft-model-path")
+    tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {args.sft_model_path} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise SystemExit("error: the SFT tokenizer needs a pad token distinct from EOS (sft.py --add-pad-token adds one); with PAD = EOS "
+                         "the EOS would be masked out as padding (N+ detail)")
+    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
+    policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    reward_model = None
+    if args.reward_model_path and (args.judge == "rm" or not online):
+        reward_model = load_pretrained(AutoModelForSequenceClassification, args.reward_model_path, args, "reward model",
+                                       "--reward-model-path", num_labels=1).eval().requires_grad_(False).to(device)
+    if online and args.judge == "rm" and reward_model is None:
+        raise SystemExit("error: online DPO with --judge rm needs --reward-model-path (or pass --judge gold on tiny-tldr)")
+
+    # ---- data ----
+    pad = tokenizer.pad_token_id
+    eval_rows = []
+    if args.num_eval_examples > 0:
+        eval_ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config)
+        eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split)
+    eval_pairs = []
+    if args.num_eval_pairs > 0:
+        ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+        eval_pairs = tokenize_pairs(ds.select(range(min(args.num_eval_pairs, len(ds)))), tokenizer, args, args.eval_split)
+    if online:
+        train = prepare_prompts(load_split(args.prompt_dataset_name_or_path, args.train_split, args.dataset_config), tokenizer, args, args.train_split)
+    else:
+        ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+        if args.max_train_samples:
+            ds = ds.select(range(min(args.max_train_samples, len(ds))))
+        train = tokenize_pairs(ds, tokenizer, args, args.train_split)
+    ref_policy.to(device)
+    if not online and args.precompute_ref_logprobs:
+        t0 = time.time()
+        cache_ref_logprobs(ref_policy, train, pad, args, accelerator)
+        cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
+        accelerator.print(f"cached reference logprobs of {len(train) + len(eval_pairs)} pairs in {time.time() - t0:.1f}s")
+        ref_policy = ref_policy.cpu() if device.type != "cpu" else ref_policy  # no longer needed on the accelerator
+
+    # ---- batch arithmetic and optimiser ----
+    step_pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps  # pairs per process per optimizer step
+    batch_pairs = step_pairs * accelerator.num_processes
+    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
+    if online:  # one item per optimizer step: the prompts of a whole step, generated together
+        loader = torch.utils.data.DataLoader(list(range(len(train))), batch_size=step_pairs, shuffle=True, drop_last=True, generator=generator)
+    else:
+        loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
+                                             generator=generator, collate_fn=lambda b: collate_pairs(b, pad))
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
+    total_steps = args.total_episodes // batch_pairs if online else len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
+    if total_steps == 0:
+        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
+    unwrapped = accelerator.unwrap_model(policy)
+    logger = RunLogger(args, accelerator)
+    accelerator.print(f"run {args.run_name}: {args.mode} DPO ({args.loss_type}, beta {args.beta}), {total_steps} steps of {batch_pairs} pairs"
+                      + (f", async generation ({gen_threads or 'default'} generator threads, {threads} learner threads)" if online and args.async_generation else ""))
+
+    def run_eval(step: int) -> dict:
+        metrics = {}
+        if eval_pairs:
+            metrics.update(evaluate_pairs(unwrapped, ref_policy, eval_pairs, pad, args, accelerator))
+        if eval_rows:
+            gen_metrics, records = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+            metrics.update(gen_metrics)
+            if accelerator.is_main_process:
+                with open(logger.dir / "samples.jsonl", "a") as f:
+                    for r in records[:8]:
+                        f.write(json.dumps({"step": step, **r}) + "\n")
+        logger.log(metrics, step, step * batch_pairs)
+        accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        return metrics
+
+    def batches():
+        while True:
+            yield from loader
+
+    iterator = batches()
+    metrics = run_eval(0)
+    gen_policy, executor, pending = unwrapped, None, None
+    if online:
+        rows_of = lambda idx: [train[i] for i in idx.tolist()]  # noqa: E731
+        if args.async_generation:  # the generator samples with its own copy of the weights, synced after each step
+            gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
+            executor = ThreadPoolExecutor(max_workers=1)
+        pending = (executor.submit if executor else lambda f, *a: f(*a))(
+            sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args, device, 0, gen_threads)
+
+    start_time, episode = time.time(), 0
+    progress = tqdm(range(1, total_steps + 1), disable=not accelerator.is_main_process, desc=f"{args.mode} dpo")
+    for step in progress:
+        wait_start = time.time()
+        stats = {}
+        if online:
+            data = pending.result() if executor else pending
+            wait = time.time() - wait_start
+            if executor and step < total_steps:  # sync the generator's copy to the current weights (step - 1), sample the next batch
+                gen_policy.load_state_dict(unwrapped.state_dict())
+                pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args,
+                                          device, step - 1, gen_threads)
+            micro = []
+            n_pairs = data["valid"].shape[0]
+            for i in range(args.gradient_accumulation_steps):
+                sel = torch.arange(i, n_pairs, args.gradient_accumulation_steps, device=device)
+                both = torch.cat([sel, sel + n_pairs])
+                mb = {k: v[both] for k, v in data["batch"].items() if k not in ("ref_chosen", "ref_rejected")}
+                mb.update(ref_chosen=data["batch"]["ref_chosen"][sel], ref_rejected=data["batch"]["ref_rejected"][sel], valid=data["valid"][sel])
+                micro.append(mb)
+            stats = {k: v.item() for k, v in data["stats"].items()}
+            stats.update({"async/policy_lag": (step - 1) - data["version"], "perf/generation_wait_sec": wait, "perf/generation_sec": data["gen_time"]})
+        else:
+            micro = [next(iterator) for _ in range(args.gradient_accumulation_steps)]
+
+        # ---- DPO update ----
+        train_start, running = time.time(), []
+        for mb in micro:
+            with accelerator.accumulate(policy):
+                chosen, rejected = forward_logprobs(policy, mb)
+                if "ref_chosen" in mb:
+                    ref_c, ref_r = mb["ref_chosen"], mb["ref_rejected"]
+                else:
+                    with torch.no_grad():
+                        ref_c, ref_r = forward_logprobs(ref_policy, mb)
+                losses, r_c, r_r = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
+                valid = mb.get("valid", torch.ones_like(losses, dtype=torch.bool)).float()
+                loss = (losses * valid).sum() / valid.sum().clamp(min=1)  # tied online pairs carry no preference
+                if not torch.isfinite(loss):
+                    raise RuntimeError(f"non-finite DPO loss {loss.item()} at step {step}; lower --learning-rate or check the data")
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            running.append(torch.stack([loss.detach(), r_c.mean(), r_r.mean(), implicit_accuracy(r_c, r_r).mean(), (r_c - r_r).mean(),
+                                        chosen.detach().mean(), rejected.detach().mean(),
+                                        ((chosen.detach() - ref_c) + (rejected.detach() - ref_r)).mean() / 2]))
+        scheduler.step()
+        train_sec = time.time() - train_start  # the update only (not the synchronous sampling below)
+        if online and not executor and step < total_steps:  # synchronous online: sample the next batch with the new weights
+            pending = sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args, device, step, gen_threads)
+        episode = step * batch_pairs
+
+        # ---- logging ----
+        if step % args.log_every == 0 or step == total_steps:
+            values = accelerator.gather(torch.stack(running).mean(0)[None]).mean(0).tolist()
+            names = ["train/loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"]
+            logged = dict(zip(names, values))
+            if online:
+                logged["objective/kl"] = values[7]  # mean of log pi - log pi_ref over the sampled responses (k1, per response)
+                logged.update(stats)
+            logged.update({"train/grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0], "perf/train_sec": train_sec,
+                           "perf/episodes_per_sec": episode / (time.time() - start_time), "perf/peak_mem_gb": peak_mem_gb(device)})
+            logger.log(logged, step, episode)
+            progress.set_postfix(loss=f"{logged['train/loss']:.3f}", acc=f"{logged['rewards/accuracies']:.2f}")
+        if step % args.eval_every == 0 or step == total_steps:
+            if executor and pending is not None:
+                pending.result()  # the generator thread shares the reward and reference models: let it finish first
+            metrics = run_eval(step)
+    progress.close()
+    if executor:
+        executor.shutdown(wait=True)
+
+    if args.save_model:
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            unwrapped.save_pretrained(logger.dir / "model", safe_serialization=True)
+            tokenizer.save_pretrained(logger.dir / "model")
+    logger.close()
+    accelerator.end_training()
+    return metrics
+
+
+if __name__ == "__main__":
+    main(tyro.extras.overridable_config_cli(PRESETS))

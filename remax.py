@@ -1,0 +1,762 @@
+"""ReMax: REINFORCE with the greedy response's reward as baseline, for RLHF, in one file.
+
+Implements "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning Large Language
+Models" (Li et al. 2023, arXiv:2310.10505). ReMax drops PPO's value model: for every prompt x the policy samples ONE
+response y ~ pi(.|x) and also decodes the greedy response y_bar = argmax; the advantage of the sample is
+  A = R(x, y) - r(x, y_bar),
+REINFORCE with the greedy reward as a baseline. The greedy response does not depend on the sample, so the baseline
+keeps the gradient unbiased, and it tracks how good the current policy is on this very prompt, which cuts the
+variance (the paper's Proposition). R(x, y) = score(x, y) - beta * sum_t KL_t, the KL penalty summed over the
+sampled response's tokens (as in PPO-RLHF); the baseline is the greedy response's score (the paper's r(x, y_bar)).
+The loss is -A * sum_t log pi(y_t | x, y_<t), normalised by the number of response tokens in the batch, and every
+batch is used for ONE gradient step (on-policy, no ratio, no clipping). Compared with PPO there is no value model to
+hold, train or keep optimizer state for (the paper: about 46% less GPU memory than PPO at 7B, 1.6x faster); the
+price is one extra greedy generation per prompt. `benchmark/memory_speed_family.py` measures both against
+ppo_rlhf.py.
+
+Everything else is ppo_rlhf.py's (the N+ details of Huang et al. 2024, arXiv:2403.17031): left-padded prompts,
+logprobs recomputed by a forward pass with the logits divided by the sampling temperature, responses truncated after
+their first EOS, responses without EOS scored `penalty_reward_value` (-1), position ids from the attention mask,
+dropout off. The reward is a learned reward model (TL;DR) or the verifiable math reward (1 if the final answer is
+right, else 0). Evaluation: greedy responses, gold judge and win rate (tiny-tldr) or answer accuracy (math), before
+the first update and after the last.
+
+Usage:
+    python -m benchmark.assets && python -m benchmark.run tiny      # tiny world, SFT and reward models
+    python remax.py tiny-math
+    python remax.py tiny-tldr
+    accelerate launch --multi_gpu --num_processes 2 remax.py tiny-math    # two processes (gloo on CPU)
+    accelerate launch --config_file benchmark/accelerate_configs/deepspeed_zero2.yaml remax.py tldr-pythia-1b
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import resource
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlparse
+
+import torch
+import tyro
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
+
+
+@dataclass
+class Args:
+    # ---- experiment ----
+    exp_name: str = "remax"
+    """name of this experiment; the run name starts with it"""
+    seed: int = 1
+    """seed of the experiment (data order, sampling)"""
+    run_name: str | None = None
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    output_dir: str = "runs"
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    track: bool = False
+    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
+    wandb_project: str = "clean-rlhf"
+    """wandb project name"""
+    wandb_entity: str | None = None
+    """wandb entity (team); None uses your default"""
+    num_threads: int | None = None
+    """CPU threads per process; default: the machine's cores divided by the number of processes"""
+
+    # ---- models ----
+    sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
+    """the SFT model: initial policy and frozen reference (hub name or local directory)"""
+    reward_model_path: str | None = "vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr"
+    """the outcome reward model (saved by reward_model.py); None with `reward_source=math`"""
+    trust_remote_code: bool = False
+    """allow custom modelling code from the hub; off unless you trust the repository"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype of the policy, reference and reward model"""
+
+    # ---- data ----
+    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompts: hub dataset, `save_to_disk` folder, folder of `{split}.jsonl|json|parquet`, or one such file"""
+    dataset_config: str | None = None
+    """dataset configuration name on the hub (e.g. `main` for openai/gsm8k)"""
+    train_split: str = "train"
+    """split to sample prompts from"""
+    eval_split: str = "validation"
+    """split to evaluate on"""
+    prompt_template: str = "{query}"
+    """Python format string building the prompt from a row's fields"""
+    use_chat_template: bool = False
+    """wrap the prompt as a user message with the tokenizer's chat template"""
+    reference_template: str = "{reference_response}"
+    """format string of the reference response (win rate on tiny-tldr, gold answer on math)"""
+    max_prompt_length: int = 512
+    """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong`"""
+    drop_overlong: bool = False
+    """drop (and count) overlong prompts instead of failing"""
+
+    # ---- reward ----
+    reward_source: Literal["model", "math"] = "model"
+    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
+    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
+    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
+    non_eos_penalty: bool = True
+    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
+    penalty_reward_value: float = -1.0
+    """score of a response that never ends (N+: -1)"""
+    stop_token: Literal["eos", "none"] = "eos"
+    """truncate responses after the first EOS"""
+
+    # ---- ReMax ----
+    total_episodes: int = 1_000_000
+    """sampled responses over the whole run, all processes (the greedy baselines are not counted; N+: 1M)"""
+    per_device_batch_size: int = 64
+    """prompts per process per update, each with one sampled and one greedy response; the batch is this x processes"""
+    gradient_accumulation_steps: int = 1
+    """micro-batches per update (one optimizer step per batch)"""
+    learning_rate: float = 3e-6
+    """AdamW learning rate (N+: 3e-6)"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the updates (N+)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    response_length: int = 53
+    """tokens sampled per response (N+: 53)"""
+    temperature: float = 0.7
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
+    kl_coef: float = 0.05
+    """beta of the KL penalty in the sequence reward (N+: 0.05)"""
+    kl_estimator: Literal["k1", "k3"] = "k1"
+    """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+
+    # ---- evaluation and logging ----
+    eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
+    """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
+    eval_every: int = 50
+    """evaluate every N updates (and before the first and after the last)"""
+    num_eval_examples: int = 200
+    """evaluation prompts"""
+    per_device_eval_batch_size: int = 32
+    """prompts per device at evaluation"""
+    log_every: int = 1
+    """log training metrics every N updates"""
+    save_model: bool = True
+    """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
+
+
+PRESETS = {
+    "tldr-pythia-1b": ("ReMax on TL;DR, Pythia 1B, N+ hyperparameters where they apply (8 GPUs, DeepSpeed ZeRO-2)", Args(
+        exp_name="remax_tldr_pythia-1b", dtype="bfloat16", per_device_batch_size=64, gradient_accumulation_steps=4,
+        learning_rate=3e-6, response_length=53, temperature=0.7, kl_coef=0.05, eval_every=100)),
+    "gsm8k-qwen2.5-0.5b": ("ReMax on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
+        exp_name="remax_gsm8k_qwen2.5-0.5b", sft_model_path="Qwen/Qwen2.5-0.5B-Instruct", reward_model_path=None,
+        reward_source="math", dataset_name_or_path="openai/gsm8k", dataset_config="main", eval_split="test",
+        prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
+        use_chat_template=True, reference_template="{answer}", response_length=400, temperature=1.0, kl_coef=0.001,
+        learning_rate=1e-6, total_episodes=7473 * 4, per_device_batch_size=32, gradient_accumulation_steps=4,
+        dtype="bfloat16", eval_task="gsm8k", eval_every=20)),
+    "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
+        exp_name="remax_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", reward_model_path="runs/rm_tiny-tldr__1/model",
+        dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, response_length=32, total_episodes=2048,
+        per_device_batch_size=64, learning_rate=3e-5, kl_coef=0.05, eval_task="tldr", eval_every=8, num_eval_examples=200)),
+    "tiny-math": ("tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)", Args(
+        exp_name="remax_tiny-math", sft_model_path="runs/sft_tiny-math__1/model", reward_model_path=None,
+        reward_source="math", dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",
+        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96,
+        response_length=80, temperature=0.5, total_episodes=3072, per_device_batch_size=64,
+        learning_rate=3e-5, kl_coef=0.01, eval_task="gsm8k", eval_every=16, num_eval_examples=200)),
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Offline-first loading: a local path never touches the network; a hub name that cannot be reached
+# fails in milliseconds with a message that says what to do, instead of a minute of HTTP retries.
+# ----------------------------------------------------------------------------------------------------
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def in_hub_cache(name: str, repo_type: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(name, repo_type=repo_type, local_files_only=True)
+        return True
+    except Exception:
+        return False
+
+
+def require_hub(name: str, what: str, flag: str) -> None:
+    """Fail fast, naming the missing thing and how to pass a local copy, when `name` is neither a local
+    path, nor in the local Hugging Face cache, nor reachable on the hub."""
+    if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
+        return
+    raise SystemExit(
+        f"error: the {what} '{name}' is not a local path, is not in the Hugging Face cache, and the hub cannot be "
+        f"reached (no network, or HF_HUB_OFFLINE=1).\n  Download it on a machine with internet "
+        f"(`huggingface-cli download {name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`), "
+        f"then pass the local directory: {flag} DIR\n  For the offline tiny world: `python -m benchmark.assets`, "
+        f"then use a `tiny-*` preset."
+    )
+
+
+def load_split(name_or_path: str, split: str, config: str | None = None) -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+    path = Path(name_or_path)
+    fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    if path.is_file():
+        return load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+            ds = load_from_disk(str(path))
+            return ds[split] if isinstance(ds, DatasetDict) else ds
+        for suffix, kind in fmt.items():
+            if (path / f"{split}{suffix}").exists():
+                return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
+        raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
+    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
+    return load_dataset(name_or_path, config, split=split)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Padding, reward-model scores, tiny-world judges (copied from ppo_rlhf.py / benchmark/tiny_world.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+    try:
+        text = template.format(**row)
+    except KeyError as e:
+        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
+                         f"'{template}'; its fields are {sorted(row)}") from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+    return text
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left padding for generation: every prompt ends at the last column."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(s)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
+# ----------------------------------------------------------------------------------------------------
+
+TLDR_FACT_WORDS = {
+    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
+    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
+}
+
+
+TLDR_MAX_WORDS = 12
+
+
+def gold_judge(summary: str, facts: list[str]) -> float:
+    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
+    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
+    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
+    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
+    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
+    words = re.findall(r"[a-z]+", summary.lower())
+    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
+    covered = sum(1 for f in facts if f in words) / len(facts)
+    invented = len({w for w in words if w in vocab and w not in facts})
+    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
+    return covered - 0.5 * invented - 0.1 * too_long
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
+    removed; None when there is no `####` followed by a number."""
+    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
+    if not matches:
+        return None
+    return matches[-1].replace(",", "").rstrip(".")
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
+    None when there is none or its braces never close."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def numbers_equal(predicted: str | None, gold: str) -> bool:
+    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
+    non-numeric prediction, never an exception."""
+    if predicted is None:
+        return False
+    try:
+        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
+    except ValueError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------------
+# Run directory and metrics
+# ----------------------------------------------------------------------------------------------------
+
+
+class RunLogger:
+    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
+    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
+
+    def __init__(self, args: Args, accelerator: Accelerator):
+        self.enabled = accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.start = time.time()
+        self.wandb = None
+        if not self.enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+        self.file = open(self.dir / "metrics.jsonl", "w")
+        if args.track:
+            import wandb
+
+            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                    config=dataclasses.asdict(args), dir=str(self.dir))
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.file.close()
+            if self.wandb is not None:
+                self.wandb.finish()
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+# ----------------------------------------------------------------------------------------------------
+# Shared RL pieces (copied from ppo_rlhf.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
+    """Index of the first True in each row, or the row length when there is none."""
+    row_len = bools.size(-1)
+    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(row_len, dtype=dtype, device=bools.device)
+    return torch.min(zero_or_index, dim=-1).values
+
+
+def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) -> torch.Tensor:
+    """Everything after the first stop token (EOS) becomes pad; the stop token itself is kept."""
+    trunc_idxs = first_true_indices(responses == stop_token_id).unsqueeze(-1)
+    idxs = torch.arange(responses.size(1), device=responses.device).view(1, -1)
+    return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased, >= 0)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
+    """Attention mask from the pad token (PAD != EOS is checked at load) and position ids that start at 0 on
+    the first real token, so a left-padded query scores the same as an unpadded one."""
+    attention_mask = (query_responses != pad_id).long()
+    position_ids = (attention_mask.cumsum(1) - attention_mask).clamp(min=0)
+    return {"input_ids": query_responses.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def response_logprobs(logits: torch.Tensor, responses: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
+    """Logprobs of the response tokens under logits scaled by the sampling temperature (N+ detail)."""
+    logits = logits[:, context_length - 1 : -1].float() / (temperature + 1e-7)
+    return torch.gather(logits.log_softmax(-1), 2, responses.unsqueeze(-1)).squeeze(-1)
+
+
+def success_reward(text: str, gold: str, answer_format: str) -> float:
+    """Verifiable reward: 1 if the completion's final answer equals the reference answer, else 0."""
+    predicted = (extract_gsm8k_answer if answer_format == "gsm8k" else extract_boxed_answer)(text)
+    return 1.0 if numbers_equal(predicted, gold) or (predicted is not None and predicted == gold) else 0.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# The ReMax math: small pure functions, each checked against hand-computed values in tests/test_rloo_remax.py
+# ----------------------------------------------------------------------------------------------------
+
+
+def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Summed per-token KL estimate of each response (B,): padding (after the EOS) contributes nothing."""
+    return kl_penalty(logprobs, ref_logprobs, estimator).masked_fill(padding_mask, 0).sum(1)
+
+
+def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """The RL reward of a whole response: score - beta * summed KL."""
+    return scores - kl_coef * seq_kl
+
+
+def remax_advantages(sample_rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
+    """ReMax: the advantage of the sampled response is its reward minus the reward of the greedy response to the
+    same prompt, A = R(x, y) - r(x, y_bar)."""
+    return sample_rewards - greedy_rewards
+
+
+def remax_loss(new_logprobs: torch.Tensor, advantages: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE: -A_i * log pi(y_i,t | x_i, y_i,<t) summed over every valid response token of the batch and divided
+    by their number, so each response's gradient is A_i * grad log pi(y_i | x_i), scaled by one constant."""
+    valid = ~padding_mask
+    return -(advantages.unsqueeze(1) * new_logprobs * valid).sum() / valid.sum()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data, rewards and evaluation (copied from ppo_rlhf.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def score_responses(reward_model, queries: torch.Tensor, postprocessed: torch.Tensor, texts: list[str], rows: list[dict],
+                    tokenizer, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+    """The score of each truncated response (reward model at the last real token, or the verifiable math reward),
+    replaced by `penalty_reward_value` when the response has no EOS (N+). Returns (scores, contain_eos)."""
+    if args.reward_source == "model":
+        scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, postprocessed], 1), tokenizer.pad_token_id).items()
+                                                 if k != "position_ids"}).float()
+    else:
+        scores = torch.tensor([success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=queries.device)
+    contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
+    if args.non_eos_penalty:
+        scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
+    return scores, contain_eos
+
+
+def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+    """Prompt token ids plus what evaluation needs: the reference response, the gold answer (math) and the
+    key facts (tiny-tldr). Overlong prompts are an error (or dropped with `--drop-overlong`)."""
+    rows, dropped = [], 0
+    for i, row in enumerate(ds):
+        prompt = render(args.prompt_template, row, i, split, "prompt")
+        if args.use_chat_template:
+            ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False))
+        else:
+            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) > args.max_prompt_length:
+            if not args.drop_overlong:
+                raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
+                                 f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
+            dropped += 1
+            continue
+        item = {"prompt_ids": ids, "reference": render(args.reference_template, row, i, split, "reference"), "facts": row.get("facts")}
+        if args.reward_source == "math" or args.eval_task in ("gsm8k", "boxed"):
+            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(item["reference"])
+            if item["gold"] is None:
+                raise SystemExit(f"error: row {i} of split '{split}': the reference '{item['reference'][-80:]}' has no final "
+                                 f"answer in the {args.answer_format} format (--reference-template, --answer-format)")
+        rows.append(item)
+    if dropped:
+        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than {args.max_prompt_length} tokens")
+    if not rows:
+        raise SystemExit(f"error: no usable prompts in split '{split}'")
+    return rows
+
+
+@torch.no_grad()
+def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator) -> dict:
+    """Greedy responses to the evaluation prompts, scored by the task's judge (and the reward model if any)."""
+    policy.eval()
+    records = []
+    with accelerator.split_between_processes(rows) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            batch = shard[start : start + args.per_device_eval_batch_size]
+            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
+            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
+            out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
+                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+            scores = [None] * len(batch)
+            if reward_model is not None:
+                scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
+                                                         if k != "position_ids"}).tolist()
+            for r, resp, score in zip(batch, responses, scores):
+                text = tokenizer.decode(resp, skip_special_tokens=True)
+                rec = {"score": score, "length": int((resp != tokenizer.pad_token_id).sum()), "eos": bool((resp == tokenizer.eos_token_id).any())}
+                if args.eval_task == "tldr":
+                    rec["gold_reward"], rec["reference_gold_reward"] = gold_judge(text, r["facts"]), gold_judge(r["reference"], r["facts"])
+                elif args.eval_task in ("gsm8k", "boxed"):
+                    rec["correct"] = success_reward(text, r["gold"], args.answer_format)
+                records.append(rec)
+    records = gather_object(records)
+    policy.train()
+    n = len(records)
+    metrics = {"eval/completion_length": sum(r["length"] for r in records) / n, "eval/eos_rate": sum(r["eos"] for r in records) / n}
+    if reward_model is not None:
+        metrics["eval/score"] = sum(r["score"] for r in records) / n
+    if args.eval_task == "tldr":
+        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
+        metrics["eval/win_rate"] = sum(1.0 if r["gold_reward"] > r["reference_gold_reward"] else 0.5 if r["gold_reward"] == r["reference_gold_reward"] else 0.0 for r in records) / n
+    elif args.eval_task in ("gsm8k", "boxed"):
+        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
+    return metrics
+
+
+def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local, dtype=getattr(torch, args.dtype), **kwargs)
+    for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
+    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
+    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    set_seed(args.seed)
+    device = accelerator.device
+
+    # ---- batch arithmetic ----
+    micro_batch_size = args.per_device_batch_size // args.gradient_accumulation_steps
+    if micro_batch_size * args.gradient_accumulation_steps != args.per_device_batch_size:
+        raise SystemExit("error: per_device_batch_size must be divisible by gradient_accumulation_steps")
+    batch_size = args.per_device_batch_size * accelerator.num_processes
+    num_updates = args.total_episodes // batch_size
+    if num_updates == 0:
+        raise SystemExit(f"error: total_episodes {args.total_episodes} is less than one batch of {batch_size}")
+
+    # ---- models: policy (trained), reference and reward model (frozen); no value model ----
+    local = os.path.isdir(args.sft_model_path)
+    if not local:
+        require_hub(args.sft_model_path, "model", "--sft-model-path")
+    tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
+    if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
+        raise SystemExit("error: the SFT tokenizer needs a pad token distinct from EOS (sft.py --add-pad-token adds one); with PAD = EOS "
+                         "the EOS would be masked out as padding (N+ detail)")
+    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
+    reward_model = None
+    if args.reward_source == "model":
+        if args.reward_model_path is None:
+            raise SystemExit("error: --reward-source model needs --reward-model-path")
+        reward_model = load_pretrained(AutoModelForSequenceClassification, args.reward_model_path, args, "reward model",
+                                       "--reward-model-path", num_labels=1).eval().requires_grad_(False)
+    for m in (policy, ref_policy):
+        m.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    # ---- data ----
+    train_rows = prepare_prompts(load_split(args.dataset_name_or_path, args.train_split, args.dataset_config), tokenizer, args, args.train_split)
+    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split)
+    loader = torch.utils.data.DataLoader(list(range(len(train_rows))), batch_size=args.per_device_batch_size, shuffle=True,
+                                         drop_last=True, generator=torch.Generator().manual_seed(args.seed))
+
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    ref_policy, reward_model = (m.to(device) if m is not None else None for m in (ref_policy, reward_model))
+    logger = RunLogger(args, accelerator)
+
+    def batches():
+        while True:
+            yield from loader
+
+    iterator = batches()
+    unwrapped = accelerator.unwrap_model(model)
+    metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+    logger.log(metrics, 0, 0)
+    accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    start_time = time.time()
+    progress = tqdm(range(1, num_updates + 1), disable=not accelerator.is_main_process, desc="remax")
+    for update in progress:
+        if args.anneal_lr:
+            for group in optimizer.param_groups:
+                group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
+        rows = [train_rows[i] for i in next(iterator).tolist()]
+
+        # ---- 1. rollout: sample, then recompute logprobs and reference logprobs with forward passes ----
+        with torch.no_grad():
+            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
+            queries, qmask = queries.to(device), qmask.to(device)
+            context_length = queries.shape[1]
+            query_responses = unwrapped.generate(
+                input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=True, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            responses = query_responses[:, context_length:]
+            # the baseline: the greedy response to the same prompts, by the same (current) policy
+            greedy = unwrapped.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
+                                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)[:, context_length:]
+            # When every sample stopped early, generate returns fewer than response_length columns; they are kept as
+            # they are, so no forward pass below spends time on all-pad columns (as in ppo_rlhf.py).
+            inputs = padded_inputs(query_responses, tokenizer.pad_token_id)
+            # The LM head runs on the response positions only: logits_to_keep = R + 1 gives the logits at columns
+            # context_length - 1 .. end, and response_logprobs with context_length 1 drops the last one, so
+            # position t holds the prediction of response token t, as with the full logits.
+            keep = responses.shape[1] + 1
+            logits = model(**inputs, logits_to_keep=keep).logits
+            logprobs = response_logprobs(logits, responses, 1, args.temperature)
+            probs_logits = logits[:, :-1].float() / (args.temperature + 1e-7)
+            entropy = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
+            del logits, probs_logits
+            ref_logprobs = response_logprobs(ref_policy(**inputs, logits_to_keep=keep).logits, responses, 1, args.temperature)
+
+            # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
+            postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
+            sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
+            if (sequence_lengths < 0).any():
+                raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
+            texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
+            scores, contain_eos = score_responses(reward_model, queries, postprocessed, texts, rows, tokenizer, args)
+            greedy = truncate_response(greedy, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else greedy
+            greedy_texts = tokenizer.batch_decode(greedy, skip_special_tokens=True)
+            greedy_scores, _ = score_responses(reward_model, queries, greedy, greedy_texts, rows, tokenizer, args)
+            response_idxs = torch.arange(responses.shape[1], device=device).repeat(responses.shape[0], 1)
+            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+            logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
+            ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
+
+            # ---- 3. sequence-level reward of the sample, minus the greedy response's reward ----
+            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator)
+            rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
+            advantages = remax_advantages(rlhf_reward, greedy_scores)
+
+        # ---- 4. one REINFORCE step on the batch ----
+        pg_losses = []
+        for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
+            with accelerator.accumulate(model):
+                mb = slice(micro_start, micro_start + micro_batch_size)
+                # Trim the columns that are padding in every row of this micro-batch (leading prompt pads, response
+                # positions past the longest response); position ids follow the mask, so the kept logprobs are the
+                # numbers the full-width batch gives (as in ppo_rlhf.py).
+                first = int(inputs["attention_mask"][mb, :context_length].any(0).long().argmax())
+                width = int(sequence_lengths[mb].max()) + 1
+                new_logits = model(**{k: v[mb, first : context_length + width] for k, v in inputs.items()}, logits_to_keep=width + 1).logits
+                new_logprobs = response_logprobs(new_logits, responses[mb, :width], 1, args.temperature)
+                pg_loss = remax_loss(new_logprobs, advantages[mb], padding_mask[mb, :width])
+                if not torch.isfinite(pg_loss):
+                    raise RuntimeError(f"non-finite ReMax loss at update {update}: {pg_loss.item()}")
+                accelerator.backward(pg_loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                optimizer.zero_grad()
+            pg_losses.append(pg_loss.detach())
+
+        # ---- logging ----
+        episode = update * batch_size
+        if update % args.log_every == 0 or update == num_updates:
+            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
+            logged = {
+                "objective/reward": g(scores), "objective/kl": g(seq_kl), "objective/entropy": g((entropy * ~padding_mask).sum(1)),
+                "objective/non_score_reward": g(-args.kl_coef * seq_kl), "objective/rlhf_reward": g(rlhf_reward),
+                "objective/greedy_reward": g(greedy_scores), "objective/advantage": g(advantages), "objective/advantage_std": g(advantages.std()),
+                "objective/completion_length": g((sequence_lengths + 1).float()), "objective/eos_rate": g(contain_eos.float()),
+                "loss/policy_avg": g(torch.stack(pg_losses)),
+                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()), "objective/kl_coef": args.kl_coef,
+                "lr": optimizer.param_groups[0]["lr"], "perf/episodes_per_sec": episode / (time.time() - start_time),
+                "perf/peak_mem_gb": peak_mem_gb(device),
+            }
+            logger.log(logged, update, episode)
+            progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
+        if update % args.eval_every == 0 or update == num_updates:
+            metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+            logger.log(metrics, update, episode)
+            accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            if accelerator.is_main_process:
+                with open(logger.dir / "samples.jsonl", "a") as f:
+                    for t, s in list(zip(texts, scores.tolist()))[:4]:
+                        f.write(json.dumps({"update": update, "response": t, "score": s}) + "\n")
+    progress.close()
+
+    if args.save_model:
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            unwrapped.save_pretrained(logger.dir / "model", safe_serialization=True)
+            tokenizer.save_pretrained(logger.dir / "model")
+    logger.close()
+    accelerator.end_training()
+    return metrics
+
+
+if __name__ == "__main__":
+    main(tyro.extras.overridable_config_cli(PRESETS))

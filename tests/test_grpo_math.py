@@ -1,0 +1,513 @@
+"""grpo_math.py: answer checkers, every piece of the GRPO / Dr. GRPO / DAPO math against hand-computed values,
+padding invariance, errors on bad input, short end-to-end runs (one and two processes) and a slow learning test."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+import grpo_math as grpo
+
+REPO = Path(__file__).resolve().parent.parent
+
+# ---------------------------------------------------------------------------------------------------------------
+# Answer checkers
+# ---------------------------------------------------------------------------------------------------------------
+
+GSM8K_CASES = [  # (completion, gold, reward)
+    ("2 + 3 = 5 apples.\n#### 5", "5", 1.0),
+    ("#### 5", "5", 1.0),
+    ("#### 6", "5", 0.0),
+    ("The answer is 5", "5", 0.0),  # no marker: no answer
+    ("", "5", 0.0),
+    ("####", "5", 0.0),
+    ("#### five", "5", 0.0),
+    ("#### 3\n#### 5", "5", 1.0),  # several answers: the last one counts
+    ("#### 5\n#### 3", "5", 0.0),
+    ("answer: 5 #### 4", "5", 0.0),
+    ("#### 1,234", "1234", 1.0),  # commas
+    ("#### 1,234,567", "1234567", 1.0),
+    ("#### 1000", "1,000", 1.0),  # a gold answer with a comma
+    ("#### $18", "18", 1.0),  # dollars
+    ("#### $ 18", "18", 1.0),
+    ("#### $1,000.50", "1000.5", 1.0),
+    ("#### 18 apples", "18", 1.0),  # units after the number
+    ("#### 18 apples.", "18", 1.0),
+    ("#### -7", "-7", 1.0),  # negative
+    ("#### -7", "7", 0.0),
+    ("#### 7", "-7", 0.0),
+    ("#### 2.5", "2.5", 1.0),  # decimals
+    ("#### 2.50", "2.5", 1.0),
+    ("#### 6.0", "6", 1.0),
+    ("#### 06", "6", 1.0),
+    ("#### .5", "0.5", 1.0),
+    ("#### -0.5", "-0.5", 1.0),
+    ("#### 5.", "5", 1.0),  # a trailing period
+    ("####5", "5", 1.0),  # no space
+    ("#### 0", "0", 1.0),
+    ("#### 3.14159", "3.14159", 1.0),
+    ("#### 3.14", "3.14159", 0.0),
+    ("5 + 7 = 12 pens.\n12 - 2 = 10 pens.\n#### 10", "10", 1.0),
+    ("5 + 7 = 12 pens.\n#### 12 - 2 = 10", "10", 0.0),  # the number right after #### is the answer
+    ("#### 12\n", "12", 1.0),
+]
+
+
+@pytest.mark.parametrize("text, gold, expected", GSM8K_CASES)
+def test_gsm8k_reward(text, gold, expected):
+    assert grpo.success_reward(text, gold, "gsm8k") == expected
+
+
+GSM8K_EXTRACTIONS = [  # (text, what extract_gsm8k_answer returns)
+    ("#### $1,234", "1234"), ("#### 1\n#### 2", "2"), ("no answer", None), ("#### -3.5 kg", "-3.5"), ("####", None),
+    ("#### $ 7.", "7"), ("x = 3\n#### 42\nThe end.", "42"), ("#### 1,000,000", "1000000"), ("#### 3/4", "3"),
+    ("#### \\frac{1}{2}", None), ("#### 12 - 2 = 10", "12"), ("### 5", None), ("#### 0.25", "0.25"), ("#### 5%", "5"),
+]
+
+
+@pytest.mark.parametrize("text, expected", GSM8K_EXTRACTIONS)
+def test_gsm8k_extractor(text, expected):
+    assert grpo.extract_gsm8k_answer(text) == expected
+
+
+MATH_CASES = [  # (completion, gold, reward), graded by math-verify
+    ("so \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\tfrac12}", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\frac{3}{4}}", "0.75", 1.0),
+    ("\\boxed{0.333}", "\\frac{1}{3}", 0.0),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{3}", 0.0),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+    ("\\boxed{\\sqrt{8}}", "2\\sqrt{2}", 1.0),
+    ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}", 1.0),
+    ("\\boxed{(1,2]}", "(1,2]", 1.0),  # intervals
+    ("\\boxed{[1,2]}", "(1,2]", 0.0),
+    ("\\boxed{(-\\infty, 3)}", "(-\\infty,3)", 1.0),
+    ("\\boxed{x \\in [2, 5)}", "[2,5)", 1.0),
+    ("\\boxed{x=3}", "3", 1.0),  # `x = 3` style
+    ("\\boxed{x = 3}", "3", 1.0),
+    ("\\boxed{10\\text{ cm}}", "10", 1.0),  # \text units
+    ("\\boxed{10 \\text{ inches}}", "10", 1.0),
+    ("\\boxed{90^\\circ}", "90", 1.0),
+    ("The answer is 5.", "5", 0.0),  # no box: no answer
+    ("", "5", 0.0),
+    ("\\boxed{5", "5", 0.0),  # a box that never closes
+    ("\\boxed{}", "5", 0.0),
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{3}}{2}", 1.0),  # nested braces
+    ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{2}}{2}", 0.0),
+    ("first \\boxed{3} then \\boxed{4}", "4", 1.0),  # several boxes: the last one counts
+    ("first \\boxed{4} then \\boxed{3}", "4", 0.0),
+    ("\\boxed{6}", "5", 0.0),
+    ("\\boxed{-4}", "-4", 1.0),
+    ("\\boxed{-4}", "4", 0.0),
+    ("\\boxed{x^2+1}", "1+x^2", 1.0),
+    ("\\boxed{\\pi}", "\\pi", 1.0),
+    ("\\boxed{3.14}", "\\pi", 0.0),
+    ("\\boxed{12.0}", "12", 1.0),
+    ("\\boxed{1,000}", "1000", 1.0),
+    ("\\boxed{\\$5}", "5", 1.0),
+    ("\\boxed{\\text{(C)}}", "C", 1.0),
+    ("\\boxed{\\{1,2\\}}", "\\{2,1\\}", 1.0),
+    ("\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}", 1.0),
+    ("The final answer is $\\boxed{7}$.", "7", 1.0),
+]
+
+
+@pytest.mark.parametrize("text, gold, expected", MATH_CASES)
+def test_math_reward_with_math_verify(text, gold, expected):
+    assert grpo.success_reward(text, gold, "boxed") == expected
+
+
+def test_math_verify_errors_count_as_wrong(monkeypatch):
+    import math_verify
+
+    def boom(*a, **k):
+        raise TimeoutError("too slow")
+
+    monkeypatch.setattr(math_verify, "verify", boom)
+    assert grpo.success_reward("\\boxed{1}", "1", "boxed") == 0.0
+
+
+def test_format_reward():
+    assert grpo.format_reward("1 + 2 = 3 apples.\n#### 3", True, "gsm8k") == 1.0
+    assert grpo.format_reward("1 + 2 = 3 apples.\n#### 3\n", True, "gsm8k") == 1.0
+    assert grpo.format_reward("1 + 2 = 3 apples.\n#### 3", False, "gsm8k") == 0.0  # truncated: no EOS
+    assert grpo.format_reward("#### 3 apples and more", True, "gsm8k") == 0.0
+    assert grpo.format_reward("#### 3\nmore text", True, "gsm8k") == 0.0
+    assert grpo.format_reward("So the answer is $\\boxed{\\frac{1}{2}}$.", True, "boxed") == 1.0
+    assert grpo.format_reward("\\boxed{1}\nand then", True, "boxed") == 0.0
+
+
+def test_majority_vote_groups_equal_numbers():
+    keys = [grpo.vote_key(a, "gsm8k") for a in ["6", "6.0", "7", None, "7", "06"]]
+    assert grpo.majority_vote(keys) == repr(6.0)
+    assert grpo.majority_vote([None, None]) is None
+    assert grpo.majority_vote(["b", "a", "a", "b"]) == "b"  # ties go to the earliest sample
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GRPO math, by hand
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_group_advantages_for_each_variant_on_g4():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [2.0, 0.0, 1.0, 1.0]])
+    # group 1: mean 0.25, deviations (0.75, -0.25, -0.25, -0.25), unbiased variance (0.5625 + 3 * 0.0625) / 3 = 0.25
+    # group 3: mean 1, deviations (1, -1, 0, 0), unbiased variance 2 / 3
+    eps = 1e-4
+    s3 = math.sqrt(2 / 3)
+    expected_scaled = torch.tensor([[0.75 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps)],
+                                    [0.0, 0.0, 0.0, 0.0], [1 / (s3 + eps), -1 / (s3 + eps), 0.0, 0.0]])
+    for loss_type in ("grpo", "dapo"):  # both divide by the group std
+        args = grpo.Args(loss_type=loss_type)
+        grpo.resolve_variant(args)
+        torch.testing.assert_close(grpo.group_advantages(rewards, args.scale_rewards, eps), expected_scaled)
+    args = grpo.Args(loss_type="dr_grpo")
+    grpo.resolve_variant(args)
+    assert args.scale_rewards is False
+    torch.testing.assert_close(grpo.group_advantages(rewards, args.scale_rewards, eps),
+                               torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.0, 0.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]]))
+
+
+def test_clip_higher_is_asymmetric():
+    lp = lambda ratio: torch.tensor([[math.log(ratio)]])  # noqa: E731  old logprob 0, so ratio = exp(logprob)
+    old = torch.zeros(1, 1)
+    pos, neg = torch.tensor([1.0]), torch.tensor([-1.0])
+    # positive advantage: clipped at 1 + 0.28
+    loss, clipped = grpo.clipped_surrogate(lp(1.5), old, pos, 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.28) and clipped.item()
+    loss, clipped = grpo.clipped_surrogate(lp(1.25), old, pos, 0.2, 0.28)
+    assert loss.item() == pytest.approx(-1.25) and not clipped.item()  # inside 1.28, though outside PPO's 1.2
+    loss, clipped = grpo.clipped_surrogate(lp(1.25), old, pos, 0.2, 0.2)
+    assert loss.item() == pytest.approx(-1.2) and clipped.item()
+    # negative advantage: clipped at 1 - 0.2
+    loss, clipped = grpo.clipped_surrogate(lp(0.5), old, neg, 0.2, 0.28)
+    assert loss.item() == pytest.approx(0.8) and clipped.item()
+    loss, clipped = grpo.clipped_surrogate(lp(1.5), old, neg, 0.2, 0.28)
+    assert loss.item() == pytest.approx(1.5) and not clipped.item()  # the pessimistic term: never clipped above
+    loss, clipped = grpo.clipped_surrogate(lp(0.5), old, pos, 0.2, 0.28)
+    assert loss.item() == pytest.approx(-0.5) and not clipped.item()
+    # the gradient vanishes exactly where the clip is active
+    for ratio, adv, eps_high, has_grad in [(1.25, pos, 0.28, True), (1.25, pos, 0.2, False), (1.3, pos, 0.28, False), (0.75, neg, 0.28, False)]:
+        x = lp(ratio).requires_grad_(True)
+        grpo.clipped_surrogate(x, old, adv, 0.2, eps_high)[0].sum().backward()
+        assert (x.grad.abs().item() > 0) == has_grad, (ratio, adv, eps_high)
+
+
+def test_dapo_defaults_and_explicit_overrides():
+    args = grpo.Args(loss_type="dapo", max_completion_length=20480)
+    grpo.resolve_variant(args)
+    assert (args.epsilon_low, args.epsilon_high, args.dynamic_sampling, args.overlong_buffer) == (0.2, 0.28, True, 4096)
+    args = grpo.Args(loss_type="grpo")
+    grpo.resolve_variant(args)
+    assert (args.epsilon_high, args.dynamic_sampling, args.overlong_buffer, args.scale_rewards) == (0.2, False, 0, True)
+    args = grpo.Args(loss_type="dapo", epsilon_high=0.3, dynamic_sampling=False, overlong_buffer=0)
+    grpo.resolve_variant(args)
+    assert (args.epsilon_high, args.dynamic_sampling, args.overlong_buffer) == (0.3, False, 0)
+    with pytest.raises(SystemExit, match="num-generations"):
+        grpo.resolve_variant(grpo.Args(num_generations=1))
+
+
+def test_k3_kl_matches_formula_and_is_non_negative():
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    d = math.log(0.25) - math.log(0.5)
+    assert grpo.k3_kl(logp, ref).item() == pytest.approx(math.exp(d) - d - 1)  # 0.5 + log 2 - 1 = 0.1931
+    assert grpo.k3_kl(logp, ref).item() == pytest.approx(math.log(2) - 0.5)
+    assert grpo.k3_kl(logp, logp).item() == 0.0
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1000, generator=g), torch.randn(1000, generator=g)
+    assert (grpo.k3_kl(a, b) >= 0).all()
+    # unbiased: the mean over samples of the policy is KL(p || q) (here two categorical distributions)
+    p, q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.4, 0.4, 0.2])
+    exact = (p * (p / q).log()).sum()
+    torch.testing.assert_close((p * grpo.k3_kl(p.log(), q.log())).sum(), exact)
+
+
+def test_loss_aggregation_grpo_dr_grpo_dapo_by_hand():
+    # two completions of 2 and 4 tokens; the padding holds 100 to show it is ignored
+    per_token = torch.tensor([[1.0, 3.0, 100.0, 100.0], [2.0, 2.0, 2.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    # grpo: per-sequence means 2 and 3, averaged: 2.5
+    assert grpo.aggregate_loss(per_token, mask, "grpo", 8).item() == pytest.approx(2.5)
+    # dr_grpo: token sums 4 and 12, each over the constant 8, averaged over the 2 sequences: (4 + 12) / 16
+    assert grpo.aggregate_loss(per_token, mask, "dr_grpo", 8).item() == pytest.approx(1.0)
+    # dapo: every token counts once: 16 / 6
+    assert grpo.aggregate_loss(per_token, mask, "dapo", 8).item() == pytest.approx(16 / 6)
+    # the long sequence weighs 4/6 of the dapo loss but 1/2 of the grpo loss
+    for loss_type in ("grpo", "dr_grpo", "dapo"):
+        with pytest.raises(ValueError):
+            grpo.aggregate_loss(per_token, mask, "nope", 8)
+        # micro-batches: summing the pieces with the whole batch's normalisers gives the whole-batch loss
+        whole = grpo.aggregate_loss(per_token, mask, loss_type, 8)
+        pieces = sum(grpo.aggregate_loss(per_token[i : i + 1], mask[i : i + 1], loss_type, 8, num_sequences=2, num_tokens=6.0) for i in range(2))
+        assert pieces.item() == pytest.approx(whole.item())
+
+
+def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
+    rewards = torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [0.5, 0.5, 0.5, 0.5], [0, 0, 0, -0.1]])
+    assert grpo.groups_with_signal(rewards).tolist() == [False, False, True, False, True]
+    # the groups it drops are exactly those with zero advantage everywhere
+    adv = grpo.group_advantages(rewards.float(), True)
+    assert ((adv.abs().sum(1) > 0) == grpo.groups_with_signal(rewards)).all()
+
+
+def test_soft_overlong_penalty_values():
+    lengths = torch.tensor([10, 15, 16, 18, 20])
+    # DAPO eq. 13 with L_max = 20 and a 5-token buffer: 0 up to 15 tokens, then linear to -1 at 20
+    torch.testing.assert_close(grpo.soft_overlong_penalty(lengths, 20, 5, 1.0), torch.tensor([0.0, 0.0, -0.2, -0.6, -1.0]))
+    torch.testing.assert_close(grpo.soft_overlong_penalty(lengths, 20, 5, 0.5), torch.tensor([0.0, 0.0, -0.1, -0.3, -0.5]))
+    torch.testing.assert_close(grpo.soft_overlong_penalty(lengths, 20, 0, 1.0), torch.zeros(5))
+    # the paper's numbers: 16384 tokens are free, 20480 get -1
+    assert grpo.soft_overlong_penalty(torch.tensor([16384, 18432, 20480]), 20480, 4096, 1.0).tolist() == [0.0, -0.5, -1.0]
+
+
+def test_clip_and_delta_on_a_three_step_example():
+    r = [0.9, 0.3, 0.6]
+    assert grpo.refine_step_rewards(r, "none", 1.0, 0.5) == pytest.approx([0.9, 0.3, 0.6])
+    assert grpo.refine_step_rewards(r, "clip", 1.0, 0.5) == pytest.approx([0.0, -0.2, 0.0])  # min(r - 0.5, 0)
+    assert grpo.refine_step_rewards(r, "clip", 2.0, 0.5) == pytest.approx([0.0, -0.4, 0.0])
+    delta = grpo.refine_step_rewards(r, "delta", 1.0, 0.5)
+    assert delta == pytest.approx([0.6, -0.3, 0.6])  # r1 - r2, r2 - r3, r3
+    assert sum(delta) == pytest.approx(r[0])  # telescopes: more steps cannot earn more
+    assert grpo.refine_step_rewards(r, "clip_delta", 1.0, 0.5) == pytest.approx([0.2, -0.2, 0.0])
+    # Clip never rewards a step, so padding a solution with plausible steps only costs
+    assert sum(grpo.refine_step_rewards(r + [0.99] * 5, "clip", 1.0, 0.5)) <= sum(grpo.refine_step_rewards(r, "clip", 1.0, 0.5))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Models: padding invariance, the learned reward, bad input
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(assets):
+    path = assets / "models" / "tiny-llama"
+    torch.manual_seed(0)
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval(), path
+
+
+def test_completion_logprobs_do_not_depend_on_padding(tiny):
+    tokenizer, model, _ = tiny
+    torch.manual_seed(0)
+    prompts = [tokenizer("Question: Tom has 3 apples.\nAnswer:\n", add_special_tokens=False)["input_ids"], tokenizer("Question: x\nAnswer:\n", add_special_tokens=False)["input_ids"]]
+    completions = [tokenizer("3 + 1 = 4 apples.\n#### 4", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id], [5, 6, tokenizer.eos_token_id]]
+    pad = tokenizer.pad_token_id
+
+    def batch(prompt_list, completion_list, extra_left=0):
+        p, pm = grpo.left_pad([[pad] * 0 + x for x in prompt_list], pad)
+        p = torch.cat([torch.full((len(p), extra_left), pad), p], 1)
+        pm = torch.cat([torch.zeros(len(p), extra_left, dtype=torch.long), pm], 1)
+        width = max(len(c) for c in completion_list) + 3  # extra right padding too
+        c = torch.full((len(completion_list), width), pad)
+        cm = torch.zeros_like(c)
+        for i, x in enumerate(completion_list):
+            c[i, : len(x)], cm[i, : len(x)] = torch.tensor(x), 1
+        return p, pm, c, cm
+
+    with torch.no_grad():
+        alone = [grpo.completion_logprobs(model, *batch([p], [c]), 1.0)[0][0, : len(c)] for p, c in zip(prompts, completions)]
+        together, _ = grpo.completion_logprobs(model, *batch(prompts, completions, extra_left=5), 1.0)
+    for i, c in enumerate(completions):
+        torch.testing.assert_close(together[i, : len(c)], alone[i], atol=1e-5, rtol=1e-5)
+    # temperature divides the logits
+    with torch.no_grad():
+        hot, _ = grpo.completion_logprobs(model, *batch(prompts[:1], completions[:1]), 2.0)
+    assert not torch.allclose(hot[0, : len(completions[0])], alone[0])
+
+
+def test_process_reward_is_the_sum_of_refined_step_probabilities(tiny):
+    tokenizer, _, _ = tiny
+    torch.manual_seed(0)
+    prm = AutoModelForSequenceClassification.from_pretrained(tiny[2], num_labels=1).eval()
+    prm.config.reward_type, prm.config.step_separator = "process", "\n"
+    prompt = tokenizer("Question: Tom has 3 apples.\nAnswer:\n", add_special_tokens=False)["input_ids"]
+    text = "3 + 1 = 4 apples.\n\n4 * 2 = 8 apples.\n#### 8"  # an empty line is not a step
+    completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    responses = torch.tensor([completion + [tokenizer.pad_token_id] * 3])
+    # by hand: prompt, then each of the 3 steps followed by the separator token, scored at the separators
+    sep = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    ids, positions = list(prompt), []
+    for step in ["3 + 1 = 4 apples.", "4 * 2 = 8 apples.", "#### 8"]:
+        ids += tokenizer(step, add_special_tokens=False)["input_ids"] + sep
+        positions.append(len(ids) - 1)
+    captured = {}
+    handle = prm.score.register_forward_hook(lambda m, i, o: captured.update(s=o))
+    with torch.no_grad():
+        prm(input_ids=torch.tensor([ids]))
+    handle.remove()
+    probs = torch.sigmoid(captured["s"][0, positions, 0]).tolist()
+    for refine, expected in [("clip", [min(p - 0.5, 0.0) for p in probs]), ("none", probs),
+                             ("delta", [probs[0] - probs[1], probs[1] - probs[2], probs[2]])]:
+        args = grpo.Args(prm_refine=refine, prm_coef=1.0, prm_clip_eta=0.5)
+        per_token, n_steps = grpo.process_rewards(prm, tokenizer, [prompt], responses, args)
+        assert n_steps == [3]
+        assert per_token.sum(1).item() == pytest.approx(sum(expected), abs=1e-5), refine  # GRPO adds the sum
+        assert (per_token[0, len(completion):] == 0).all()  # nothing on the padding
+    assert grpo.process_rewards(prm, tokenizer, [prompt], responses, grpo.Args(prm_refine="clip"))[0].sum().item() <= 0.0
+    # an outcome model: one score at the last token of prompt + completion, plus the normalisation bias
+    prm.config.reward_bias = 0.25
+    full = torch.tensor([prompt + completion])
+    scores = grpo.token_scores(prm, full, torch.ones_like(full))
+    ids_, mask_ = grpo.right_pad([prompt + completion, prompt], tokenizer.pad_token_id)
+    got = grpo.outcome_reward(prm, ids_, mask_)
+    assert got[0].item() == pytest.approx(scores[0, -1].item() + 0.25, abs=1e-5)
+
+
+def test_reward_model_with_another_tokenizer_or_type_is_an_error(assets, tmp_path, tiny):
+    tokenizer, _, path = tiny
+    prm = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    prm.config.reward_type = "process"
+    prm.save_pretrained(tmp_path / "prm")
+    AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "prm")
+    args = grpo.Args()
+    assert grpo.load_reward_model(str(tmp_path / "prm"), args, "--prm-path", "process", tokenizer).config.reward_type == "process"
+    with pytest.raises(SystemExit, match="not an outcome reward model"):
+        grpo.load_reward_model(str(tmp_path / "prm"), args, "--reward-model-path", "outcome", tokenizer)
+    other = AutoTokenizer.from_pretrained(path)
+    other.add_special_tokens({"additional_special_tokens": ["[NEW]"]})
+    with pytest.raises(SystemExit, match="tokenizer of .* differs"):
+        grpo.load_reward_model(str(tmp_path / "prm"), args, "--prm-path", "process", other)
+
+
+def test_malformed_rows_are_errors_naming_row_and_field(tiny):
+    tokenizer, _, _ = tiny
+    args = grpo.Args(prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96)
+    ok = {"question": "Tom has 3 apples.", "answer": "#### 3"}
+    with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'answer'"):
+        grpo.prepare_questions(Dataset.from_list([ok, {"question": "q", "solution": "#### 3"}]), tokenizer, args, "train")
+    with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'question'"):
+        grpo.prepare_questions(Dataset.from_list([ok, {"problem": "q", "answer": "#### 3"}]), tokenizer, args, "train")
+    with pytest.raises(SystemExit, match=r"row 1 of split 'test': field\(s\) \['answer'\].*no final answer"):
+        grpo.prepare_questions(Dataset.from_list([ok, {"question": "q", "answer": "three"}]), tokenizer, args, "test")
+    boxed = grpo.Args(prompt_template="{problem}", reference_template="{solution}", answer_format="boxed")
+    with pytest.raises(SystemExit, match=r"row 0 .*\['solution'\].*boxed"):
+        grpo.prepare_questions(Dataset.from_list([{"problem": "p", "solution": "it is 3"}]), tokenizer, boxed, "train")
+    with pytest.raises(SystemExit, match="max-prompt-length"):
+        grpo.prepare_questions(Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]), tokenizer, args, "train")
+    rows = grpo.prepare_questions(Dataset.from_list([ok]), tokenizer, args, "train")
+    assert rows[0]["gold"] == "3"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# End to end (a few steps of an untrained tiny model: checks the plumbing, not learning)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _args(assets, tmp_path, **kw) -> grpo.Args:
+    base = dict(model_name_or_path=str(assets / "models" / "tiny-llama"), dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+                dataset_config=None, prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}",
+                max_prompt_length=96, questions_per_device=2, num_generations=4, total_steps=2, max_completion_length=12,
+                micro_batch_size=4, num_mini_batches=2, learning_rate=1e-4, eval_every=1, num_eval_examples=4, pass_k=2,
+                output_dir=str(tmp_path), num_threads=1, seed=3)
+    base.update(kw)
+    return grpo.Args(**base)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
+    # untrained completions are never right; random rewards give the groups some variance to learn from
+    gen = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    args = _args(assets, tmp_path, loss_type=loss_type, run_name=loss_type, beta=0.04 if loss_type == "grpo" else 0.0, format_reward_coef=0.1)
+    metrics = grpo.main(args)
+    rows = _rows(tmp_path / loss_type / "metrics.jsonl")
+    train = [r for r in rows if "loss/policy" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for r in train:
+        for key in ("objective/reward", "objective/entropy", "loss/policy", "policy/clipfrac", "perf/episodes_per_sec",
+                    "perf/peak_mem_gb", "objective/num_steps", "objective/completion_length", "episode", "time"):
+            assert key in r and math.isfinite(r[key]), key
+    assert ("objective/kl" in train[0]) == (loss_type == "grpo")
+    if loss_type == "dapo":
+        assert 0.0 <= train[0]["objective/groups_dropped"] <= 1.0 and "objective/overlong" in train[0]
+        assert train[1]["episode"] >= train[0]["episode"] + 8  # dropped groups count as sampled episodes
+    else:
+        assert [r["episode"] for r in train] == [8, 16]
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1, 2]
+    assert {"eval/pass@k", "eval/maj@k"} <= set(metrics)
+    assert (tmp_path / loss_type / "model" / "model.safetensors").exists()
+    assert (tmp_path / loss_type / "config.json").exists() and (tmp_path / loss_type / "samples.jsonl").exists()
+
+
+def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):
+    # an untrained model is never right: every group is dropped, and after max_sampling_rounds the batch is
+    # topped up with dropped groups so that every process still runs the same optimizer steps
+    args = _args(assets, tmp_path, loss_type="dapo", run_name="topup", total_steps=1, max_sampling_rounds=2, overlong_buffer=0, pass_k=0, save_model=False)
+    grpo.main(args)
+    train = [r for r in _rows(tmp_path / "topup" / "metrics.jsonl") if "loss/policy" in r]
+    assert train[0]["objective/groups_dropped"] == 1.0 and train[0]["perf/sampling_rounds"] == 2
+    assert train[0]["episode"] == 2 * 2 * 4  # two rounds of 2 questions x 4 completions
+
+
+def test_learned_process_reward_runs_end_to_end(assets, tmp_path):
+    prm_dir = tmp_path / "prm"
+    prm = AutoModelForSequenceClassification.from_pretrained(assets / "models" / "tiny-llama", num_labels=1)
+    prm.config.reward_type, prm.config.step_separator, prm.config.reward_bias = "process", "\n", 0.0
+    prm.save_pretrained(prm_dir)
+    AutoTokenizer.from_pretrained(assets / "models" / "tiny-llama").save_pretrained(prm_dir)
+    args = _args(assets, tmp_path, run_name="prm", prm_path=str(prm_dir), prm_refine="clip", total_steps=1, pass_k=0, save_model=False)
+    grpo.main(args)
+    train = [r for r in _rows(tmp_path / "prm" / "metrics.jsonl") if "loss/policy" in r]
+    assert train[0]["objective/process_rm"] < 0.0  # Clip: never positive (an untrained PRM gives about 0.5 - eps)
+    assert train[0]["objective/reward"] == pytest.approx(train[0]["objective/success"] + train[0]["objective/process_rm"], abs=1e-5)
+
+
+def test_non_finite_loss_is_an_error(assets, tmp_path, monkeypatch):
+    monkeypatch.setattr(grpo, "clipped_surrogate", lambda lp, old, adv, lo, hi: (lp * float("nan"), torch.zeros_like(lp, dtype=torch.bool)))
+    with pytest.raises(RuntimeError, match="non-finite GRPO loss"):
+        grpo.main(_args(assets, tmp_path, run_name="nan", total_steps=1, pass_k=0, save_model=False))
+
+
+def test_vllm_without_package_or_gpu_is_a_clear_error(assets, tmp_path):
+    with pytest.raises(SystemExit, match="--use-vllm needs"):
+        grpo.main(_args(assets, tmp_path, run_name="vllm", use_vllm=True, total_steps=1))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes(assets, tmp_path):
+    # an untrained policy is never right, so an untrained PRM (refine `none`: raw step probabilities) gives the groups
+    # reward variance, hence gradients; it also runs the PRM under DDP
+    prm = AutoModelForSequenceClassification.from_pretrained(assets / "models" / "tiny-llama", num_labels=1)
+    prm.config.reward_type, prm.config.step_separator = "process", "\n"
+    prm.save_pretrained(tmp_path / "prm")
+    AutoTokenizer.from_pretrained(assets / "models" / "tiny-llama").save_pretrained(tmp_path / "prm")
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(REPO / "grpo_math.py"), "tiny",
+           "--model-name-or-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
+           "--output-dir", str(tmp_path / "runs"), "--run-name", "ddp", "--total-steps", "2", "--questions-per-device", "2",
+           "--num-generations", "4", "--max-completion-length", "12", "--micro-batch-size", "4", "--num-eval-examples", "6",
+           "--eval-every", "1", "--pass-k", "2", "--beta", "0.04", "--loss-type", "dapo", "--dynamic-sampling", "False",
+           "--prm-path", str(tmp_path / "prm"), "--prm-refine", "none", "--learning-rate", "1e-3"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(tmp_path / "runs" / "ddp" / "metrics.jsonl")
+    train = [r for r in rows if "loss/policy" in r]
+    assert [r["episode"] for r in train] == [16, 32]  # both ranks count: 2 processes x 2 questions x 4 completions per step
+    assert all("objective/kl" in r and "objective/overlong" in r and r["objective/process_rm"] > 0 for r in train)
+    assert train[1]["objective/kl"] > 0  # the second step starts from moved weights
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1, 2] and "eval/maj@k" in rows[-1]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "ddp" / "model")
+    initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama")
+    moved = [not torch.equal(a, b) for a, b in zip(model.state_dict().values(), initial.state_dict().values())]
+    assert any(moved), "the weights did not move"

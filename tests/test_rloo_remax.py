@@ -1,0 +1,236 @@
+"""rloo.py and remax.py: the leave-one-out baseline, the ReMax advantage, the sequence-level KL reward and the
+REINFORCE losses against hand-computed values; a zero-gradient check; --help, short runs of both scripts, and a
+two-process run of rloo.py through accelerate (gloo on CPU)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import remax
+import rloo
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The math, by hand
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_leave_one_out_baseline_on_a_hand_example_with_k4():
+    # two prompts, four samples each, prompt-major
+    rewards = torch.tensor([1.0, 2.0, 3.0, 6.0, 0.0, 0.0, 0.0, 4.0])
+    # prompt 1: sum 12; baselines (12-1)/3, (12-2)/3, (12-3)/3, (12-6)/3 = 11/3, 10/3, 3, 2
+    # prompt 2: sum 4; baselines 4/3, 4/3, 4/3, 0
+    expected = torch.tensor([1 - 11 / 3, 2 - 10 / 3, 3 - 3, 6 - 2, -4 / 3, -4 / 3, -4 / 3, 4 - 0])
+    adv = rloo.rloo_advantages(rewards, k=4)
+    torch.testing.assert_close(adv, expected)
+    # the same thing written as k/(k-1) * (r - group mean); the advantages of a group sum to zero
+    means = rewards.view(2, 4).mean(1, keepdim=True)
+    torch.testing.assert_close(adv, (4 / 3 * (rewards.view(2, 4) - means)).flatten())
+    assert adv.view(2, 4).sum(1).abs().max().item() < 1e-6
+    # k = 2: each sample's baseline is the other sample's reward
+    torch.testing.assert_close(rloo.rloo_advantages(torch.tensor([1.0, 3.0, 5.0, 5.0]), k=2), torch.tensor([-2.0, 2.0, 0.0, 0.0]))
+    # k = 1: no other sample, no baseline
+    torch.testing.assert_close(rloo.rloo_advantages(torch.tensor([0.5, -1.0]), k=1), torch.tensor([0.5, -1.0]))
+    with pytest.raises(ValueError, match="whole number of groups"):
+        rloo.rloo_advantages(torch.ones(6), k=4)
+
+
+def test_remax_advantage_is_sample_reward_minus_greedy_reward():
+    sample_scores, greedy_scores = torch.tensor([1.0, 0.0, 0.5, -1.0]), torch.tensor([0.5, 0.0, 1.0, 1.0])
+    seq_kl = torch.tensor([2.0, 0.0, -1.0, 0.0])
+    rewards = remax.sequence_rewards(sample_scores, seq_kl, kl_coef=0.1)
+    torch.testing.assert_close(rewards, torch.tensor([0.8, 0.0, 0.6, -1.0]))
+    torch.testing.assert_close(remax.remax_advantages(rewards, greedy_scores), torch.tensor([0.3, 0.0, -0.4, -2.0]))
+
+
+@pytest.mark.parametrize("mod", [rloo, remax], ids=["rloo", "remax"])
+def test_sequence_kl_sums_valid_tokens_only(mod):
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5, mod.INVALID_LOGPROB], [-1.0, -1.0, -1.0, -1.0]])
+    ref_logprobs = torch.tensor([[-1.5, -1.0, -0.7, mod.INVALID_LOGPROB], [-2.0, -1.0, -1.0, -0.5]])
+    padding_mask = torch.tensor([[False, False, False, True], [False] * 4])
+    # k1: row 0 (0.5) + (-1.0) + (0.2) = -0.3; row 1 1.0 + 0 + 0 + (-0.5) = 0.5
+    torch.testing.assert_close(mod.sequence_kl(logprobs, ref_logprobs, padding_mask, "k1"), torch.tensor([-0.3, 0.5]))
+    k3 = lambda d: math.exp(-d) - 1 + d  # noqa: E731
+    expected = torch.tensor([k3(0.5) + k3(-1.0) + k3(0.2), k3(1.0) + k3(-0.5)])
+    torch.testing.assert_close(mod.sequence_kl(logprobs, ref_logprobs, padding_mask, "k3"), expected)
+    # the sequence reward: score - beta * summed KL
+    torch.testing.assert_close(mod.sequence_rewards(torch.tensor([1.0, 2.0]), torch.tensor([-0.3, 0.5]), 0.05),
+                               torch.tensor([1.0 + 0.015, 2.0 - 0.025]))
+
+
+def test_reinforce_loss_by_hand():
+    adv = torch.tensor([1.0, -2.0, 3.0])
+    same = torch.tensor([-5.0, -3.0, -4.0])
+    loss, stats = rloo.reinforce_loss(same, same, adv, cliprange=0.2)
+    assert loss.item() == pytest.approx(-(1.0 - 2.0 + 3.0) / 3)  # ratio 1: -mean(A)
+    assert stats["ratio"].item() == pytest.approx(1.0) and stats["clipfrac"].item() == 0.0
+    new = torch.log(torch.tensor([1.5, 0.5, 1.1]))  # sequence ratios 1.5, 0.5, 1.1
+    loss, stats = rloo.reinforce_loss(new, torch.zeros(3), adv, cliprange=0.2)
+    # response 0: max(-1.5, -1.2) = -1.2; response 1: max(1.0, 1.6) = 1.6; response 2: -3.3
+    assert loss.item() == pytest.approx((-1.2 + 1.6 - 3.3) / 3, rel=1e-5)
+    assert stats["clipfrac"].item() == pytest.approx(2 / 3)
+    # log pi(y|x): token logprobs summed up to the EOS
+    lp = torch.tensor([[-1.0, -2.0, rloo.INVALID_LOGPROB], [-0.5, -0.5, -0.5]])
+    pm = torch.tensor([[False, False, True], [False, False, False]])
+    torch.testing.assert_close(rloo.sequence_logprobs(lp, pm), torch.tensor([-3.0, -1.5]))
+
+
+def test_remax_loss_by_hand():
+    lp = torch.tensor([[-1.0, -2.0, rloo.INVALID_LOGPROB], [-0.5, -0.5, -0.5]])
+    pm = torch.tensor([[False, False, True], [False, False, False]])
+    adv = torch.tensor([2.0, -1.0])
+    # -(2 * (-1 - 2) + (-1) * (-1.5)) / 5 valid tokens
+    assert remax.remax_loss(lp, adv, pm).item() == pytest.approx(-(2.0 * -3.0 + -1.0 * -1.5) / 5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gradients: equal rewards carry no signal
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _policy_logprobs(assets, seed=0):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox")
+    seqs = torch.randint(3, 100, (8, 10))
+    inputs = {"input_ids": seqs, "attention_mask": torch.ones_like(seqs), "position_ids": torch.arange(10).repeat(8, 1)}
+    logprobs = rloo.response_logprobs(model(**inputs).logits, seqs[:, 4:], 4, temperature=0.7)
+    padding_mask = torch.zeros_like(logprobs, dtype=torch.bool)
+    padding_mask[0, 3:] = True  # one response ended early
+    return model, logprobs, padding_mask
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_rloo_gradient_is_zero_when_all_rewards_of_a_prompt_are_equal(assets, normalize):
+    model, logprobs, padding_mask = _policy_logprobs(assets)
+    seq_lp = rloo.sequence_logprobs(logprobs, padding_mask)
+    rewards = torch.tensor([0.7] * 4 + [-1.0] * 4)  # two prompts, k = 4, equal within each prompt
+    adv = rloo.rloo_advantages(rewards, k=4)
+    if normalize:
+        adv = rloo.masked_whiten(adv, torch.ones_like(adv))
+    loss, _ = rloo.reinforce_loss(seq_lp, seq_lp.detach(), adv, cliprange=0.2)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.abs().max().item() == 0.0 for g in grads)
+    # one different reward and the gradient is REINFORCE's: -mean(A * grad log pi(y|x)), non-zero
+    model, logprobs, padding_mask = _policy_logprobs(assets)
+    seq_lp = rloo.sequence_logprobs(logprobs, padding_mask)
+    adv = rloo.rloo_advantages(torch.tensor([0.7, 0.7, 0.7, 1.7] + [-1.0] * 4), k=4)
+    loss, _ = rloo.reinforce_loss(seq_lp, seq_lp.detach(), adv, cliprange=0.2)
+    grad = torch.autograd.grad(loss, [p for p in model.parameters()], allow_unused=True, retain_graph=True)
+    manual = torch.autograd.grad(-(adv * seq_lp).mean(), [p for p in model.parameters()], allow_unused=True)
+    assert any(g is not None and g.abs().max().item() > 0 for g in grad)
+    for g, m in zip(grad, manual):
+        if g is not None:
+            torch.testing.assert_close(g, m)
+
+
+def test_remax_gradient_is_zero_when_sample_and_greedy_rewards_agree(assets):
+    model, logprobs, padding_mask = _policy_logprobs(assets)
+    scores = torch.tensor([0.3, -1.0, 2.0, 0.0, 0.3, 0.3, 1.0, 1.0])
+    adv = remax.remax_advantages(remax.sequence_rewards(scores, torch.zeros(8), 0.05), scores)
+    remax.remax_loss(logprobs, adv, padding_mask).backward()
+    assert all(p.grad.abs().max().item() == 0.0 for p in model.parameters() if p.grad is not None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scripts end to end (tiny models from the assets fixture, a few steps)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _env() -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("script", ["rloo.py", "remax.py"])
+def test_help_lists_the_presets(script):
+    out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0
+    for preset in ("tldr-pythia-1b", "gsm8k-qwen2.5-0.5b", "tiny-tldr", "tiny-math"):
+        assert preset in out.stdout
+
+
+def _math_args(assets, tmp_path, run_name):
+    return ["tiny-math", "--sft-model-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
+            "--output-dir", str(tmp_path / "runs"), "--run-name", run_name, "--response-length", "12", "--num-eval-examples", "6",
+            "--per-device-eval-batch-size", "3", "--eval-every", "1", "--num-threads", "1"]
+
+
+@pytest.mark.parametrize("script, extra", [("rloo.py", ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--num-mini-batches", "2"]),
+                                           ("remax.py", ["--per-device-batch-size", "4", "--gradient-accumulation-steps", "2"])])
+def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
+    cmd = [sys.executable, str(REPO / script), *_math_args(assets, tmp_path, "smoke"), "--total-episodes", "16", *extra]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(tmp_path / "runs" / "smoke" / "metrics.jsonl")
+    train = [r for r in rows if "loss/policy_avg" in r]
+    batch = 8 if script == "rloo.py" else 4
+    assert [r["step"] for r in train] == list(range(1, 16 // batch + 1))
+    assert [r["episode"] for r in train] == [batch * s for s in range(1, 16 // batch + 1)]
+    for r in train:
+        for k in ("objective/reward", "objective/kl", "objective/rlhf_reward", "objective/entropy", "perf/episodes_per_sec", "perf/peak_mem_gb"):
+            assert k in r and math.isfinite(r[k]), k
+        assert r["objective/rlhf_reward"] == pytest.approx(r["objective/reward"] - 0.01 * r["objective/kl"], abs=1e-5)
+    evals = [r["step"] for r in rows if "eval/accuracy" in r]
+    assert evals[0] == 0 and evals[-1] == 16 // batch  # before the first update and after the last
+    assert (tmp_path / "runs" / "smoke" / "model" / "model.safetensors").exists()
+    assert json.loads((tmp_path / "runs" / "smoke" / "config.json").read_text())["run_name"] == "smoke"
+
+
+def test_remax_on_tiny_tldr_with_a_reward_model(assets, tmp_path):
+    # the tiny-neox checkpoint loaded as a sequence classifier stands in for a reward model (fresh score head)
+    neox = str(assets / "models" / "tiny-neox")
+    cmd = [sys.executable, str(REPO / "remax.py"), "tiny-tldr", "--sft-model-path", neox, "--reward-model-path", neox,
+           "--dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--output-dir", str(tmp_path / "runs"), "--run-name", "tldr",
+           "--total-episodes", "8", "--per-device-batch-size", "4", "--response-length", "8", "--num-eval-examples", "4",
+           "--eval-every", "1", "--num-threads", "1", "--no-save-model"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(tmp_path / "runs" / "tldr" / "metrics.jsonl")
+    assert [r["step"] for r in rows if "eval/gold_reward" in r] == [0, 1, 2]
+    assert all("eval/win_rate" in r and "eval/score" in r for r in rows if "eval/gold_reward" in r)
+    train = [r for r in rows if "objective/greedy_reward" in r]
+    assert len(train) == 2 and all(math.isfinite(r["objective/advantage"]) for r in train)
+
+
+def test_rloo_rejects_a_batch_that_is_not_whole_groups(assets, tmp_path):
+    cmd = [sys.executable, str(REPO / "rloo.py"), *_math_args(assets, tmp_path, "bad"), "--per-device-batch-size", "6", "--rloo-k", "4"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "multiple of rloo_k" in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_rloo_on_two_processes(assets, tmp_path):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(REPO / "rloo.py"),
+           *_math_args(assets, tmp_path, "ddp"), "--total-episodes", "32", "--per-device-batch-size", "8", "--rloo-k", "4"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = _rows(tmp_path / "runs" / "ddp" / "metrics.jsonl")
+    train = [r for r in rows if "loss/policy_avg" in r]
+    assert [r["episode"] for r in train] == [16, 32]  # 2 processes x 8 responses (2 prompts x k = 4) per update
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1, 2]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "ddp" / "model")
+    initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama")
+    moved = [not torch.equal(a, b) for a, b in zip(model.state_dict().values(), initial.state_dict().values())]
+    assert any(moved), "the weights did not move"

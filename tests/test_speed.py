@@ -1,0 +1,62 @@
+"""The speed harness's bookkeeping (no timing is asserted here: speed is measured by `python -m benchmark.speed`)."""
+
+import pytest
+
+from benchmark import speed
+
+
+def flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_train_seconds_cumulative_uses_the_last_row():
+    # rate since the loop started: 64 episodes at 4/s, then 128 at 5/s -> 128 / 5 = 25.6 s
+    rows = [{"step": 0, "episode": 0, "eval/x": 1.0},
+            {"step": 1, "episode": 64, "perf/episodes_per_sec": 4.0},
+            {"step": 2, "episode": 128, "perf/episodes_per_sec": 5.0}]
+    assert speed.train_seconds(rows, "cumulative") == pytest.approx((25.6, 128))
+
+
+def test_train_seconds_window_sums_each_window():
+    # per-window rates: 32 episodes at 16/s (2 s) + 32 at 8/s (4 s) + 64 at 32/s (2 s) = 8 s for 128 episodes
+    rows = [{"episode": 32, "perf/episodes_per_sec": 16.0}, {"episode": 64, "perf/episodes_per_sec": 8.0},
+            {"episode": 64, "eval/loss": 0.3}, {"episode": 128, "perf/episodes_per_sec": 32.0}]
+    assert speed.train_seconds(rows, "window") == pytest.approx((8.0, 128))
+    with pytest.raises(ValueError):
+        speed.train_seconds([{"episode": 0, "eval/loss": 1.0}], "window")
+
+
+def test_ratios_and_verdict():
+    r = speed.ratios({"episodes_per_sec": 30.0, "peak_rss_gb": 1.0}, {"episodes_per_sec": 20.0, "peak_rss_gb": 2.0})
+    assert r == pytest.approx({"speed_ratio": 1.5, "mem_ratio": 0.5})
+    assert speed.verdict(r) == "ok"
+    assert speed.verdict({"speed_ratio": 0.99, "mem_ratio": 0.5}).startswith("FAIL")
+    assert speed.verdict({"speed_ratio": 1.2, "mem_ratio": 1.1}) == "faster, below 1.5x, more memory"
+
+
+@pytest.mark.parametrize("algo", ["rm", "ppo", "grpo", "rloo", "dpo"])
+def test_our_command_does_the_same_work_as_the_trl_side(algo):
+    a = speed.parse_args(["--steps", "3", "--model", "M", "--reward-model", "RM"])
+    w = speed.work(algo, a)
+    cmd = speed.ours_command(w, "scratch_x")
+    assert cmd[1] == speed.SCRIPTS[algo] and flag(cmd, "--num-threads") == "1" and flag(cmd, "--seed") == "1"
+    if algo in ("rm", "dpo"):  # one epoch over exactly steps x batch pairs
+        assert int(flag(cmd, "--max-train-samples")) == 3 * w["batch"] == 3 * int(flag(cmd, "--per-device-train-batch-size"))
+    if algo in ("ppo", "rloo"):  # steps batches of `batch` sampled responses
+        assert int(flag(cmd, "--total-episodes")) == 3 * int(flag(cmd, "--per-device-batch-size")) == 3 * w["batch"]
+        assert int(flag(cmd, "--response-length")) == w["response_length"]
+    if algo == "ppo":
+        assert flag(cmd, "--reward-model-path") == "RM" and flag(cmd, "--num-mini-batches") == str(w["mini_batches"])
+    if algo == "grpo":  # questions x generations = batch, minibatches x micro = batch
+        assert int(flag(cmd, "--questions-per-device")) * int(flag(cmd, "--num-generations")) == w["batch"]
+        assert int(flag(cmd, "--num-mini-batches")) * int(flag(cmd, "--micro-batch-size")) == w["batch"]
+        assert flag(cmd, "--total-steps") == "3"
+    if algo == "rloo":
+        assert flag(cmd, "--rloo-k") == str(w["generations"])
+
+
+def test_a_missing_script_is_skipped_with_a_message(monkeypatch, tmp_path):
+    monkeypatch.setattr(speed, "REPO", tmp_path)  # no scripts there
+    r = speed.measure("rloo", speed.parse_args(["--model", "M"]), tmp_path)
+    assert "rloo.py does not exist" in r["skipped"]
+    assert "skipped: rloo.py does not exist" in speed.table([r])

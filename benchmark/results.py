@@ -20,7 +20,7 @@ from benchmark.compare import bootstrap_ci, plot, read_run
 
 TRACKS = {
     "tiny-tldr": ["eval/gold_reward", "eval/win_rate"],
-    "tiny-math": ["eval/accuracy"],
+    "tiny-math": ["eval/accuracy", "eval/completion_length"],
 }
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
 

@@ -143,9 +143,10 @@ def format_step(step: dict, item: str) -> str:
     return f"{step['left']} {step['op']} {step['right']} = {step['result']} {item}."
 
 
-def gsm8k_row(p: dict) -> dict:
-    lines = [format_step(s, p["item"]) for s in p["steps"]]
-    return {"question": p["question"], "answer": "\n".join(lines) + f"\n#### {p['final']}"}
+def gsm8k_row(p: dict, shortcut: bool = False) -> dict:
+    """GSM8K schema; `shortcut`: the answer line alone, without the working."""
+    lines = [] if shortcut else [format_step(s, p["item"]) for s in p["steps"]]
+    return {"question": p["question"], "answer": "".join(line + "\n" for line in lines) + f"#### {p['final']}"}
 
 
 def math_row(p: dict) -> dict:
@@ -180,6 +181,15 @@ def prm_row(rng: random.Random, p: dict) -> dict:
     return {"prompt": p["question"], "completions": completions, "labels": labels}
 
 
+# Share of the SFT solutions (`sft/train`) that skip the working and state the answer straight away, as many
+# human-written solutions do. A 2M-parameter model cannot do several steps of arithmetic in one token, so
+# imitating a shortcut is mostly wrong on a multi-step problem while writing the steps out is mostly right.
+# With shortcuts the more common kind, the greedy SFT policy takes the shortcut while its samples write the
+# steps out about 40% of the time: the correct-answer reward can teach it to show its work (chain of thought
+# in miniature: accuracy and response length rise together). `gsm8k/` and `math/` always show the steps.
+MATH_SHORTCUT_RATE = 0.6
+
+
 def make_tiny_math(seed: int, n_train: int, n_test: int) -> dict[str, list[dict]]:
     rng = random.Random(seed)
     problems = {}
@@ -198,6 +208,11 @@ def make_tiny_math(seed: int, n_train: int, n_test: int) -> dict[str, list[dict]
         out[f"gsm8k/{split}"] = [gsm8k_row(p) for p in rows]
         out[f"math/{split}"] = [math_row(p) for p in rows]
         out[f"prm/{split}"] = [prm_row(rng, p) for p in rows]
+    # the SFT data: the training problems, some with shortcut answers; its own generator, so that adding it
+    # changed none of the files above
+    sft_rng = random.Random(seed + 7)
+    out["sft/train"] = [gsm8k_row(p, shortcut=sft_rng.random() < MATH_SHORTCUT_RATE) for p in problems["train"]]
+    out["sft/test"] = out["gsm8k/test"]
     return out
 
 

@@ -23,7 +23,7 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path
     for name in tree_a:
         assert tree_a[name] == tree_b[name], f"{name} differs between two builds with the same seed"
     data = [k for k in tree_a if k.endswith(".jsonl")]
-    assert len(data) == 11
+    assert len(data) == 13
     assert all(tree_a[k] != tree_c[k] for k in data)
     for rel, entry in a["files"].items():  # the manifest describes the files
         assert hashlib.sha256((tmp_path / "a" / rel).read_bytes()).hexdigest() == entry["sha256"]

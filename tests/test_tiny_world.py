@@ -138,6 +138,20 @@ def test_math_rows_are_consistent_and_checkable():
     assert not train_questions & {r["question"] for r in data["gsm8k/test"]}
 
 
+def test_sft_rows_are_the_training_problems_some_without_working():
+    data = tw.make_tiny_math(seed=3, n_train=1000, n_test=50)
+    shortcuts = 0
+    for sft, gsm in zip(data["sft/train"], data["gsm8k/train"], strict=True):
+        assert sft["question"] == gsm["question"]
+        # the same (right) final answer either way: a shortcut skips the working, it is not a wrong label
+        assert tw.extract_gsm8k_answer(sft["answer"]) == tw.extract_gsm8k_answer(gsm["answer"])
+        if sft["answer"] != gsm["answer"]:
+            assert sft["answer"] == gsm["answer"].split("\n")[-1] and sft["answer"].startswith("#### ")
+            shortcuts += 1
+    assert abs(shortcuts / 1000 - tw.MATH_SHORTCUT_RATE) < 0.05
+    assert data["sft/test"] == data["gsm8k/test"]  # evaluation always on full solutions' answers
+
+
 def first_error_or_none(labels: list[bool]) -> int | None:
     return next((k for k, ok in enumerate(labels) if not ok), None)
 

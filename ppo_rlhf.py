@@ -216,7 +216,7 @@ PRESETS = {
         exp_name="ppo_tiny-math", sft_model_path="runs/sft_tiny-math__1/model", reward_model_path=None,
         reward_source="math", dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",
         prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96,
-        response_length=80, temperature=1.0, total_episodes=8192, per_device_batch_size=64, num_mini_batches=2,
+        response_length=80, temperature=1.0, total_episodes=2048, per_device_batch_size=64, num_mini_batches=2,
         learning_rate=3e-5, kl_coef=0.01, eval_task="gsm8k", eval_every=16, num_eval_examples=200)),
 }
 

@@ -45,7 +45,7 @@ def suite_dir(assets, tmp_path_factory) -> Path:
     """Runs the quick tiny suite (seed 1) once in a fresh working directory."""
     workdir = tmp_path_factory.mktemp("suite")
     shutil.copytree(assets, workdir / "runs" / "assets")
-    proc = _suite(workdir, timeout=1800)
+    proc = _suite(workdir, timeout=2700)
     print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return workdir

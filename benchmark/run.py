@@ -54,12 +54,12 @@ class Stage:
 
 # `--quick` budgets (the learning tests): about half of each preset's episodes. Measured on the tiny suite, every
 # algorithm is past its test margin by then (PPO reaches the best summaries by 256 episodes, RLOO/ReMax by ~1000).
+# Offline and online DPO keep their full presets: at half (2048 pairs, 1024 episodes) they were only +0.10 and
+# +0.07 gold reward above the SFT policy.
 QUICK = {
     "ppo_tiny-tldr": ["--total-episodes", "512", "--eval-every", "8"],
     "rloo_tiny-tldr": ["--total-episodes", "1024", "--eval-every", "16"],
     "remax_tiny-tldr": ["--total-episodes", "1024", "--eval-every", "16"],
-    "dpo_tiny-tldr": ["--max-train-samples", "2048", "--eval-every", "1000"],
-    "online-dpo_tiny-tldr": ["--total-episodes", "1024", "--eval-every", "1000"],
     "grpo_tiny-math": ["--total-steps", "20", "--pass-k", "0"],  # GRPO is past +0.2 accuracy by step 10 of 40
 }
 

@@ -49,7 +49,8 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
         for m in metrics:
             if m in evals[0] and evals[0].get("episode", 0) == 0:
                 start[m].append(float(evals[0][m]))
-            final[run.group][m].append(float(evals[-1][m]))
+            if m in evals[-1]:  # a secondary metric some scripts do not log is left blank, not an error
+                final[run.group][m].append(float(evals[-1][m]))
         for m in PERF:
             vals = [row[m] for row in run.rows if m in row]
             if vals:

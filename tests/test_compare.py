@@ -73,25 +73,28 @@ def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
 def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
     from benchmark import results
 
-    def run(name, start, end, eps):
+    def run(name, start, end, eps, lengths=None):
         d = tmp_path / name
         d.mkdir()
         rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": start},
                 {"step": 1, "episode": 64, "time": 5.0, "perf/episodes_per_sec": eps, "perf/peak_mem_gb": 1.0},
                 {"step": 2, "episode": 128, "time": 9.0, "eval/accuracy": end}]
+        if lengths:  # the secondary metric, logged by some scripts only
+            rows[0]["eval/completion_length"], rows[2]["eval/completion_length"] = lengths
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
-    run("grpo_tiny-math__1", 0.3, 0.5, 10.0)
-    run("grpo_tiny-math__2", 0.3, 0.7, 12.0)
+    run("grpo_tiny-math__1", 0.3, 0.5, 10.0, (5.0, 30.0))
+    run("grpo_tiny-math__2", 0.3, 0.7, 12.0, (5.0, 34.0))
     run("ppo_tiny-math__1", 0.3, 0.4, 5.0)
     run("sft_tiny-math__1", 0.0, 0.3, 99.0)  # not an RL run: left out
     md, runs = results.track_table(tmp_path, "tiny-math")
     lines = md.splitlines()
-    assert lines[2] == "| SFT (start) | 3 runs | 0.300 [0.300, 0.300] | - | - | - |"
+    assert lines[2] == "| SFT (start) | 3 runs | 0.300 [0.300, 0.300] | 5.000 [5.000, 5.000] | - | - | - |"
     grpo = next(line for line in lines if line.startswith("| grpo |"))
     assert grpo.startswith("| grpo | 2 | 0.600 [")  # mean of 0.5 and 0.7 with its bootstrap band
+    assert "| 32.000 [" in grpo  # the secondary metric: mean of 30 and 34
     assert "| 11.000 [" in grpo and "| 9.000 [" in grpo  # episodes/s and seconds are averaged too
-    assert "| ppo | 1 | 0.400 | 5.000 | 1.000 | 9.000 |" in md
+    assert "| ppo | 1 | 0.400 | - | 5.000 | 1.000 | 9.000 |" in md  # a metric the run never logged is blank
     assert not any(line.startswith("| sft |") for line in lines) and len(runs) == 3
     assert results.main(["--runs-dir", str(tmp_path), "--tracks", "tiny-math"]) == 0
     assert (tmp_path / "results_tiny-math.png").stat().st_size > 0

@@ -67,6 +67,34 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     return "\n".join(lines) + "\n", runs
 
 
+# Gao et al. 2024 in miniature: PPO on the success reward alone, plus the raw process reward, plus Clip + Delta
+PRM_GROUPS = ["ppo_tiny-math", "ppo-prm-raw_tiny-math", "ppo-prm-clip-delta_tiny-math"]
+
+
+def prm_table(runs_dir: Path) -> str:
+    """Final greedy accuracy, answer length and share of answers that end (EOS) on the test problems, and the steps
+    per sampled answer in the last update, of the three PPO reward settings; mean [95% CI] over seeds. Empty when
+    none of these runs exists."""
+    cols = {"accuracy": "eval/accuracy", "completion_length": "eval/completion_length", "eos_rate": "eval/eos_rate",
+            "steps per answer (last update)": "objective/num_steps"}
+    lines = []
+    for group in PRM_GROUPS:
+        runs = [read_run(d) for d in sorted(runs_dir.glob(f"{group}__*")) if (d / "metrics.jsonl").exists()]
+        if not runs:
+            continue
+        values: dict[str, list[float]] = defaultdict(list)
+        for run in runs:
+            for name, metric in cols.items():
+                rows = [row for row in run.rows if metric in row]
+                if rows:
+                    values[name].append(float(rows[-1][metric]))
+        lines.append(f"| {group.split('_')[0]} | {len(runs)} | " + " | ".join(_cell(values[n]) for n in cols) + " |")
+    if not lines:
+        return ""
+    head = "| reward | seeds | " + " | ".join(cols) + " |\n|" + " --- |" * (len(cols) + 2)
+    return head + "\n" + "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-dir", default="runs")
@@ -81,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         (runs_dir / f"results_{track}.md").write_text(md)
         plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png")
         print(f"## {track}\n\n{md}\nwrote {runs_dir / f'results_{track}.md'} and {runs_dir / f'results_{track}.png'}")
+        if track == "tiny-math" and (prm := prm_table(runs_dir)):
+            (runs_dir / "results_tiny-math_prm.md").write_text(prm)
+            print(f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}\nwrote {runs_dir / 'results_tiny-math_prm.md'}")
     return 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmark import compare
+from benchmark import compare, results
 
 
 def _write_run(root: Path, name: str, values: list[float], extra_lines: list[str] = ()) -> Path:
@@ -71,7 +71,6 @@ def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
 
 
 def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
-    from benchmark import results
 
     def run(name, start, end, eps, lengths=None):
         d = tmp_path / name
@@ -98,3 +97,23 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
     assert not any(line.startswith("| sft |") for line in lines) and len(runs) == 3
     assert results.main(["--runs-dir", str(tmp_path), "--tracks", "tiny-math"]) == 0
     assert (tmp_path / "results_tiny-math.png").stat().st_size > 0
+
+
+def test_prm_table_reports_the_last_values_of_each_reward_setting(tmp_path):
+    def run(name, acc, length, eos, steps):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": 0.2, "eval/completion_length": 7.0, "eval/eos_rate": 1.0},
+                {"step": 1, "episode": 64, "time": 2.0, "objective/num_steps": 2.0},
+                {"step": 2, "episode": 128, "time": 3.0, "objective/num_steps": steps},
+                {"step": 2, "episode": 128, "time": 4.0, "eval/accuracy": acc, "eval/completion_length": length, "eval/eos_rate": eos}]
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    run("ppo-prm-raw_tiny-math__1", 0.1, 70.0, 0.2, 6.0)
+    run("ppo-prm-raw_tiny-math__2", 0.3, 60.0, 0.4, 5.0)
+    run("ppo-prm-clip-delta_tiny-math__1", 0.5, 30.0, 1.0, 3.5)
+    lines = results.prm_table(tmp_path).splitlines()
+    assert len(lines) == 4  # header, rule, and the two settings that have runs (no success-only PPO here)
+    assert lines[2].startswith("| ppo-prm-raw | 2 | 0.200 [") and "| 65.000 [" in lines[2] and "| 5.500 [" in lines[2]
+    assert lines[3] == "| ppo-prm-clip-delta | 1 | 0.500 | 30.000 | 1.000 | 3.500 |"
+    assert results.prm_table(tmp_path / "nothing") == ""

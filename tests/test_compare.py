@@ -19,6 +19,11 @@ def _write_run(root: Path, name: str, values: list[float], extra_lines: list[str
     return run
 
 
+def _write_rows(root: Path, name: str, rows: list[dict]) -> None:
+    (root / name).mkdir()
+    (root / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+
 def test_known_curves_give_known_mean_and_band():
     x = np.array([0.0, 100.0, 200.0])
     curves = [(x, np.array([0.0, 1.0, 2.0])), (x, np.array([2.0, 3.0, 4.0])), (x, np.array([1.0, 2.0, 3.0]))]
@@ -73,14 +78,12 @@ def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
 def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
 
     def run(name, start, end, eps, lengths=None):
-        d = tmp_path / name
-        d.mkdir()
         rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": start},
                 {"step": 1, "episode": 64, "time": 5.0, "perf/episodes_per_sec": eps, "perf/peak_mem_gb": 1.0},
                 {"step": 2, "episode": 128, "time": 9.0, "eval/accuracy": end}]
         if lengths:  # the secondary metric, logged by some scripts only
             rows[0]["eval/completion_length"], rows[2]["eval/completion_length"] = lengths
-        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        _write_rows(tmp_path, name, rows)
 
     run("grpo_tiny-math__1", 0.3, 0.5, 10.0, (5.0, 30.0))
     run("grpo_tiny-math__2", 0.3, 0.7, 12.0, (5.0, 34.0))
@@ -101,13 +104,11 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
 
 def test_prm_table_reports_the_last_values_of_each_reward_setting(tmp_path):
     def run(name, acc, length, eos, steps):
-        d = tmp_path / name
-        d.mkdir()
         rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": 0.2, "eval/completion_length": 7.0, "eval/eos_rate": 1.0},
                 {"step": 1, "episode": 64, "time": 2.0, "objective/num_steps": 2.0},
                 {"step": 2, "episode": 128, "time": 3.0, "objective/num_steps": steps},
                 {"step": 2, "episode": 128, "time": 4.0, "eval/accuracy": acc, "eval/completion_length": length, "eval/eos_rate": eos}]
-        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        _write_rows(tmp_path, name, rows)
 
     run("ppo-prm-raw_tiny-math__1", 0.1, 70.0, 0.2, 6.0)
     run("ppo-prm-raw_tiny-math__2", 0.3, 60.0, 0.4, 5.0)

@@ -65,3 +65,16 @@ def test_failed_stage_is_reported_dependents_skipped_and_finished_stages_not_rer
     status = run.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
     assert status["a__1"] == status["d__1"] == "skipped" and status["b__1"] == "failed"
     assert (tmp_path / "calls.txt").read_text().split() == ["a__1", "d__1"], "finished stages ran once"
+
+
+def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(capsys):
+    status = run.run_suite("tiny", [1], dry_run=True, only=["ppo_tiny-tldr", "grpo_tiny-math"], quick=True)
+    # the two stages and what they need, not PPO on tiny-math nor the other GRPO variants
+    assert sorted(status) == ["grpo_tiny-math__1", "ppo_tiny-tldr__1", "rm_tiny-tldr__1", "sft_tiny-math__1", "sft_tiny-tldr__1"]
+    out = capsys.readouterr().out
+    ppo = next(line for line in out.splitlines() if "--run-name ppo_tiny-tldr__1" in line)
+    assert ppo.endswith("--seed 1 --total-episodes 512 --eval-every 8")
+    assert "--total-steps 20" in out and "sft.py tiny-tldr --run-name sft_tiny-tldr__1\n" in out  # SFT has no quick budget
+    run.run_suite("tiny", [1], dry_run=True, only=["ppo"])  # an algorithm name keeps it on both tracks, full budgets
+    out = capsys.readouterr().out
+    assert "ppo_tiny-math__1" in out and "ppo_tiny-tldr__1" in out and "--total-episodes 512" not in out

@@ -70,7 +70,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
 
 @dataclass
@@ -104,6 +104,10 @@ class Args:
     """add a `[PAD]` token when the tokenizer has none; PAD = EOS is always an error"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the policy, the reference and the reward models"""
+    sampler_logprobs: bool | None = None
+    """take the old policy's logprobs from the sampler instead of a forward pass after sampling; default: on when
+    sampling with the policy itself in float32 (the two agree to 1e-5), off with vLLM or half precision, whose kernels
+    differ enough to move the first ratio off 1 (N+ recomputes them for that reason)"""
     use_vllm: bool = False
     """sample with vLLM (the `vllm` extra and a GPU; one engine per process, its weights synced every step)"""
     vllm_gpu_memory_utilization: float = 0.3
@@ -611,17 +615,50 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
     raise ValueError(f"unknown loss_type {loss_type}")
 
 
-def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                        completion_mask: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs (B, C) of the completion tokens under logits / temperature, and the token entropies (no gradient).
-    Prompts left-padded, completions right-padded; position ids count real tokens only."""
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, prompt_ids.shape[1] - 1 : -1].float() / temperature  # position t predicts token t + 1
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, capacity: int) -> dict:
+    """A padding-free batch for the forward passes. Each prompt + completion is laid end to end with others in rows of
+    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
+    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
+    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: completions of a
+    GSM8K batch range from a few tokens to the limit, so a padded batch is about a third padding, and the matmuls, most
+    of a step's time, scale with the tokens. `rows`, `cols` (N, C) index the positions whose logits predict each
+    completion token (C: the longest completion), `targets` are those tokens and `mask` marks the real ones."""
+    seqs = [p + c for p, c in zip(prompts, completions)]
+    capacity = max(capacity, max(len(s) for s in seqs))
+    members, free = [], []
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= len(seqs[i])
+    width, C = capacity - min(free), max(len(c) for c in completions)
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
+    targets, mask = torch.full((len(seqs), C), pad_id, dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            n, P, c = len(seqs[i]), len(prompts[i]), len(completions[i])
+            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
+            position_ids[r, offset : offset + n] = torch.arange(n)
+            rows[i, :c], cols[i, :c] = r, torch.arange(offset + P - 1, offset + P - 1 + c)  # position t predicts token t + 1
+            targets[i, :c], mask[i, :c] = torch.tensor(completions[i]), 1
+            offset += n
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
+    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets, "mask": mask}
+
+
+def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
+    (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False).logits
+    logits = logits[packed["rows"].to(device), packed["cols"].to(device)].float() / temperature
     logp = logits.log_softmax(dim=-1)
-    token_logp = torch.gather(logp, 2, completion_ids.unsqueeze(-1)).squeeze(-1)
+    token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
     return token_logp, entropy
@@ -693,20 +730,49 @@ def question_stream(rows: list[dict], seed: int):
 
 
 @torch.no_grad()
-def hf_generate(model, prompts: list[list[int]], tokenizer, max_new_tokens: int, temperature: float, batch_size: int) -> list[list[int]]:
-    """Completions (token lists, up to and including the first EOS) with `model.generate`: left-padded prompts, plain
-    sampling from softmax(logits / T) (no top-k / top-p / repetition penalty, whatever generation_config says, so the
-    loss's logprobs are those of the sampling distribution); T = 0 is greedy."""
+@torch.no_grad()
+def hf_sample(model, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int, temperature: float,
+              batch_size: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Completions (token lists, up to and including the first EOS) and the logprob of each sampled token, by plain
+    sampling from softmax(logits / T) (no top-k / top-p / repetition penalty, so the loss's logprobs are those of the
+    sampling distribution); T = 0 is greedy. A hand-written decoding loop over the model's KV cache rather than
+    `model.generate`, for two reasons: a finished completion leaves the batch (its rows are dropped from the cache), so
+    the batch shrinks instead of decoding padding until the longest completion ends; and the loop keeps each sampled
+    token's logprob, which is the old policy's logprob the loss needs (no extra forward pass). Twice as fast as
+    `generate` on the tiny model (benchmark/speed.py); greedy output is the same token for token (tests)."""
     device = next(model.parameters()).device
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
-    out = []
+    completions, logprobs = [], []
     for start in range(0, len(prompts), batch_size):
-        ids, mask = left_pad(prompts[start : start + batch_size], tokenizer.pad_token_id)
-        seqs = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new_tokens,
-                              pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, repetition_penalty=1.0, **sampling)
-        for row in seqs[:, ids.shape[1]:].tolist():
-            out.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
-    return out
+        ids, mask = left_pad(prompts[start : start + batch_size], pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        B = len(ids)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        position, alive = positions[:, -1], torch.arange(B, device=device)  # alive: batch rows still being decoded
+        tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        token_logp = torch.zeros(B, max_new_tokens, device=device)
+        lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        for t in range(max_new_tokens):
+            logp = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+            token = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logp.argmax(-1)
+            tokens[alive, t], token_logp[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+            done = token == eos_id
+            if done.any():
+                lengths[alive[done]] = t + 1
+                keep = (~done).nonzero().squeeze(1)
+                if len(keep) == 0:
+                    break
+                alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+                cache.batch_select_indices(keep)
+            if t + 1 == max_new_tokens:
+                break
+            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
+            logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+        for row, lp, n in zip(tokens.tolist(), token_logp.cpu(), lengths.tolist()):
+            completions.append(row[:n])
+            logprobs.append(lp[:n])
+    return completions, logprobs
 
 
 class VLLMSampler:
@@ -794,7 +860,7 @@ def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accel
     (any of the k right), maj@k (the majority answer right) and mean@k. Each process takes a shard."""
     records = []
     with accelerator.split_between_processes(rows) as shard:
-        completions = sample([r["prompt_ids"] for r in shard for _ in range(k)], temperature) if shard else []
+        completions = sample([r["prompt_ids"] for r in shard for _ in range(k)], temperature)[0] if shard else []
         for j, row in enumerate(shard):
             outs = completions[j * k : (j + 1) * k]
             texts = [tokenizer.decode(o, skip_special_tokens=True) for o in outs]
@@ -869,16 +935,20 @@ def main(args: Args) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
     vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
+    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else not args.use_vllm and args.dtype == "float32"
+    if use_sampler_logprobs and args.use_vllm:
+        raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
 
-    def sample(prompts: list[list[int]], temperature: float) -> list[list[int]]:
+    def sample(prompts: list[list[int]], temperature: float) -> tuple[list[list[int]], list[torch.Tensor] | None]:
         if vllm_sampler is not None:
-            return vllm_sampler(prompts, args.max_completion_length, temperature)
-        return hf_generate(unwrapped, prompts, tokenizer, args.max_completion_length, temperature, args.generation_batch_size)
+            return vllm_sampler(prompts, args.max_completion_length, temperature), None
+        return hf_sample(unwrapped, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id, args.max_completion_length, temperature,
+                         args.generation_batch_size)
 
     def sample_and_score(rows: list[dict]) -> dict:
         """G completions of each question and every part of their reward."""
         prompts = [r["prompt_ids"] for r in rows for _ in range(G)]
-        completions = sample(prompts, args.temperature)
+        completions, sample_logprobs = sample(prompts, args.temperature)
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
         ended = [tokenizer.eos_token_id in c for c in completions]
         lengths = torch.tensor([len(c) for c in completions])
@@ -894,7 +964,7 @@ def main(args: Args) -> dict:
             parts["outcome_rm"] = args.rm_coef * torch.cat(scores)
         if prm is not None:  # Clip / Delta refined step rewards, placed on the steps' last tokens: their sum
             parts["process_rm"] = process_rewards(prm, tokenizer, prompts, right_pad(completions, tokenizer.pad_token_id)[0], args)[0].sum(1)
-        return {"prompts": prompts, "completions": completions, "texts": texts, "truncated": torch.tensor([not e for e in ended]),
+        return {"prompts": prompts, "completions": completions, "sample_logprobs": sample_logprobs or [None] * len(prompts), "texts": texts, "truncated": torch.tensor([not e for e in ended]),
                 "lengths": lengths, **parts, "reward": sum(parts.values()),
                 "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts])}
 
@@ -933,32 +1003,34 @@ def main(args: Args) -> dict:
         # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage ----
         advantages = group_advantages(batch["reward"].view(-1, G), args.scale_rewards, args.advantage_eps).view(-1).to(device)
 
-        # ---- 3. tensors: prompts left-padded, completions right-padded; overlong filtering masks truncated ones out ----
+        # ---- 3. completions as right-padded (B, width) tensors for the loss; the forward passes run on `pack`ed
+        # micro-batches (no padding). Overlong filtering masks truncated completions out of the loss ----
         B = len(batch["completions"])
-        prompt_ids, prompt_mask = left_pad(batch["prompts"], tokenizer.pad_token_id)
-        completion_ids, completion_mask = right_pad(batch["completions"], tokenizer.pad_token_id)
-        prompt_ids, prompt_mask, completion_ids, completion_mask = (t.to(device) for t in (prompt_ids, prompt_mask, completion_ids, completion_mask))
+        completion_mask = right_pad(batch["completions"], tokenizer.pad_token_id)[1].to(device)
         loss_mask = completion_mask * (~batch["truncated"].to(device)).long()[:, None] if args.overlong_filtering else completion_mask
-        width = completion_ids.shape[1]
+        width, capacity = completion_mask.shape[1], args.max_prompt_length + args.max_completion_length
 
-        def micro(idx: torch.Tensor):
-            """Rows idx, without the padding columns none of them needs (left of the prompts, right of the completions)."""
-            p_start = prompt_ids.shape[1] - int(prompt_mask[idx].sum(1).max())
-            c_end = int(completion_mask[idx].sum(1).max())
-            return prompt_ids[idx, p_start:], prompt_mask[idx, p_start:], completion_ids[idx, :c_end], completion_mask[idx, :c_end], c_end
+        def micro(idx: torch.Tensor) -> tuple[dict, int]:
+            """The packed batch of rows idx, and the width of their longest completion."""
+            rows = idx.tolist()
+            packed = pack([batch["prompts"][i] for i in rows], [batch["completions"][i] for i in rows], tokenizer.pad_token_id, capacity)
+            return packed, packed["mask"].shape[1]
 
-        # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches)
-        # and of the reference, without gradients ----
+        # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches;
+        # the sampler's own, or a forward pass) and of the reference, without gradients ----
         off_policy = args.num_iterations > 1 or args.num_mini_batches > 1
         old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
+        if off_policy and use_sampler_logprobs:
+            for i, lp in enumerate(batch["sample_logprobs"]):
+                old_logprobs[i, : len(lp)] = lp.to(device)
         with torch.no_grad():
             for start in range(0, B, args.micro_batch_size):
                 idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
-                p, pm, c, cm, c_end = micro(idx)
-                if off_policy:
-                    old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, p, pm, c, cm, args.temperature)[0]
+                packed, c_end = micro(idx)
+                if off_policy and not use_sampler_logprobs:
+                    old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
                 if ref_policy is not None:
-                    ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, p, pm, c, cm, args.temperature)[0]
+                    ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
 
         # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro-batches ----
         stats = {k: [] for k in ("loss", "kl", "clipped", "tokens", "ratio", "entropy", "grad_norm")}
@@ -976,8 +1048,9 @@ def main(args: Args) -> dict:
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
                     last = micro_start + args.micro_batch_size >= mini_size
                     with nullcontext() if last else accelerator.no_sync(model):  # all-reduce once per optimizer step
-                        p, pm, c, cm, c_end = micro(idx)
-                        logprobs, entropy = completion_logprobs(model, p, pm, c, cm, args.temperature)
+                        packed, c_end = micro(idx)
+                        cm = completion_mask[idx, :c_end]
+                        logprobs, entropy = completion_logprobs(model, packed, args.temperature)
                         old = old_logprobs[idx, :c_end] if off_policy else logprobs.detach()
                         per_token, clipped = clipped_surrogate(logprobs, old, advantages[idx], args.epsilon_low, args.epsilon_high)
                         kl = k3_kl(logprobs, ref_logprobs[idx, :c_end]) if ref_policy is not None else torch.zeros_like(logprobs)

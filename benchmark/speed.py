@@ -306,7 +306,10 @@ def _tokenizer(path: str, padding_side: str = "right"):
 
 def _common_trainer_args(w: dict, tmp: str) -> dict:
     return dict(output_dir=tmp, learning_rate=w["lr"], seed=w["seed"], logging_steps=1, save_strategy="no", report_to="none",
-                use_cpu=True, disable_tqdm=True, dataloader_drop_last=True, bf16=False, fp16=False)
+                use_cpu=True, disable_tqdm=True, dataloader_drop_last=True, bf16=False, fp16=False,
+                # TRL 1.16's configs default to activation checkpointing (recompute activations in the backward: less memory,
+                # about a third more compute); our scripts keep activations, so TRL does the same here, float32 as ours
+                gradient_checkpointing=False)
 
 
 def trl_rm(w: dict) -> dict:

@@ -297,33 +297,54 @@ def tiny(assets):
     return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval(), path
 
 
-def test_completion_logprobs_do_not_depend_on_padding(tiny):
+def plain_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """The completion's logprobs from one unpadded forward pass of prompt + completion alone."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1] / temperature
+    return logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def test_packed_logprobs_equal_each_sequence_alone(tiny):
     tokenizer, model, _ = tiny
+    enc = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    prompts = [enc("Question: Tom has 3 apples.\nAnswer:\n"), enc("Question: x\nAnswer:\n"), enc("Question: 2 + 2?\nAnswer:\n")]
+    completions = [enc("3 + 1 = 4 apples.\n#### 4") + [eos], [5, 6, eos], [7]]
+    packed = grpo.pack(prompts, completions, pad, capacity=80)
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    assert sum(lengths) <= 80 and packed["input_ids"].shape == (1, sum(lengths))  # all three share one row, no padding
+    # position ids restart at every sequence: 0..n-1 for each, in the packed order (longest first)
+    assert sorted(packed["position_ids"][0].tolist()) == sorted(x for n in lengths for x in range(n))
+    for temperature in (1.0, 2.0):
+        with torch.no_grad():
+            together, _ = grpo.completion_logprobs(model, packed, temperature)
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            torch.testing.assert_close(together[i, : len(c)], plain_logprobs(model, p, c, temperature), atol=1e-5, rtol=1e-5)
+            assert packed["mask"][i].sum() == len(c) and packed["targets"][i, : len(c)].tolist() == c
+    # a capacity below the longest sequence is raised to it; one sequence per row then, still exact
+    narrow = grpo.pack(prompts, completions, pad, capacity=1)
+    assert len(narrow["input_ids"]) == 3 and narrow["input_ids"].shape[1] == max(lengths)
+    with torch.no_grad():
+        torch.testing.assert_close(grpo.completion_logprobs(model, narrow, 1.0)[0] * narrow["mask"],
+                                   grpo.completion_logprobs(model, packed, 1.0)[0] * packed["mask"], atol=1e-5, rtol=1e-5)
+
+
+def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs(tiny):
+    tokenizer, model, _ = tiny
+    enc = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [enc("Question: Tom has 3 apples.\nAnswer:\n"), enc("Question: x\nAnswer:\n")] * 3
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    greedy, _ = grpo.hf_sample(model, prompts, pad, eos, 12, 0.0, batch_size=4)
+    ids, mask = grpo.left_pad(prompts, pad)
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=pad, eos_token_id=eos)
+    for row, out in zip(ref[:, ids.shape[1]:].tolist(), greedy):
+        assert out == (row[: row.index(eos) + 1] if eos in row else row)
     torch.manual_seed(0)
-    prompts = [tokenizer("Question: Tom has 3 apples.\nAnswer:\n", add_special_tokens=False)["input_ids"], tokenizer("Question: x\nAnswer:\n", add_special_tokens=False)["input_ids"]]
-    completions = [tokenizer("3 + 1 = 4 apples.\n#### 4", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id], [5, 6, tokenizer.eos_token_id]]
-    pad = tokenizer.pad_token_id
-
-    def batch(prompt_list, completion_list, extra_left=0):
-        p, pm = grpo.left_pad([[pad] * 0 + x for x in prompt_list], pad)
-        p = torch.cat([torch.full((len(p), extra_left), pad), p], 1)
-        pm = torch.cat([torch.zeros(len(p), extra_left, dtype=torch.long), pm], 1)
-        width = max(len(c) for c in completion_list) + 3  # extra right padding too
-        c = torch.full((len(completion_list), width), pad)
-        cm = torch.zeros_like(c)
-        for i, x in enumerate(completion_list):
-            c[i, : len(x)], cm[i, : len(x)] = torch.tensor(x), 1
-        return p, pm, c, cm
-
-    with torch.no_grad():
-        alone = [grpo.completion_logprobs(model, *batch([p], [c]), 1.0)[0][0, : len(c)] for p, c in zip(prompts, completions)]
-        together, _ = grpo.completion_logprobs(model, *batch(prompts, completions, extra_left=5), 1.0)
-    for i, c in enumerate(completions):
-        torch.testing.assert_close(together[i, : len(c)], alone[i], atol=1e-5, rtol=1e-5)
-    # temperature divides the logits
-    with torch.no_grad():
-        hot, _ = grpo.completion_logprobs(model, *batch(prompts[:1], completions[:1]), 2.0)
-    assert not torch.allclose(hot[0, : len(completions[0])], alone[0])
+    sampled, logprobs = grpo.hf_sample(model, prompts, pad, eos, 12, 1.3, batch_size=4)
+    assert all(1 <= len(c) <= 12 and (eos not in c or c.index(eos) == len(c) - 1) for c in sampled)  # stops at its first EOS
+    for p, c, lp in zip(prompts, sampled, logprobs):
+        torch.testing.assert_close(lp, plain_logprobs(model, p, c, 1.3), atol=1e-4, rtol=1e-4)  # the old policy's logprobs
 
 
 def test_process_reward_is_the_sum_of_refined_step_probabilities(tiny):

@@ -104,8 +104,8 @@ def _policy_logprobs(assets, seed=0):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox")
     seqs = torch.randint(3, 100, (8, 10))
-    inputs = {"input_ids": seqs, "attention_mask": torch.ones_like(seqs), "position_ids": torch.arange(10).repeat(8, 1)}
-    logprobs = rloo.response_logprobs(model(**inputs).logits, seqs[:, 4:], 4, temperature=0.7)
+    packed = rloo.pack([s[:4].tolist() for s in seqs], [s[4:].tolist() for s in seqs], pad_id=1, capacity=20)
+    logprobs = rloo.packed_logprobs(model, packed, temperature=0.7)
     padding_mask = torch.zeros_like(logprobs, dtype=torch.bool)
     padding_mask[0, 3:] = True  # one response ended early
     return model, logprobs, padding_mask
@@ -234,3 +234,38 @@ def test_rloo_on_two_processes(assets, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama")
     moved = [not torch.equal(a, b) for a, b in zip(model.state_dict().values(), initial.state_dict().values())]
     assert any(moved), "the weights did not move"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sampling loop and packed forward passes: the same numbers as one unpadded forward pass per sequence
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _alone(model, query: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([query + response])).logits[0, len(query) - 1 : -1] / temperature
+    return logits.log_softmax(-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+@pytest.mark.parametrize("arch", ["tiny-neox", "tiny-llama"])
+def test_packed_logprobs_and_sampler_logprobs_equal_each_sequence_alone(assets, arch):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(assets / "models" / arch).eval()
+    eos, pad = model.config.eos_token_id, 1
+    queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    queries_t, qmask = rloo.left_pad(queries, pad)
+    responses, logprobs, entropy = rloo.sample_responses(model, queries_t, qmask, eos, pad, 12, temperature=0.9)
+    assert responses.shape[1] <= 12 and (entropy >= 0).all()
+    lists = []
+    for row in responses.tolist():
+        n = row.index(eos) + 1 if eos in row else len(row)
+        assert all(t == pad for t in row[n:])  # PAD after the first EOS
+        lists.append(row[:n])
+    packed = rloo.pack(queries, lists, pad, capacity=64)
+    assert len(packed["input_ids"]) == 1  # all three share one row
+    with torch.no_grad():
+        together = rloo.packed_logprobs(model, packed, temperature=0.9)
+    for i, (q, r) in enumerate(zip(queries, lists)):
+        alone = _alone(model, q, r, 0.9)
+        torch.testing.assert_close(together[i, : len(r)], alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logprobs[i, : len(r)], alone, atol=1e-4, rtol=1e-4)  # the sampler's own logprobs

@@ -49,7 +49,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -569,12 +569,15 @@ class PolicyAndValue(nn.Module):
         super().__init__()
         self.policy, self.value_model = policy, value_model
 
-    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0):
-        # logits_to_keep = N: the LM head runs on the last N positions only (the response), not on the prompt (0: all)
-        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=logits_to_keep).logits
-        backbone = getattr(self.value_model, self.value_model.base_model_prefix)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-        return logits, self.value_model.score(hidden).squeeze(-1)
+    def forward(self, input_ids, position_ids, rows, cols):
+        """Logits and values at the positions (rows, cols) of a `pack`ed batch. The LM head and the value head run on
+        those positions only (the response), not on the prompts; both bodies run on every token."""
+        policy_body = getattr(self.policy, self.policy.base_model_prefix)
+        hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        logits = self.policy.get_output_embeddings()(hidden[rows, cols])
+        value_body = getattr(self.value_model, self.value_model.base_model_prefix)
+        hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        return logits, self.value_model.score(hidden[rows, cols]).squeeze(-1)
 
 
 def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
@@ -585,10 +588,78 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
     return {"input_ids": query_responses.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "position_ids": position_ids}
 
 
-def response_logprobs(logits: torch.Tensor, responses: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
+@torch.no_grad()
+def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
+                     temperature: float) -> torch.Tensor:
+    """Sampled responses (B, T), PAD after each one's first EOS (T: the steps decoded, at most max_new_tokens), by plain
+    sampling from softmax(logits / T), no top-k / top-p. A hand-written loop over the model's KV cache rather than
+    `model.generate`: a finished response leaves the batch (its rows are dropped from the cache), so the batch shrinks
+    instead of decoding padding until the longest response ends. Its logprobs are not used: N+ recomputes them with a
+    forward pass (the rollout forward pass is needed for the values anyway)."""
+    B, device = len(queries), queries.device
+    cache = DynamicCache()
+    position = (qmask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=queries, attention_mask=qmask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
+    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    steps = max_new_tokens
+    for t in range(max_new_tokens):
+        token = torch.multinomial((logits.float() / (temperature + 1e-7)).softmax(-1), 1).squeeze(1)
+        tokens[alive, t] = token
+        keep = (token != eos_id).nonzero().squeeze(1)
+        if len(keep) < len(alive):
+            if len(keep) == 0:
+                steps = t + 1
+                break
+            alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+            cache.batch_select_indices(keep)
+        if t + 1 < max_new_tokens:
+            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
+            logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+    return tokens[:, :steps]
+
+
+def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
+    """A padding-free batch for the forward passes. Each query + response is laid end to end with others in rows of
+    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
+    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
+    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: prompts and
+    responses vary in length, so a padded batch is a quarter to a third padding, and the matmuls, most of a PPO update,
+    scale with the tokens. `rows`, `cols` (N, C + 1) index, for a response of c tokens, the c positions whose logits
+    predict them and then its last token, whose value N+ still trains (C: the longest response); `targets` are the
+    response tokens."""
+    seqs = [q + r for q, r in zip(queries, responses)]
+    capacity = max(capacity, max(len(s) for s in seqs))
+    members, free = [], []
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= len(seqs[i])
+    width, C = capacity - min(free), max(len(r) for r in responses)
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    rows, cols = torch.zeros((len(seqs), C + 1), dtype=torch.long), torch.zeros((len(seqs), C + 1), dtype=torch.long)
+    targets = torch.full((len(seqs), C + 1), pad_id, dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            n, q, c = len(seqs[i]), len(queries[i]), len(responses[i])
+            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
+            position_ids[r, offset : offset + n] = torch.arange(n)
+            rows[i, : c + 1], cols[i, : c + 1] = r, torch.arange(offset + q - 1, offset + q + c)  # position t predicts token t + 1
+            targets[i, :c] = torch.tensor(responses[i])
+            offset += n
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
+    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
+
+
+def response_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """Logprobs of the response tokens under logits scaled by the sampling temperature (N+ detail)."""
-    logits = logits[:, context_length - 1 : -1].float() / (temperature + 1e-7)
-    return torch.gather(logits.log_softmax(-1), 2, responses.unsqueeze(-1)).squeeze(-1)
+    logits = logits.float() / (temperature + 1e-7)
+    return torch.gather(logits.log_softmax(-1), 2, targets.unsqueeze(-1)).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -815,35 +886,37 @@ def main(args: Args) -> dict:
         indices = next(iterator).tolist()
         rows = [train_rows[i] for i in indices]
 
-        # ---- 1. rollout: sample, then recompute logprobs, reference logprobs and values with forward passes ----
+        # ---- 1. rollout: sample; then (step 2) recompute logprobs, reference logprobs and values with forward passes ----
         with torch.no_grad():
             queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            context_length = queries.shape[1]
-            query_responses = unwrapped.policy.generate(
-                input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=True, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            # When every sample stopped early, generate returns fewer than response_length columns; they are kept as
-            # they are (not padded back to the full length), so no forward pass below spends time on all-pad columns.
-            responses = query_responses[:, context_length:]
-            inputs = padded_inputs(query_responses, tokenizer.pad_token_id)
-            # The LM head runs on the response positions only: logits_to_keep = R + 1 gives the logits at columns
-            # context_length - 1 .. end, and response_logprobs with context_length 1 drops the last one, so
-            # position t holds the prediction of response token t, as with the full logits.
-            keep = responses.shape[1] + 1
-            logits, full_values = model(**inputs, logits_to_keep=keep)
-            logprobs = response_logprobs(logits, responses, 1, args.temperature)
-            probs_logits = logits[:, :-1].float() / (args.temperature + 1e-7)
-            entropy = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
-            del logits, probs_logits
-            ref_logprobs = response_logprobs(ref_policy(**inputs, logits_to_keep=keep).logits, responses, 1, args.temperature)
-            values = full_values[:, context_length - 1 : -1].float()
-
-            # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
+            # When every sample stops early, fewer than response_length columns come back; they are kept as they are
+            # (not padded back to the full length), so no tensor below spends time on all-pad columns.
+            responses = sample_responses(unwrapped.policy, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                         args.response_length, args.temperature)
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
             if (sequence_lengths < 0).any():
                 raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
+
+            # ---- 2. forward passes on `pack`ed query + response token lists (no padding), then the reward: score the
+            # truncated response, penalise responses that never end ----
+            query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
+            response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
+            capacity = args.max_prompt_length + args.response_length
+            packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity).items()}
+            R, C = responses.shape[1], packed["targets"].shape[1] - 1
+            width = min(R, C + 1)  # the longest response, and one more column for the value after EOS when there is room
+            logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "rows", "cols")})
+            logprobs, values, entropy, ref_logprobs = (torch.zeros(responses.shape, device=device) for _ in range(4))
+            logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
+            values[:, :width] = packed_values[:, :width].float()
+            probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
+            entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
+            del logits, probs_logits
+            ref_logits = ref_policy(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits
+            ref_logprobs[:, :width] = response_logprobs(ref_logits[packed["rows"], packed["cols"]], packed["targets"], args.temperature)[:, :width]
+            del ref_logits
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
             if args.reward_source == "model":
                 scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, postprocessed], 1), tokenizer.pad_token_id).items()
@@ -885,18 +958,17 @@ def main(args: Args) -> dict:
                 for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
                     with accelerator.accumulate(model):
                         mb = order[micro_start : micro_start + micro_batch_size]
-                        # Trim the columns that are padding in every row of this micro-batch: leading prompt pads and
-                        # response positions past the longest response + 1 (the value one past EOS is still trained).
-                        # Attention is causal and position ids follow the mask, so every kept logprob and value is the
-                        # number the full-width batch gives, and all dropped positions were masked out of the losses.
-                        first = int(inputs["attention_mask"][mb, :context_length].any(0).long().argmax())
-                        width = min(responses.shape[1], int(sequence_lengths[mb].max()) + 2)
-                        mb_inputs = {k: v[mb, first : context_length + width] for k, v in inputs.items()}
-                        mb_responses, mb_mask, mb_mask_p1 = responses[mb, :width], padding_mask[mb, :width], padding_mask_p1[mb, :width]
-                        new_logits, vpred_full = model(**mb_inputs, logits_to_keep=width + 1)
-                        new_logprobs = response_logprobs(new_logits, mb_responses, 1, args.temperature)
+                        mb_list = mb.tolist()
+                        mb_packed = {k: v.to(device) for k, v in pack([query_tokens[i] for i in mb_list], [response_tokens[i] for i in mb_list],
+                                                                       tokenizer.pad_token_id, capacity).items()}
+                        # the longest response of this micro-batch + 1 (the value one past EOS is still trained); every
+                        # position beyond was masked out of the losses
+                        width = min(R, mb_packed["targets"].shape[1])
+                        mb_mask, mb_mask_p1 = padding_mask[mb, :width], padding_mask_p1[mb, :width]
+                        new_logits, vpred = model(**{k: mb_packed[k] for k in ("input_ids", "position_ids", "rows", "cols")})
+                        new_logprobs = response_logprobs(new_logits[:, :width], mb_packed["targets"][:, :width], args.temperature)
                         new_logprobs = new_logprobs.masked_fill(mb_mask, INVALID_LOGPROB)
-                        vpred = vpred_full[:, context_length - first - 1 : -1].float().masked_fill(mb_mask_p1, 0)
+                        vpred = vpred[:, :width].float().masked_fill(mb_mask_p1, 0)
                         pg_loss, pg_stats = policy_loss(new_logprobs, logprobs[mb, :width], advantages[mb, :width], ~mb_mask, args.cliprange)
                         vf_loss, vf_clipfrac = value_loss(vpred, values[mb, :width], returns[mb, :width], ~mb_mask_p1, args.cliprange_value)
                         loss = pg_loss + args.vf_coef * vf_loss

@@ -154,3 +154,33 @@ def test_ppo_runs_on_two_processes(assets, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "ddp" / "model")
     initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama")
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), initial.state_dict().values()))
+
+
+@pytest.mark.parametrize("arch", ["tiny-neox", "tiny-llama"])
+def test_packed_logprobs_and_values_equal_each_sequence_alone(assets, arch):
+    """The packed batch (several sequences per row, no padding) gives each response token's logprob and value, and the
+    value at the last token (trained by N+), as one unpadded forward pass of that query + response alone."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    policy = AutoModelForCausalLM.from_pretrained(assets / "models" / arch).eval()
+    value_model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / arch, num_labels=1).eval()
+    model = ppo.PolicyAndValue(policy, value_model)
+    eos, pad = policy.config.eos_token_id, 1
+    queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    queries_t, qmask = ppo.left_pad(queries, pad)
+    responses = ppo.sample_responses(policy, queries_t, qmask, eos, pad, 10, temperature=1.0)
+    lists = [row[: row.index(eos) + 1] if eos in row else row for row in responses.tolist()]
+    packed = ppo.pack(queries, lists, pad, capacity=64)
+    assert len(packed["input_ids"]) == 1 and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
+    with torch.no_grad():
+        logits, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "rows", "cols")})
+        logprobs = ppo.response_logprobs(logits, packed["targets"], temperature=0.7)
+        for i, (q, r) in enumerate(zip(queries, lists)):
+            ids = torch.tensor([q + r])
+            alone_logits = policy(input_ids=ids).logits[0, len(q) - 1 : -1] / (0.7 + 1e-7)
+            alone_lp = alone_logits.log_softmax(-1).gather(1, torch.tensor(r)[:, None]).squeeze(1)
+            body = getattr(value_model, value_model.base_model_prefix)
+            alone_values = value_model.score(body(input_ids=ids).last_hidden_state)[0, len(q) - 1 :, 0]  # up to the last token
+            torch.testing.assert_close(logprobs[i, : len(r)], alone_lp, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(values[i, : len(r) + 1], alone_values, atol=1e-5, rtol=1e-5)

@@ -15,7 +15,8 @@ price is one extra greedy generation per prompt. `benchmark/memory_speed_family.
 ppo_rlhf.py.
 
 Everything else is ppo_rlhf.py's (the N+ details of Huang et al. 2024, arXiv:2403.17031): left-padded prompts,
-logprobs recomputed by a forward pass with the logits divided by the sampling temperature, responses truncated after
+logprobs of the logits divided by the sampling temperature (recomputed by a forward pass, or, in float32 where the
+two agree to 1e-5, kept from the sampler: --sampler-logprobs), responses truncated after
 their first EOS, responses without EOS scored `penalty_reward_value` (-1), position ids from the attention mask,
 dropout off. The reward is a learned reward model (TL;DR) or the verifiable math reward (1 if the final answer is
 right, else 0). Evaluation: greedy responses, gold judge and win rate (tiny-tldr) or answer accuracy (math), before
@@ -49,7 +50,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -83,6 +84,10 @@ class Args:
     """allow custom modelling code from the hub; off unless you trust the repository"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the policy, reference and reward model"""
+    sampler_logprobs: bool | None = None
+    """take the rollout logprobs from the sampler instead of a forward pass after sampling; default: on in float32 (the
+    two agree to 1e-5), off in half precision, where the KV-cache and full-sequence kernels differ enough to matter
+    (the N+ reason to recompute them)"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -439,10 +444,83 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
     return {"input_ids": query_responses.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "position_ids": position_ids}
 
 
-def response_logprobs(logits: torch.Tensor, responses: torch.Tensor, context_length: int, temperature: float) -> torch.Tensor:
-    """Logprobs of the response tokens under logits scaled by the sampling temperature (N+ detail)."""
-    logits = logits[:, context_length - 1 : -1].float() / (temperature + 1e-7)
-    return torch.gather(logits.log_softmax(-1), 2, responses.unsqueeze(-1)).squeeze(-1)
+@torch.no_grad()
+def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled (temperature > 0) or greedy (temperature 0, ReMax's baseline) responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)
+    at every sampled token (T: the steps decoded, at most max_new_tokens). Plain sampling, no top-k / top-p. A
+    hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
+    rows are dropped from the cache), so the batch shrinks instead of decoding padding until the longest response
+    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs)."""
+    B, device = len(queries), queries.device
+    cache = DynamicCache()
+    position = (qmask.cumsum(1) - 1).clamp(min=0)
+    logits = model(input_ids=queries, attention_mask=qmask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
+    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
+    steps = max_new_tokens
+    for t in range(max_new_tokens):
+        logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
+        token = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logp.argmax(-1)
+        tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+        entropy[alive, t] = -(logp.exp() * logp).sum(-1)
+        keep = (token != eos_id).nonzero().squeeze(1)
+        if len(keep) < len(alive):
+            if len(keep) == 0:
+                steps = t + 1
+                break
+            alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+            cache.batch_select_indices(keep)
+        if t + 1 < max_new_tokens:
+            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
+            logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
+
+
+def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
+    """A padding-free batch for the forward passes. Each query + response is laid end to end with others in rows of
+    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
+    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
+    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: responses range
+    from a few tokens to the limit, so a padded batch is much padding, and the matmuls, most of the time, scale with the
+    tokens. `rows`, `cols` (N, C) index the positions whose logits predict each response token (C: the longest
+    response), `targets` are those tokens."""
+    seqs = [q + r for q, r in zip(queries, responses)]
+    capacity = max(capacity, max(len(s) for s in seqs))
+    members, free = [], []
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= len(seqs[i])
+    width, C = capacity - min(free), max(len(r) for r in responses)
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
+    targets = torch.full((len(seqs), C), pad_id, dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            n, q, c = len(seqs[i]), len(queries[i]), len(responses[i])
+            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
+            position_ids[r, offset : offset + n] = torch.arange(n)
+            rows[i, :c], cols[i, :c] = r, torch.arange(offset + q - 1, offset + q - 1 + c)  # position t predicts token t + 1
+            targets[i, :c] = torch.tensor(responses[i])
+            offset += n
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
+    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
+
+
+def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
+    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail). use_cache=False:
+    with a cache, transformers would not read the packing from the position ids."""
+    device = next(model.parameters()).device
+    logits = model(input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False).logits
+    logits = logits[packed["rows"].to(device), packed["cols"].to(device)].float() / (temperature + 1e-7)
+    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
 
 
 def success_reward(text: str, gold: str, answer_format: str) -> float:
@@ -636,6 +714,7 @@ def main(args: Args) -> dict:
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     ref_policy, reward_model = (m.to(device) if m is not None else None for m in (ref_policy, reward_model))
     logger = RunLogger(args, accelerator)
+    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else args.dtype == "float32"
 
     def batches():
         while True:
@@ -654,31 +733,16 @@ def main(args: Args) -> dict:
                 group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
         rows = [train_rows[i] for i in next(iterator).tolist()]
 
-        # ---- 1. rollout: sample, then recompute logprobs and reference logprobs with forward passes ----
+        # ---- 1. rollout: sample, and the greedy baseline response to the same prompts by the same (current) policy;
+        # the logprobs are the sampler's (or a forward pass's), the reference's a forward pass ----
         with torch.no_grad():
             queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            context_length = queries.shape[1]
-            query_responses = unwrapped.generate(
-                input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=True, temperature=args.temperature + 1e-7, top_k=0, top_p=1.0,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            responses = query_responses[:, context_length:]
-            # the baseline: the greedy response to the same prompts, by the same (current) policy
-            greedy = unwrapped.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
-                                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)[:, context_length:]
-            # When every sample stopped early, generate returns fewer than response_length columns; they are kept as
-            # they are, so no forward pass below spends time on all-pad columns (as in ppo_rlhf.py).
-            inputs = padded_inputs(query_responses, tokenizer.pad_token_id)
-            # The LM head runs on the response positions only: logits_to_keep = R + 1 gives the logits at columns
-            # context_length - 1 .. end, and response_logprobs with context_length 1 drops the last one, so
-            # position t holds the prediction of response token t, as with the full logits.
-            keep = responses.shape[1] + 1
-            logits = model(**inputs, logits_to_keep=keep).logits
-            logprobs = response_logprobs(logits, responses, 1, args.temperature)
-            probs_logits = logits[:, :-1].float() / (args.temperature + 1e-7)
-            entropy = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
-            del logits, probs_logits
-            ref_logprobs = response_logprobs(ref_policy(**inputs, logits_to_keep=keep).logits, responses, 1, args.temperature)
+            # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
+            # time on all-pad columns (as in ppo_rlhf.py).
+            responses, logprobs, entropy = sample_responses(unwrapped, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                                                            args.response_length, args.temperature)
+            greedy = sample_responses(unwrapped, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id, args.response_length, 0.0)[0]
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
@@ -692,6 +756,18 @@ def main(args: Args) -> dict:
             greedy_scores, _ = score_responses(reward_model, queries, greedy, greedy_texts, rows, tokenizer, args)
             response_idxs = torch.arange(responses.shape[1], device=device).repeat(responses.shape[0], 1)
             padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+
+            # every forward pass runs on `pack`ed query + response token lists (no padding, see pack)
+            query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
+            response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
+            capacity = args.max_prompt_length + args.response_length
+            packed = pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity)
+            C = packed["targets"].shape[1]
+            if not use_sampler_logprobs:
+                logprobs = torch.zeros_like(logprobs)
+                logprobs[:, :C] = packed_logprobs(model, packed, args.temperature)
+            ref_logprobs = torch.zeros_like(logprobs)
+            ref_logprobs[:, :C] = packed_logprobs(ref_policy, packed, args.temperature)
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
 
@@ -705,13 +781,10 @@ def main(args: Args) -> dict:
         for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
             with accelerator.accumulate(model):
                 mb = slice(micro_start, micro_start + micro_batch_size)
-                # Trim the columns that are padding in every row of this micro-batch (leading prompt pads, response
-                # positions past the longest response); position ids follow the mask, so the kept logprobs are the
-                # numbers the full-width batch gives (as in ppo_rlhf.py).
-                first = int(inputs["attention_mask"][mb, :context_length].any(0).long().argmax())
-                width = int(sequence_lengths[mb].max()) + 1
-                new_logits = model(**{k: v[mb, first : context_length + width] for k, v in inputs.items()}, logits_to_keep=width + 1).logits
-                new_logprobs = response_logprobs(new_logits, responses[mb, :width], 1, args.temperature)
+                mb_list = list(range(args.per_device_batch_size))[mb]
+                mb_packed = pack([query_tokens[i] for i in mb_list], [response_tokens[i] for i in mb_list], tokenizer.pad_token_id, capacity)
+                new_logprobs = packed_logprobs(model, mb_packed, args.temperature)
+                width = new_logprobs.shape[1]  # the longest response of this micro-batch
                 pg_loss = remax_loss(new_logprobs, advantages[mb], padding_mask[mb, :width])
                 if not torch.isfinite(pg_loss):
                     raise RuntimeError(f"non-finite ReMax loss at update {update}: {pg_loss.item()}")

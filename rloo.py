@@ -478,6 +478,7 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
     return {"input_ids": query_responses.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+@torch.no_grad()
 def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
                      temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)

@@ -269,3 +269,17 @@ def test_packed_logprobs_and_sampler_logprobs_equal_each_sequence_alone(assets, 
         alone = _alone(model, q, r, 0.9)
         torch.testing.assert_close(together[i, : len(r)], alone, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logprobs[i, : len(r)], alone, atol=1e-4, rtol=1e-4)  # the sampler's own logprobs
+
+
+def test_remax_greedy_baseline_sampler_matches_generate(assets):
+    """ReMax's baseline: temperature 0 in the sampling loop is greedy decoding, token for token `model.generate`'s."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama").eval()
+    eos, pad = model.config.eos_token_id, 1
+    queries, qmask = remax.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad)
+    greedy, logprobs, _ = remax.sample_responses(model, queries, qmask, eos, pad, 12, 0.0)
+    with torch.no_grad():
+        ref = model.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=12, do_sample=False, pad_token_id=pad, eos_token_id=eos)
+    ref = remax.truncate_response(ref[:, queries.shape[1]:], eos, pad)
+    assert greedy.tolist() == ref[:, : greedy.shape[1]].tolist() and (ref[:, greedy.shape[1]:] == pad).all()
+    assert (logprobs <= 0).all()

@@ -6,7 +6,9 @@ Implementation Details of RLHF with PPO" (Huang et al. 2024, arXiv:2403.17031; b
 batch 64, one epoch over the 92,832 OpenAI preference pairs).
   * The sequence logprob log pi(y|x) is the sum of the response tokens' logprobs (EOS included) of the
     right-padded prompt + response + EOS, with position ids from the attention mask, so the side of the
-    padding never changes it (tests check left against right padding).
+    padding never changes it (tests check left against right padding). The forward passes run on packed pairs
+    (`--pack-pairs`, default; `pack_pairs`): no padding, and the prefix shared by chosen and rejected (the prompt)
+    computed once, the rest of rejected masked off from the rest of chosen; the logprobs equal the padded batch's.
   * The implicit reward is r(x, y) = beta * (log pi(y|x) - log pi_ref(y|x)); with h = the chosen-minus-rejected
     difference of log pi - log pi_ref, the losses (`--loss-type`) are
       sigmoid: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)   (DPO; eps = label smoothing is
@@ -136,6 +138,9 @@ class Args:
     """(sigmoid) probability eps that a preference label is flipped (conservative DPO); 0 is plain DPO"""
     precompute_ref_logprobs: bool = True
     """(offline) compute the reference logprobs of every pair once before training; else on the fly each step"""
+    pack_pairs: bool = True
+    """run the logprob forward passes on packed pairs: no padding, and the prefix the chosen and rejected sequences
+    share (the prompt) computed once; the logprobs equal the padded batch's. False: the right-padded batch"""
 
     # ---- online ----
     judge: Literal["rm", "gold"] = "rm"
@@ -464,9 +469,84 @@ def sequence_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: 
     return (logps * loss_mask[:, 1:]).sum(-1)
 
 
+def pack_pairs(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """A padding-free batch of preference pairs for one forward pass. Why: in a right-padded batch of prompt + response
+    rows about a quarter of the tokens are padding, and chosen and rejected repeat the same prompt, most of the tokens
+    in TL;DR; the matmuls, most of a step's time, scale with the tokens. A causal model computes the same hidden states
+    for a shared prefix whatever follows it, so each pair is laid out once as [common prefix, rest of chosen, rest of
+    rejected] (the prefix is the prompt plus any first response tokens both share, capped so both rests keep at least
+    one token). The rest of rejected sees the prefix and itself but not the chosen tokens, and its position ids
+    continue from the prefix, so every token sees exactly what it sees in its own padded row. Pairs are laid end to end
+    in rows of at most `capacity` tokens (first-fit, longest first; twice the longest sequence packed best on CPU: the
+    attention and mask cost grow with the row length). `allowed` (rows, W, W) says which key each query may attend to
+    (block-diagonal per pair, causal, rejected not seeing chosen). `rows`, `cols` (2N, C) locate the positions whose
+    logits predict each response token (C: the longest response), chosen sequences first, then rejected ones, as in
+    the padded batch; `targets` are those tokens and `mask` marks the real ones."""
+    n = len(items)
+    prompts = [it["prompt_ids"] for it in items]
+    chosen = [it["prompt_ids"] + it["chosen"] for it in items]
+    rejected = [it["prompt_ids"] + it["rejected"] for it in items]
+    shared = [min(next((k for k, (a, b) in enumerate(zip(c, r)) if a != b), min(len(c), len(r))), min(len(c), len(r)) - 1)
+              for c, r in zip(chosen, rejected)]
+    units = [len(c) + len(r) - s for c, r, s in zip(chosen, rejected, shared)]
+    capacity = max(2 * max(len(s) for s in chosen + rejected), max(units))
+    members, free = [], []
+    for i in sorted(range(n), key=lambda i: -units[i]):
+        row = next((r for r in range(len(members)) if free[r] >= units[i]), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= units[i]
+    width, C = capacity - min(free), max(len(it[k]) for it in items for k in ("chosen", "rejected"))
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    pair = torch.full((len(members), width), -1, dtype=torch.long)  # which pair of the row a token belongs to
+    part = torch.zeros((len(members), width), dtype=torch.long)  # 0: shared prefix or padding, 1: rest of chosen, 2: rest of rejected
+    rows, cols = torch.zeros((2 * n, C), dtype=torch.long), torch.zeros((2 * n, C), dtype=torch.long)
+    targets, mask = torch.full((2 * n, C), pad_id, dtype=torch.long), torch.zeros((2 * n, C), dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            c, rej, s, P = chosen[i], rejected[i], shared[i], len(prompts[i])
+            input_ids[r, offset : offset + units[i]] = torch.tensor(c + rej[s:])
+            position_ids[r, offset : offset + len(c)] = torch.arange(len(c))
+            position_ids[r, offset + len(c) : offset + units[i]] = torch.arange(s, len(rej))
+            pair[r, offset : offset + units[i]] = i
+            part[r, offset + s : offset + len(c)], part[r, offset + len(c) : offset + units[i]] = 1, 2
+            # token t of a sequence is predicted by the logits at token t - 1; rejected token t - 1 sits in the prefix
+            # while t - 1 < s, and after the whole chosen sequence from then on
+            before_c, before_r = torch.arange(P - 1, len(c) - 1), torch.arange(P - 1, len(rej) - 1)
+            rows[i, : len(before_c)], cols[i, : len(before_c)] = r, offset + before_c
+            rows[n + i, : len(before_r)] = r
+            cols[n + i, : len(before_r)] = torch.where(before_r < s, offset + before_r, offset + len(c) + before_r - s)
+            targets[i, : len(before_c)], mask[i, : len(before_c)] = torch.tensor(c[P:]), 1
+            targets[n + i, : len(before_r)], mask[n + i, : len(before_r)] = torch.tensor(rej[P:]), 1
+            offset += units[i]
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail sees only itself; it is never read
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = (pair[:, :, None] == pair[:, None, :]) & causal & ~((part[:, :, None] == 2) & (part[:, None, :] == 1))
+    return {"input_ids": input_ids, "position_ids": position_ids, "allowed": allowed, "rows": rows, "cols": cols,
+            "targets": targets, "mask": mask}
+
+
+def packed_logprobs(model, packed: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) sequence logprobs of a `pack_pairs` batch. The mask goes in as a 4D additive mask, which
+    transformers hands to the attention as is (eager and sdpa attention; flash-attention kernels take no such mask).
+    use_cache=False: no KV cache is needed here. Only the logits that predict response tokens go through log_softmax."""
+    dtype = next(model.parameters()).dtype
+    mask = torch.zeros(packed["allowed"].shape, dtype=dtype, device=packed["allowed"].device)
+    mask = mask.masked_fill(~packed["allowed"], torch.finfo(dtype).min)[:, None]
+    logits = model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"], use_cache=False).logits
+    logps = torch.gather(logits[packed["rows"], packed["cols"]].float().log_softmax(-1), 2, packed["targets"].unsqueeze(-1)).squeeze(-1)
+    return (logps * packed["mask"]).sum(-1).chunk(2)
+
+
 def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) sequence logprobs of a pair batch whose first half of rows are the chosen responses.
-    Position ids follow the attention mask, so the side of the padding does not change the result."""
+    """(chosen, rejected) sequence logprobs of a pair batch whose first half of rows are the chosen responses, or of
+    a `pack_pairs` batch. Position ids follow the attention mask, so the side of the padding does not change the result."""
+    if "allowed" in batch:
+        return packed_logprobs(model, batch)
     mask = batch["attention_mask"]
     position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
     logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=position_ids).logits
@@ -511,9 +591,16 @@ def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]
     return out
 
 
-def collate_pairs(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+def collate_pairs(items: list[dict], pad_id: int, pack: bool = False) -> dict[str, torch.Tensor]:
     """Chosen rows first, then rejected rows, right-padded (one forward pass for both); the loss mask marks
-    the response tokens and EOS. Cached reference logprobs travel with the pairs when present."""
+    the response tokens and EOS. With `pack`, the `pack_pairs` batch instead. Cached reference logprobs travel
+    with the pairs when present."""
+    if pack:
+        batch = pack_pairs(items, pad_id)
+        if "ref_chosen" in items[0]:
+            batch["ref_chosen"] = torch.tensor([it["ref_chosen"] for it in items])
+            batch["ref_rejected"] = torch.tensor([it["ref_rejected"] for it in items])
+        return batch
     seqs = [(it["prompt_ids"], it[key]) for key in ("chosen", "rejected") for it in items]
     width = max(len(p) + len(r) for p, r in seqs)
     input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -564,7 +651,7 @@ def cache_ref_logprobs(ref_policy, items: list[dict], pad_id: int, args: Args, a
     with accelerator.split_between_processes(list(range(len(items)))) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             idx = shard[start : start + args.per_device_eval_batch_size]
-            batch = {k: v.to(accelerator.device) for k, v in collate_pairs([items[i] for i in idx], pad_id).items()}
+            batch = {k: v.to(accelerator.device) for k, v in collate_pairs([items[i] for i in idx], pad_id, args.pack_pairs).items()}
             chosen, rejected = forward_logprobs(ref_policy, batch)
             out.extend(zip(idx, chosen.tolist(), rejected.tolist()))
     for i, c, r in gather_object(out):
@@ -575,8 +662,9 @@ def cache_ref_logprobs(ref_policy, items: list[dict], pad_id: int, args: Args, a
 def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dict], args: Args, device, version: int,
                  num_threads: int | None = None) -> dict:
     """Online DPO data for one step: two samples per prompt from `gen_policy`, truncated after EOS, scored by
-    the judge; the higher-scored one is `chosen`. Returns a pair batch with reference logprobs, which pairs
-    tie, the policy version that generated it, and rollout statistics. Runs in the generator thread with --async."""
+    the judge; the higher-scored one is `chosen`. Returns the pairs as token lists (the offline pairs' format) with
+    their reference logprobs, which pairs tie, the policy version that generated them, and rollout statistics. Runs
+    in the generator thread with --async."""
     if num_threads:  # a new thread starts with the default OpenMP pool; give it its share of the cores
         torch.set_num_threads(num_threads)
     t0 = time.time()
@@ -600,17 +688,16 @@ def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dic
     first_wins = scores[0::2] >= scores[1::2]
     chosen = torch.where(first_wins[:, None], responses[0::2], responses[1::2])
     rejected = torch.where(first_wins[:, None], responses[1::2], responses[0::2])
-    # prompt (left-padded) + response (right-padded): position ids from the attention mask handle both sides
-    seqs = torch.cat([torch.cat([queries[0::2], chosen], 1), torch.cat([queries[0::2], rejected], 1)], 0)
-    attention_mask = (seqs != pad).long()
-    loss_mask = attention_mask.clone()
-    loss_mask[:, : queries.shape[1]] = 0
-    batch = {"input_ids": seqs.masked_fill(seqs == pad, 0), "attention_mask": attention_mask, "loss_mask": loss_mask}
-    batch["ref_chosen"], batch["ref_rejected"] = forward_logprobs(ref_policy, batch)
+    # the pairs as token lists, pad tokens dropped (the padded forward masks them out), like the offline pairs
+    real = lambda t: t[t != pad].tolist()  # noqa: E731
+    pairs = [{"prompt_ids": real(queries[2 * i]), "chosen": real(chosen[i]), "rejected": real(rejected[i])} for i in range(len(rows))]
+    batch = {k: v.to(device) for k, v in collate_pairs(pairs, pad, args.pack_pairs).items()}
+    for it, ref_c, ref_r in zip(pairs, *forward_logprobs(ref_policy, batch)):
+        it["ref_chosen"], it["ref_rejected"] = ref_c.item(), ref_r.item()
     high, low = scores.view(-1, 2).max(1).values, scores.view(-1, 2).min(1).values
     stats = {"objective/reward": scores.mean(), "objective/score_margin": (high - low).mean(), "objective/tie_rate": (high == low).float().mean(),
              "objective/eos_rate": contain_eos.float().mean(), "objective/completion_length": (responses != pad).sum(1).float().mean()}
-    return {"batch": batch, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
+    return {"pairs": pairs, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
 
 
 @torch.no_grad()
@@ -620,7 +707,7 @@ def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Arg
     records = []
     with accelerator.split_between_processes(items) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
-            batch = {k: v.to(accelerator.device) for k, v in collate_pairs(shard[start : start + args.per_device_eval_batch_size], pad_id).items()}
+            batch = {k: v.to(accelerator.device) for k, v in collate_pairs(shard[start : start + args.per_device_eval_batch_size], pad_id, args.pack_pairs).items()}
             chosen, rejected = forward_logprobs(policy, batch)
             ref_c, ref_r = (batch["ref_chosen"], batch["ref_rejected"]) if "ref_chosen" in batch else forward_logprobs(ref_policy, batch)
             losses, rc, rr = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
@@ -743,7 +830,7 @@ def main(args: Args) -> dict:
         loader = torch.utils.data.DataLoader(list(range(len(train))), batch_size=step_pairs, shuffle=True, drop_last=True, generator=generator)
     else:
         loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
-                                             generator=generator, collate_fn=lambda b: collate_pairs(b, pad))
+                                             generator=generator, collate_fn=lambda b: collate_pairs(b, pad, args.pack_pairs))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
@@ -799,12 +886,11 @@ def main(args: Args) -> dict:
                 pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args,
                                           device, step - 1, gen_threads)
             micro = []
-            n_pairs = data["valid"].shape[0]
+            n_pairs = len(data["pairs"])
             for i in range(args.gradient_accumulation_steps):
-                sel = torch.arange(i, n_pairs, args.gradient_accumulation_steps, device=device)
-                both = torch.cat([sel, sel + n_pairs])
-                mb = {k: v[both] for k, v in data["batch"].items() if k not in ("ref_chosen", "ref_rejected")}
-                mb.update(ref_chosen=data["batch"]["ref_chosen"][sel], ref_rejected=data["batch"]["ref_rejected"][sel], valid=data["valid"][sel])
+                sel = list(range(i, n_pairs, args.gradient_accumulation_steps))
+                mb = {k: v.to(device) for k, v in collate_pairs([data["pairs"][j] for j in sel], pad, args.pack_pairs).items()}
+                mb["valid"] = data["valid"][sel]
                 micro.append(mb)
             stats = {k: v.item() for k, v in data["stats"].items()}
             stats.update({"async/policy_lag": (step - 1) - data["version"], "perf/generation_wait_sec": wait, "perf/generation_sec": data["gen_time"]})

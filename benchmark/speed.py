@@ -51,10 +51,12 @@ TRL_NAMES = {"rm": "RewardTrainer", "ppo": "PPOTrainer (trl 1.12)", "grpo": "GRP
 RATE_KIND = {"rm": "window", "ppo": "cumulative", "grpo": "window", "rloo": "cumulative", "dpo": "cumulative"}
 NOTES = {
     "rm": "same forward (chosen and rejected rows in one batch) and loss; TRL appends EOS to the text and tokenizes prompt+response as one string",
-    "ppo": "ours recomputes the policy logprobs with a forward pass after generation (N+ detail); TRL 1.12 takes them from generate's scores. "
-           "TRL's gradient accumulation spans the minibatches of an epoch (optimizer steps once per epoch here), ours steps per minibatch",
-    "grpo": "TRL: per_device_train_batch_size = one minibatch, steps_per_generation = minibatches per generation round",
-    "rloo": "one optimizer step per batch on both sides",
+    "ppo": "ours recomputes the policy logprobs with a forward pass after sampling (N+ detail; that pass gives the values too); TRL 1.12 takes "
+           "them from generate's scores. TRL's gradient accumulation spans the minibatches of an epoch (optimizer steps once per epoch "
+           "here), ours steps per minibatch",
+    "grpo": "TRL: per_device_train_batch_size = one minibatch, steps_per_generation = minibatches per generation round. Ours takes the "
+            "old policy's logprobs from its sampling loop (float32: equal to a forward pass to 1e-5, tested); TRL recomputes them",
+    "rloo": "one optimizer step per batch on both sides; ours keeps the sampler's logprobs (float32), TRL needs none (on-policy)",
     "dpo": "reference logprobs computed per step on both sides (ours: --no-precompute-ref-logprobs)",
 }
 TINY_TLDR_SFT = ("runs/sft_tiny-tldr__1/model", "runs/old/sft_tiny-tldr__1/model")
@@ -345,7 +347,7 @@ def trl_dpo(w: dict) -> dict:
     ref = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = DPOConfig(**_common_trainer_args(w, tmp), per_device_train_batch_size=w["batch"], max_steps=w["steps"], beta=w["beta"],
-                        max_length=w["max_prompt_length"] + w["max_response_length"], lr_scheduler_type="cosine", warmup_ratio=0.05,
+                        max_length=w["max_prompt_length"] + w["max_response_length"], lr_scheduler_type="cosine", warmup_steps=0.05,
                         adam_epsilon=1e-5, max_grad_norm=1.0, precompute_ref_log_probs=False)
         trainer = DPOTrainer(model=model, ref_model=ref, args=cfg, processing_class=tok, train_dataset=ds)
         out = timed_train(trainer)

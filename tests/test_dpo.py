@@ -125,6 +125,35 @@ def test_sequence_logprobs_do_not_depend_on_padding_side(assets):
     assert right["loss_mask"][len(items)].sum().item() == len(items[0]["rejected"])
 
 
+@pytest.mark.parametrize("model_name", ["tiny-neox", "tiny-llama"])
+def test_packed_pairs_give_the_padded_logprobs_loss_and_gradients(assets, model_name):
+    path = assets / "models" / model_name
+    tok = AutoTokenizer.from_pretrained(path)
+    policy, ref = AutoModelForCausalLM.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():  # a policy different from the reference, so the loss and rewards are not at their initial values
+        for p in policy.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    items = _pair_items(tok)
+    eos = tok.eos_token_id
+    # a fourth pair whose responses share their first tokens, and one where chosen is a prefix of rejected
+    items += [{"prompt_ids": items[1]["prompt_ids"], "chosen": items[0]["chosen"], "rejected": items[0]["chosen"][:2] + [eos]},
+              {"prompt_ids": items[2]["prompt_ids"], "chosen": [eos], "rejected": items[2]["rejected"]}]
+    padded, packed = dpo.collate_pairs(items, tok.pad_token_id), dpo.collate_pairs(items, tok.pad_token_id, pack=True)
+    assert packed["input_ids"].numel() < padded["input_ids"].numel()  # no padding, and each prompt once
+    results = []
+    for batch in (padded, packed):
+        policy.zero_grad()
+        chosen, rejected = dpo.forward_logprobs(policy, batch)
+        with torch.no_grad():
+            ref_c, ref_r = dpo.forward_logprobs(ref, batch)
+        losses, r_c, r_r = dpo.dpo_loss(chosen, rejected, ref_c, ref_r, 0.1, "sigmoid")
+        losses.mean().backward()
+        results.append((chosen.detach(), rejected.detach(), ref_c, ref_r, losses.detach(), r_c, r_r,
+                        torch.cat([p.grad.flatten() for p in policy.parameters()])))
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
 def test_sequence_logprobs_by_hand():
     # vocabulary of 2; logits at position t predict token t+1; only positions with loss_mask = 1 count
     logits = torch.log(torch.tensor([[[0.5, 0.5], [0.2, 0.8], [0.9, 0.1], [0.5, 0.5]]]))
@@ -147,18 +176,18 @@ def test_online_pairs_put_the_higher_gold_score_first(assets):
     rows = [{"prompt_ids": it["prompt_ids"], "facts": ["dog", "phone", "angry"]} for it in _pair_items(tok)] * 4
     args = dpo.Args(mode="online", judge="gold", response_length=12, temperature=1.0, non_eos_penalty=False)
     data = dpo.sample_pairs(policy, ref, None, tok, rows, args, torch.device("cpu"), version=3)
-    b, n = data["batch"], len(rows)
-    assert data["version"] == 3 and b["input_ids"].shape[0] == 2 * n
-    prompt_len = max(len(r["prompt_ids"]) for r in rows)
-    texts = tok.batch_decode(b["input_ids"][:, prompt_len:] * b["loss_mask"][:, prompt_len:], skip_special_tokens=True)
-    gold = [dpo.gold_judge(t, ["dog", "phone", "angry"]) for t in texts]
-    for i in range(n):
-        assert gold[i] >= gold[n + i]
-        assert bool(data["valid"][i]) == (gold[i] != gold[n + i])
-    # the reference logprobs that come with the batch are the reference model's
+    pairs = data["pairs"]
+    assert data["version"] == 3 and len(pairs) == len(rows)
+    for i, pair in enumerate(pairs):
+        assert pair["prompt_ids"] == rows[i]["prompt_ids"]
+        gold_c, gold_r = (dpo.gold_judge(tok.decode(pair[k], skip_special_tokens=True), ["dog", "phone", "angry"]) for k in ("chosen", "rejected"))
+        assert gold_c >= gold_r
+        assert bool(data["valid"][i]) == (gold_c != gold_r)
+    # the reference logprobs that come with the pairs are the reference model's on the padded batch
     with torch.no_grad():
-        ref_c, _ = dpo.forward_logprobs(ref, b)
-    torch.testing.assert_close(b["ref_chosen"], ref_c)
+        ref_c, ref_r = dpo.forward_logprobs(ref, dpo.collate_pairs(pairs, tok.pad_token_id, pack=False))
+    torch.testing.assert_close(torch.tensor([p["ref_chosen"] for p in pairs]), ref_c, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(torch.tensor([p["ref_rejected"] for p in pairs]), ref_r, atol=1e-4, rtol=1e-5)
 
 
 # ---- end to end: a few steps on the tiny world ----

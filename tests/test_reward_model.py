@@ -55,6 +55,33 @@ def test_reward_is_identical_under_left_and_right_padding(assets, model_name):
         torch.testing.assert_close(rm.outcome_reward(model, right, mask_right), r_right + 0.25)
 
 
+@pytest.mark.parametrize("model_name", ["tiny-neox", "tiny-llama"])
+def test_packed_pairs_give_the_padded_rewards_loss_and_gradients(assets, model_name):
+    model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / model_name, num_labels=1, local_files_only=True)
+    torch.nn.init.normal_(model.score.weight, generator=torch.Generator().manual_seed(0), std=0.5)
+    model.config.reward_bias = 0.25
+    # pairs of different lengths: a shared prompt, responses sharing their first tokens, chosen a prefix of rejected,
+    # no common prefix at all, and identical sequences (the reward is still read at each one's last token)
+    pairs = [([5, 9, 23, 40, 7, 0], [5, 9, 23, 41, 0]), ([7, 8, 0], [7, 8, 12, 13, 14, 15, 0]), ([3, 4, 5, 6, 0], [9, 9, 0]),
+             ([11, 12, 13, 0], [11, 12, 13, 0])]
+    batch = [{"chosen": c, "rejected": r, "margin": m} for (c, r), m in zip(pairs, [0.0, 0.5, 0.0, 1.0])]
+    args = rm.Args(center_rewards_coef=0.01)
+    padded, packed = rm.collate(batch, 1, "outcome"), rm.collate(batch, 1, "outcome", pack=True)
+    assert packed["input_ids"].numel() < padded["input_ids"].numel()  # no padding, and each common prefix once
+    results = []
+    for b in (padded, packed):
+        model.zero_grad()
+        loss, out = rm.compute_loss(model, b, args)
+        loss.backward()
+        results.append((loss.detach(), out["r_chosen"], out["r_rejected"], torch.cat([p.grad.flatten() for p in model.parameters()])))
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+    # and the rewards are those of each sequence scored alone, as a consumer scores them
+    with torch.no_grad():
+        alone = [rm.outcome_reward(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in [c for c, _ in pairs] + [r for _, r in pairs]]
+    torch.testing.assert_close(torch.cat([results[1][1], results[1][2]]), torch.stack(alone), atol=1e-5, rtol=1e-5)
+
+
 def test_step_tokenization_puts_labels_on_separators(assets):
     tok = AutoTokenizer.from_pretrained(assets / "tokenizer")
     args = rm.Args(objective="process", prompt_template="{prompt}")

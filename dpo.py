@@ -789,6 +789,9 @@ def main(args: Args) -> dict:
                          "the EOS would be masked out as padding (N+ detail)")
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
     ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
+    if args.pack_pairs and policy.config._attn_implementation not in ("eager", "sdpa"):
+        raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {policy.config._attn_implementation} attention does not "
+                         "take; pass --no-pack-pairs (or use sdpa / eager attention)")
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     reward_model = None
     if args.reward_model_path and (args.judge == "rm" or not online):

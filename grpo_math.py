@@ -37,6 +37,11 @@ use the sampling temperature; dropout is off. With several processes (accelerate
 questions and every group stays on one process, so group statistics need no communication; DAPO's token count is
 summed over processes so that its normalisation is global.
 
+Speed (benchmark/speed.py against TRL's GRPOTrainer on the same work): sampling is a hand-written loop over the KV
+cache in which a finished completion leaves the batch, and it keeps each sampled token's logprob, which in float32 is
+the old policy's (`--sampler-logprobs`: no extra forward pass); every forward pass runs on packed sequences (`pack`:
+several prompt + completion sequences per row, no padding, a block-diagonal causal mask from the position ids).
+
 Usage:
     python -m benchmark.assets && python sft.py tiny-math      # the tiny world and the SFT starting policy
     python grpo_math.py tiny                                   # CPU, about 4 minutes with 2 threads
@@ -651,6 +656,21 @@ def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, ca
     return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets, "mask": mask}
 
 
+def check_packing(model) -> None:
+    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
+    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
+    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                         use_cache=False).logits[0, 3:].float()
+        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
+    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+        raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
+                         "from the position ids (a packed row differs from its sequences alone by "
+                         f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash attention")
+
+
 def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
     (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids."""
@@ -933,6 +953,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
     model, optimizer = accelerator.prepare(policy, optimizer)
     unwrapped = accelerator.unwrap_model(model)
+    check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
     vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
     use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else not args.use_vllm and args.dtype == "float32"

@@ -11,7 +11,8 @@ Four models: the policy (from the SFT model), the value model (from the reward m
 reference policy (the SFT model) and the reward model. One update:
   1. Rollout. Left-padded queries; sample `response_length` tokens at `temperature`. Logprobs are recomputed
      with a forward pass (not taken from `generate`), with the logits divided by the same temperature, so that
-     rollout and training logprobs agree (N+ detail). Responses are truncated after the first EOS (or stop token).
+     rollout and training logprobs agree (N+ detail); in float32, where our sampling loop's logprobs equal the
+     forward pass's to 1e-5 (tested), they are kept from the sampler (`--sampler-logprobs`). Responses are truncated after the first EOS (or stop token).
   2. Reward. score = reward model at the last non-pad token of query + truncated response; responses without
      EOS get `penalty_reward_value` instead (N+: -1). Per-token reward: `-kl_coef * (logp - ref_logp)` on every
      response token, plus the score at the EOS position. Values are masked from one position after EOS.
@@ -21,6 +22,10 @@ reference policy (the SFT model) and the reward model. One update:
 
 N+ hyperparameters (Pythia 1B/2.8B/6.9B, TL;DR): lr 3e-6, 1M episodes, batch 512, 4 PPO epochs, clip 0.2,
 vf_coef 0.1, kl_coef 0.05, gamma 1, lambda 0.95, response length 53, temperature 0.7, penalty -1 without EOS.
+
+Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch, and the
+forward passes run on packed query + response sequences (`pack`: several per row, no padding, a block-diagonal
+causal mask from the position ids), with the LM and value heads on the response positions only.
 
 Usage:
     python ppo_rlhf.py tiny-tldr          # after `python -m benchmark.run tiny-tldr` (SFT and reward model)
@@ -85,6 +90,10 @@ class Args:
     """allow custom modelling code from the hub; off unless you trust the repository"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of all four models"""
+    sampler_logprobs: bool | None = None
+    """keep the rollout logprobs of the sampling loop instead of a forward pass after sampling; default: on in float32
+    (the two agree to 1e-5), off in half precision, where the KV-cache and full-sequence kernels differ enough to move
+    the first ratio off 1 (the N+ reason to recompute them)"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -569,12 +578,14 @@ class PolicyAndValue(nn.Module):
         super().__init__()
         self.policy, self.value_model = policy, value_model
 
-    def forward(self, input_ids, position_ids, rows, cols):
-        """Logits and values at the positions (rows, cols) of a `pack`ed batch. The LM head and the value head run on
-        those positions only (the response), not on the prompts; both bodies run on every token."""
-        policy_body = getattr(self.policy, self.policy.base_model_prefix)
-        hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-        logits = self.policy.get_output_embeddings()(hidden[rows, cols])
+    def forward(self, input_ids, position_ids, rows, cols, with_policy: bool = True):
+        """Logits (None without the policy) and values at the positions (rows, cols) of a `pack`ed batch. The LM head
+        and the value head run on those positions only (the response), not on the prompts; the bodies on every token."""
+        logits = None
+        if with_policy:
+            policy_body = getattr(self.policy, self.policy.base_model_prefix)
+            hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
+            logits = self.policy.get_output_embeddings()(hidden[rows, cols])
         value_body = getattr(self.value_model, self.value_model.base_model_prefix)
         hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         return logits, self.value_model.score(hidden[rows, cols]).squeeze(-1)
@@ -590,22 +601,25 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
 
 @torch.no_grad()
 def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
-                     temperature: float) -> torch.Tensor:
-    """Sampled responses (B, T), PAD after each one's first EOS (T: the steps decoded, at most max_new_tokens), by plain
-    sampling from softmax(logits / T), no top-k / top-p. A hand-written loop over the model's KV cache rather than
-    `model.generate`: a finished response leaves the batch (its rows are dropped from the cache), so the batch shrinks
-    instead of decoding padding until the longest response ends. Its logprobs are not used: N+ recomputes them with a
-    forward pass (the rollout forward pass is needed for the values anyway)."""
+                     temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)
+    at every sampled token (T: the steps decoded, at most max_new_tokens). Plain sampling, no top-k / top-p. A
+    hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
+    rows are dropped from the cache), so the batch shrinks instead of decoding padding until the longest response
+    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs)."""
     B, device = len(queries), queries.device
     cache = DynamicCache()
     position = (qmask.cumsum(1) - 1).clamp(min=0)
     logits = model(input_ids=queries, attention_mask=qmask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
     tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
     steps = max_new_tokens
     for t in range(max_new_tokens):
-        token = torch.multinomial((logits.float() / (temperature + 1e-7)).softmax(-1), 1).squeeze(1)
-        tokens[alive, t] = token
+        logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
+        token = torch.multinomial(logp.exp(), 1).squeeze(1)
+        tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+        entropy[alive, t] = -(logp.exp() * logp).sum(-1)
         keep = (token != eos_id).nonzero().squeeze(1)
         if len(keep) < len(alive):
             if len(keep) == 0:
@@ -616,7 +630,7 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
         if t + 1 < max_new_tokens:
             mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
             logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
-    return tokens[:, :steps]
+    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
 def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
@@ -654,6 +668,21 @@ def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capa
             offset += n
         position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
     return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
+
+
+def check_packing(model) -> None:
+    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
+    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
+    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                         use_cache=False).logits[0, 3:].float()
+        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
+    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+        raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
+                         "from the position ids (a packed row differs from its sequences alone by "
+                         f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash attention")
 
 
 def response_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -873,6 +902,8 @@ def main(args: Args) -> dict:
 
     iterator = batches()
     unwrapped = accelerator.unwrap_model(model)
+    check_packing(unwrapped.policy)
+    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else args.dtype == "float32"
     metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
     logger.log(metrics, 0, 0)
     accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
@@ -892,8 +923,8 @@ def main(args: Args) -> dict:
             queries, qmask = queries.to(device), qmask.to(device)
             # When every sample stops early, fewer than response_length columns come back; they are kept as they are
             # (not padded back to the full length), so no tensor below spends time on all-pad columns.
-            responses = sample_responses(unwrapped.policy, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                                         args.response_length, args.temperature)
+            responses, sampled_logprobs, sampled_entropy = sample_responses(unwrapped.policy, queries, qmask, tokenizer.eos_token_id,
+                                                                             tokenizer.pad_token_id, args.response_length, args.temperature)
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
             if (sequence_lengths < 0).any():
@@ -907,13 +938,14 @@ def main(args: Args) -> dict:
             packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity).items()}
             R, C = responses.shape[1], packed["targets"].shape[1] - 1
             width = min(R, C + 1)  # the longest response, and one more column for the value after EOS when there is room
-            logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "rows", "cols")})
-            logprobs, values, entropy, ref_logprobs = (torch.zeros(responses.shape, device=device) for _ in range(4))
-            logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
+            logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "rows", "cols")}, with_policy=not use_sampler_logprobs)
+            logprobs, values, entropy, ref_logprobs = sampled_logprobs, torch.zeros_like(sampled_logprobs), sampled_entropy, torch.zeros_like(sampled_logprobs)
             values[:, :width] = packed_values[:, :width].float()
-            probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
-            entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
-            del logits, probs_logits
+            if not use_sampler_logprobs:
+                logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
+                probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
+                entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
+                del logits, probs_logits
             ref_logits = ref_policy(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits
             ref_logprobs[:, :width] = response_logprobs(ref_logits[packed["rows"], packed["cols"]], packed["targets"], args.temperature)[:, :width]
             del ref_logits

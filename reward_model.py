@@ -683,6 +683,9 @@ def main(args: Args) -> dict:
         local_files_only=local, dtype=getattr(torch, args.dtype))
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         model.resize_token_embeddings(len(tokenizer))
+    if args.pack_pairs and model.config._attn_implementation not in ("eager", "sdpa"):
+        raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {model.config._attn_implementation} attention does not "
+                         "take; pass --no-pack-pairs (or use sdpa / eager attention)")
     model.config.pad_token_id = tokenizer.pad_token_id
     # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero
     torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))

@@ -25,6 +25,10 @@ dropout off. The reward is a learned reward model (TL;DR) or the verifiable math
 right, else 0). Evaluation: greedy responses, gold judge and win rate (tiny-tldr) or answer accuracy (math), before
 the first update and after the last.
 
+Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch (it also keeps
+the sampled tokens' logprobs, `--sampler-logprobs`), and the forward passes run on packed query + response
+sequences (`pack`: several per row, no padding, a block-diagonal causal mask from the position ids).
+
 Usage:
     python -m benchmark.assets && python -m benchmark.run tiny      # tiny world, SFT and reward models
     python rloo.py tiny-math
@@ -548,6 +552,21 @@ def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capa
     return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
 
 
+def check_packing(model) -> None:
+    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
+    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
+    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                         use_cache=False).logits[0, 3:].float()
+        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
+    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+        raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
+                         "from the position ids (a packed row differs from its sequences alone by "
+                         f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash attention")
+
+
 def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
     """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail). use_cache=False:
     with a cache, transformers would not read the packing from the position ids."""
@@ -778,6 +797,7 @@ def main(args: Args) -> dict:
 
     iterator = batches()
     unwrapped = accelerator.unwrap_model(model)
+    check_packing(unwrapped)
     metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
     logger.log(metrics, 0, 0)
     accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

@@ -532,3 +532,19 @@ def test_two_processes(assets, tmp_path):
     initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama")
     moved = [not torch.equal(a, b) for a, b in zip(model.state_dict().values(), initial.state_dict().values())]
     assert any(moved), "the weights did not move"
+
+
+def test_check_packing_fails_for_a_model_that_ignores_position_ids(tiny):
+    _, model, _ = tiny
+    grpo.check_packing(model)  # a transformers model reads the packing from the position ids
+
+    class IgnoresPositions(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids, position_ids=None, use_cache=False):
+            return self.inner(input_ids=input_ids, use_cache=False)  # every token sees the whole row
+
+    with pytest.raises(SystemExit, match="does not read packed sequences"):
+        grpo.check_packing(IgnoresPositions(model))

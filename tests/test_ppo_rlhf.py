@@ -169,7 +169,7 @@ def test_packed_logprobs_and_values_equal_each_sequence_alone(assets, arch):
     eos, pad = policy.config.eos_token_id, 1
     queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     queries_t, qmask = ppo.left_pad(queries, pad)
-    responses = ppo.sample_responses(policy, queries_t, qmask, eos, pad, 10, temperature=1.0)
+    responses, sampled_logprobs, _ = ppo.sample_responses(policy, queries_t, qmask, eos, pad, 10, temperature=0.7)
     lists = [row[: row.index(eos) + 1] if eos in row else row for row in responses.tolist()]
     packed = ppo.pack(queries, lists, pad, capacity=64)
     assert len(packed["input_ids"]) == 1 and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
@@ -183,4 +183,5 @@ def test_packed_logprobs_and_values_equal_each_sequence_alone(assets, arch):
             body = getattr(value_model, value_model.base_model_prefix)
             alone_values = value_model.score(body(input_ids=ids).last_hidden_state)[0, len(q) - 1 :, 0]  # up to the last token
             torch.testing.assert_close(logprobs[i, : len(r)], alone_lp, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(sampled_logprobs[i, : len(r)], alone_lp, atol=1e-4, rtol=1e-4)  # --sampler-logprobs
             torch.testing.assert_close(values[i, : len(r) + 1], alone_values, atol=1e-5, rtol=1e-5)

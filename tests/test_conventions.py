@@ -11,6 +11,10 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for p in REPO.glob("*.py") if p.name not in ("setup.py", "conftest.py"))
 LOCAL = {p.stem for p in SCRIPTS} | {"benchmark", "tests"}
 COPIED = ["gold_judge", "extract_gsm8k_answer", "extract_boxed_answer", "numbers_equal", "TLDR_FACT_WORDS", "TLDR_MAX_WORDS"]
+# helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler or PPO's pack
+# with the value column, are not listed)
+BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax", "ppo_rlhf"], "sample_responses": ["rloo", "ppo_rlhf"],
+                   "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"]}
 
 
 def _definitions(path: Path) -> dict[str, str]:
@@ -67,6 +71,13 @@ def test_copied_helpers_match_the_canonical_ones(script):
     for name in COPIED:
         if name in mine:
             assert mine[name] == canonical[name], f"{script.name}: {name} drifted from benchmark/tiny_world.py"
+
+
+@pytest.mark.parametrize("name", sorted(BETWEEN_SCRIPTS))
+def test_helpers_copied_between_scripts_agree(name):
+    copies = {script: _definitions(REPO / f"{script}.py").get(name) for script in BETWEEN_SCRIPTS[name]}
+    assert all(copies.values()), f"{name} missing from {[k for k, v in copies.items() if not v]}"
+    assert len(set(copies.values())) == 1, f"the copies of {name} differ between {list(copies)}"
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

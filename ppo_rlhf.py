@@ -24,8 +24,8 @@ N+ hyperparameters (Pythia 1B/2.8B/6.9B, TL;DR): lr 3e-6, 1M episodes, batch 512
 vf_coef 0.1, kl_coef 0.05, gamma 1, lambda 0.95, response length 53, temperature 0.7, penalty -1 without EOS.
 
 Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch, and the
-forward passes run on packed query + response sequences (`pack`: several per row, no padding, a block-diagonal
-causal mask from the position ids), with the LM and value heads on the response positions only.
+forward passes run on packed query + response sequences (`pack`: all in one row, no padding; `packed_sdpa_attention`
+attends within each sequence), with the LM and value heads on the response positions only.
 
 Usage:
     python ppo_rlhf.py tiny-tldr          # after `python -m benchmark.run tiny-tldr` (SFT and reward model)
@@ -35,12 +35,15 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import json
 import os
 import re
 import resource
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +52,13 @@ from urllib.parse import urlparse
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
+from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -578,17 +582,23 @@ class PolicyAndValue(nn.Module):
         super().__init__()
         self.policy, self.value_model = policy, value_model
 
-    def forward(self, input_ids, position_ids, rows, cols, with_policy: bool = True):
-        """Logits (None without the policy) and values at the positions (rows, cols) of a `pack`ed batch. The LM head
-        and the value head run on those positions only (the response), not on the prompts; the bodies on every token."""
+    def forward(self, input_ids, position_ids, index, with_policy: bool = True):
+        """Logits (None without the policy) and values at the positions `index` of a `pack`ed row. The LM head and the
+        value head run on those positions only (the response), not on the prompts; the bodies on every token."""
         logits = None
         if with_policy:
             policy_body = getattr(self.policy, self.policy.base_model_prefix)
             hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-            logits = self.policy.get_output_embeddings()(hidden[rows, cols])
+            logits = self.policy.get_output_embeddings()(hidden[0, index])
         value_body = getattr(self.value_model, self.value_model.base_model_prefix)
         hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-        return logits, self.value_model.score(hidden[rows, cols]).squeeze(-1)
+        return logits, self.value_model.score(hidden[0, index]).squeeze(-1)
+
+
+def packed_hidden(model, packed: dict) -> torch.Tensor:
+    """Last hidden states (T, hidden) of a frozen model's body on a `pack`ed row; its heads then run where needed."""
+    body = getattr(model, model.base_model_prefix)
+    return body(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).last_hidden_state[0]
 
 
 def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
@@ -633,52 +643,107 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
-def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
-    """A padding-free batch for the forward passes. Each query + response is laid end to end with others in rows of
-    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
-    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
-    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: prompts and
-    responses vary in length, so a padded batch is a quarter to a third padding, and the matmuls, most of a PPO update,
-    scale with the tokens. `rows`, `cols` (N, C + 1) index, for a response of c tokens, the c positions whose logits
-    predict them and then its last token, whose value N+ still trains (C: the longest response); `targets` are the
-    response tokens."""
-    seqs = [q + r for q, r in zip(queries, responses)]
-    capacity = max(capacity, max(len(s) for s in seqs))
-    members, free = [], []
-    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
-        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= len(seqs[i])
-    width, C = capacity - min(free), max(len(r) for r in responses)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    rows, cols = torch.zeros((len(seqs), C + 1), dtype=torch.long), torch.zeros((len(seqs), C + 1), dtype=torch.long)
-    targets = torch.full((len(seqs), C + 1), pad_id, dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            n, q, c = len(seqs[i]), len(queries[i]), len(responses[i])
-            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
-            position_ids[r, offset : offset + n] = torch.arange(n)
-            rows[i, : c + 1], cols[i, : c + 1] = r, torch.arange(offset + q - 1, offset + q + c)  # position t predicts token t + 1
-            targets[i, :c] = torch.tensor(responses[i])
-            offset += n
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
-    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
+def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None, **kwargs):
+    """Padding-free attention over a `pack`ed row, registered with transformers below as the attention implementation
+    "packed_sdpa". query (1, heads, T, head_dim) and key / value (1, kv_heads, T, head_dim) hold sequences laid end to
+    end, each starting at position id 0. Each sequence is gathered into its own row of a (sequences, heads, L,
+    head_dim) batch (L: the longest), attended causally by PyTorch's SDPA and scattered back into the packed row. Why:
+    the linear layers, most of the compute, then run on real tokens only, and attention costs the sum of L^2 over the
+    sequences, not T^2 for a block-diagonal mask over the whole row (flash-attention does the same from the position
+    ids, as variable-length sequences; this is that for SDPA, which has no variable-length kernel). transformers
+    builds no mask for a custom implementation, so left-padded batches (sampling, `generate`) switch back to SDPA
+    with `padded_attention`."""
+    T = query.shape[2]
+    if position_ids is None or query.shape[0] != 1 or position_ids.numel() != T or key.shape[2] != T:
+        raise RuntimeError(f"packed_sdpa attention takes one packed row, without KV cache, with the position ids passed to the "
+                           f"attention layer ({type(module).__name__} got otherwise); padded batches run under `padded_attention`")
+    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        raise RuntimeError(f"{type(module).__name__} needs attention logit softcapping or a position bias, which packed_sdpa "
+                           "does not implement; use flash attention")
+    pos = position_ids.reshape(-1)
+    starts = (pos == 0).nonzero().squeeze(1)
+    if len(starts) == 0 or starts[0] != 0:
+        raise RuntimeError("packed_sdpa attention: a packed row must start a sequence (position id 0) at its first token")
+    lengths = torch.diff(starts, append=starts.new_tensor([T]))
+    L = int(lengths.max())
+    window = kwargs.get("sliding_window")
+    if window is not None and window < L:
+        raise RuntimeError(f"{type(module).__name__} attends within a sliding window of {window} < {L} tokens, which "
+                           "packed_sdpa does not implement; use flash attention")
+    steps = torch.arange(L, device=pos.device)
+    valid = steps[None, :] < lengths[:, None]  # (sequences, L): the real tokens of each gathered sequence
+    gather = (starts[:, None] + steps[None, :]).clamp(max=T - 1)  # past a sequence's end: tokens of the next, masked
+
+    def by_sequence(x):  # (1, heads, T, D) -> (sequences, heads, L, D)
+        return x[0].transpose(0, 1)[gather].transpose(1, 2)
+
+    # causal within each gathered row: a real token sees only its own sequence's earlier tokens (the gathered tokens
+    # after its end come later, so they are never seen; their outputs are dropped)
+    out = F.scaled_dot_product_attention(by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, scale=scaling,
+                                         dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2)[valid][None], None  # (1, T, heads, D), as transformers' attention functions return
+
+
+AttentionInterface.register("packed_sdpa", packed_sdpa_attention)
+
+
+def use_packed_attention(model):
+    """Every forward pass on `pack`ed rows goes through packed_sdpa (an SDPA model) or flash-attention, which reads
+    packed sequences from the position ids itself; any other implementation keeps its block-diagonal mask."""
+    if model is not None and model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation("packed_sdpa")
+    return model
+
+
+@contextlib.contextmanager
+def padded_attention(*models):
+    """Back to SDPA (masks from the attention mask) while sampling or `generate` run on left-padded batches."""
+    switched = [m for m in models if m is not None and m.config._attn_implementation == "packed_sdpa"]
+    for m in switched:
+        m.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_attn_implementation("packed_sdpa")
+
+
+def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> dict:
+    """A padding-free batch for the forward passes: every query + response laid end to end in one row, position ids
+    restarting at 0 for every sequence and no attention mask (see `packed_sdpa_attention`). Why: prompts and responses
+    vary in length, so a padded batch is a quarter to a third padding, and the matmuls, most of a PPO update, scale
+    with the tokens. `index` (N, C + 1) holds, for a response of c tokens, the c positions whose logits predict them and
+    then its last token, whose value N+ still trains, and the reward model reads (C: the longest response; entries past
+    c repeat the last token and are masked out); `targets` are the response tokens; `last` the position of each
+    sequence's last token."""
+    C = max(len(r) for r in responses)
+    index = torch.zeros((len(queries), C + 1), dtype=torch.long)
+    targets = torch.full((len(queries), C + 1), pad_id, dtype=torch.long)
+    ids, positions, offset = [], [], 0
+    for i, (q, r) in enumerate(zip(queries, responses)):
+        n, c = len(q) + len(r), len(r)
+        ids += q + r
+        positions += range(n)
+        index[i] = torch.arange(offset + len(q) - 1, offset + len(q) + C).clamp(max=offset + n - 1)  # position t predicts token t + 1
+        targets[i, :c] = torch.tensor(r)
+        offset += n
+    return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([positions]), "index": index, "targets": targets,
+            "last": index[torch.arange(len(responses)), torch.tensor([len(r) for r in responses])]}
 
 
 def check_packing(model) -> None:
-    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
-    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
-    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
+    """Packing relies on the attention reading sequence boundaries from the position ids (packed_sdpa and flash-attention
+    do; transformers' eager attention builds a block-diagonal mask from them); with a model whose attention ignores
+    them, packed sequences would see each other and every number would be silently wrong, so fail instead: two
+    sequences in one row must score as each alone in a padded batch."""
     device = next(model.parameters()).device
     with torch.no_grad():
         together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                         use_cache=False).logits[0, 3:].float()
-        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
+                         use_cache=False).logits[0].float()
+        with padded_attention(model):
+            alone = model(input_ids=torch.tensor([[5, 6, 7], [8, 9, 0]], device=device), attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]], device=device),
+                          use_cache=False).logits.float()
+    alone = torch.cat([alone[0], alone[1, :2]])
     if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
         raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
                          "from the position ids (a packed row differs from its sequences alone by "
@@ -788,13 +853,14 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
             batch = shard[start : start + args.per_device_eval_batch_size]
             queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
             queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
-                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
-            responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
-            scores = [None] * len(batch)
-            if reward_model is not None:
-                scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
-                                                         if k != "position_ids"}).tolist()
+            with padded_attention(policy, reward_model):
+                out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+                scores = [None] * len(batch)
+                if reward_model is not None:
+                    scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
+                                                             if k != "position_ids"}).tolist()
             for r, resp, score in zip(batch, responses, scores):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
                 rec = {"score": score, "length": int((resp != tokenizer.pad_token_id).sum()), "eos": bool((resp == tokenizer.eos_token_id).any())}
@@ -881,6 +947,8 @@ def main(args: Args) -> dict:
     value_model.config.pad_token_id = tokenizer.pad_token_id
     for m in (policy, ref_policy):
         m.generation_config.pad_token_id = tokenizer.pad_token_id
+    for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows (`pack`)
+        use_packed_attention(m)
 
     # ---- data ----
     train_rows = prepare_prompts(load_split(args.dataset_name_or_path, args.train_split, args.dataset_config), tokenizer, args, args.train_split)
@@ -890,7 +958,8 @@ def main(args: Args) -> dict:
                                          drop_last=True, generator=torch.Generator().manual_seed(args.seed))
 
     model = PolicyAndValue(policy, value_model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=device.type in ("cpu", "cuda"))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     ref_policy, reward_model, prm = (m.to(device) if m is not None else None for m in (ref_policy, reward_model, prm))
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
@@ -902,6 +971,10 @@ def main(args: Args) -> dict:
 
     iterator = batches()
     unwrapped = accelerator.unwrap_model(model)
+    # On CPU, tensors live in the C library's heap. Packed batches differ in length every time, so glibc's heap
+    # fragments as activations come and go, and resident memory creeps up by a third over a short run; handing its
+    # free pages back to the OS before each phase keeps the peak at what one phase needs.
+    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if device.type == "cpu" and sys.platform.startswith("linux") else None
     check_packing(unwrapped.policy)
     use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else args.dtype == "float32"
     metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
@@ -915,6 +988,8 @@ def main(args: Args) -> dict:
                 group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
         kl_coef = kl_ctl.value if kl_ctl else args.kl_coef
         indices = next(iterator).tolist()
+        if malloc_trim:
+            malloc_trim(0)
         rows = [train_rows[i] for i in indices]
 
         # ---- 1. rollout: sample; then (step 2) recompute logprobs, reference logprobs and values with forward passes ----
@@ -923,22 +998,22 @@ def main(args: Args) -> dict:
             queries, qmask = queries.to(device), qmask.to(device)
             # When every sample stops early, fewer than response_length columns come back; they are kept as they are
             # (not padded back to the full length), so no tensor below spends time on all-pad columns.
-            responses, sampled_logprobs, sampled_entropy = sample_responses(unwrapped.policy, queries, qmask, tokenizer.eos_token_id,
-                                                                             tokenizer.pad_token_id, args.response_length, args.temperature)
+            with padded_attention(unwrapped.policy):
+                responses, sampled_logprobs, sampled_entropy = sample_responses(unwrapped.policy, queries, qmask, tokenizer.eos_token_id,
+                                                                                 tokenizer.pad_token_id, args.response_length, args.temperature)
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
             if (sequence_lengths < 0).any():
                 raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
 
-            # ---- 2. forward passes on `pack`ed query + response token lists (no padding), then the reward: score the
-            # truncated response, penalise responses that never end ----
+            # ---- 2. forward passes on the `pack`ed query + truncated response token lists (no padding), then the
+            # reward: score the truncated response, penalise responses that never end ----
             query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
             response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
-            capacity = args.max_prompt_length + args.response_length
-            packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity).items()}
+            packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id).items()}
             R, C = responses.shape[1], packed["targets"].shape[1] - 1
             width = min(R, C + 1)  # the longest response, and one more column for the value after EOS when there is room
-            logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "rows", "cols")}, with_policy=not use_sampler_logprobs)
+            logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=not use_sampler_logprobs)
             logprobs, values, entropy, ref_logprobs = sampled_logprobs, torch.zeros_like(sampled_logprobs), sampled_entropy, torch.zeros_like(sampled_logprobs)
             values[:, :width] = packed_values[:, :width].float()
             if not use_sampler_logprobs:
@@ -946,13 +1021,13 @@ def main(args: Args) -> dict:
                 probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
                 entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
                 del logits, probs_logits
-            ref_logits = ref_policy(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).logits
-            ref_logprobs[:, :width] = response_logprobs(ref_logits[packed["rows"], packed["cols"]], packed["targets"], args.temperature)[:, :width]
+            ref_logits = ref_policy.get_output_embeddings()(packed_hidden(ref_policy, packed)[packed["index"]])
+            ref_logprobs[:, :width] = response_logprobs(ref_logits, packed["targets"], args.temperature)[:, :width]
             del ref_logits
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
-            if args.reward_source == "model":
-                scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, postprocessed], 1), tokenizer.pad_token_id).items()
-                                                         if k != "position_ids"}).float()
+            if args.reward_source == "model":  # as outcome_reward: the score head at the last token, plus the stored bias
+                scores = reward_model.score(packed_hidden(reward_model, packed)[packed["last"]]).squeeze(-1).float()
+                scores = scores + getattr(reward_model.config, "reward_bias", 0.0)
             else:
                 scores = torch.tensor([success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=device)
             contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
@@ -983,6 +1058,8 @@ def main(args: Args) -> dict:
             advantages = masked_whiten(advantages, ~padding_mask).masked_fill(padding_mask, 0)
 
         # ---- 4. PPO epochs over minibatches ----
+        if malloc_trim:
+            malloc_trim(0)
         stats = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "ratio")}
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.per_device_batch_size, device=device)
@@ -992,12 +1069,12 @@ def main(args: Args) -> dict:
                         mb = order[micro_start : micro_start + micro_batch_size]
                         mb_list = mb.tolist()
                         mb_packed = {k: v.to(device) for k, v in pack([query_tokens[i] for i in mb_list], [response_tokens[i] for i in mb_list],
-                                                                       tokenizer.pad_token_id, capacity).items()}
+                                                                       tokenizer.pad_token_id).items()}
                         # the longest response of this micro-batch + 1 (the value one past EOS is still trained); every
                         # position beyond was masked out of the losses
                         width = min(R, mb_packed["targets"].shape[1])
                         mb_mask, mb_mask_p1 = padding_mask[mb, :width], padding_mask_p1[mb, :width]
-                        new_logits, vpred = model(**{k: mb_packed[k] for k in ("input_ids", "position_ids", "rows", "cols")})
+                        new_logits, vpred = model(**{k: mb_packed[k] for k in ("input_ids", "position_ids", "index")})
                         new_logprobs = response_logprobs(new_logits[:, :width], mb_packed["targets"][:, :width], args.temperature)
                         new_logprobs = new_logprobs.masked_fill(mb_mask, INVALID_LOGPROB)
                         vpred = vpred[:, :width].float().masked_fill(mb_mask_p1, 0)

@@ -51,9 +51,9 @@ TRL_NAMES = {"rm": "RewardTrainer", "ppo": "PPOTrainer (trl 1.12)", "grpo": "GRP
 RATE_KIND = {"rm": "window", "ppo": "cumulative", "grpo": "window", "rloo": "cumulative", "dpo": "cumulative"}
 NOTES = {
     "rm": "same forward (chosen and rejected rows in one batch) and loss; TRL appends EOS to the text and tokenizes prompt+response as one string",
-    "ppo": "ours recomputes the policy logprobs with a forward pass after sampling (N+ detail; that pass gives the values too); TRL 1.12 takes "
-           "them from generate's scores. TRL's gradient accumulation spans the minibatches of an epoch (optimizer steps once per epoch "
-           "here), ours steps per minibatch",
+    "ppo": "ours keeps the sampler's logprobs (float32; TRL takes them from generate's scores) and runs every forward pass "
+           "on one packed row without padding (packed_sdpa attention); TRL pads. TRL's gradient accumulation spans the minibatches "
+           "of an epoch (optimizer steps once per epoch here), ours steps per minibatch (N+)",
     "grpo": "TRL: per_device_train_batch_size = one minibatch, steps_per_generation = minibatches per generation round. Ours takes the "
             "old policy's logprobs from its sampling loop (float32: equal to a forward pass to 1e-5, tested); TRL recomputes them",
     "rloo": "one optimizer step per batch on both sides; ours keeps the sampler's logprobs (float32), TRL needs none (on-policy)",

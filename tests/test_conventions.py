@@ -11,9 +11,9 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for p in REPO.glob("*.py") if p.name not in ("setup.py", "conftest.py"))
 LOCAL = {p.stem for p in SCRIPTS} | {"benchmark", "tests"}
 COPIED = ["gold_judge", "extract_gsm8k_answer", "extract_boxed_answer", "numbers_equal", "TLDR_FACT_WORDS", "TLDR_MAX_WORDS"]
-# helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler or PPO's pack
-# with the value column, are not listed)
-BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax", "ppo_rlhf"], "sample_responses": ["rloo", "ppo_rlhf"],
+# helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler, or PPO's pack and
+# check_packing for its one-row packed_sdpa attention, are not listed)
+BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_responses": ["rloo", "ppo_rlhf"],
                    "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"]}
 
 

@@ -157,25 +157,49 @@ def test_ppo_runs_on_two_processes(assets, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["tiny-neox", "tiny-llama"])
-def test_packed_logprobs_and_values_equal_each_sequence_alone(assets, arch):
-    """The packed batch (several sequences per row, no padding) gives each response token's logprob and value, and the
-    value at the last token (trained by N+), as one unpadded forward pass of that query + response alone."""
+def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(assets, arch):
+    """The packed row (all sequences end to end, no padding, packed_sdpa attention) gives each response token's logprob
+    and value, the value at the last token (trained by N+) and the reward, as one unpadded forward pass of that
+    query + response alone under SDPA; and the same gradients for the PPO losses."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.manual_seed(0)
     policy = AutoModelForCausalLM.from_pretrained(assets / "models" / arch).eval()
     value_model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / arch, num_labels=1).eval()
+    reward_model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / arch, num_labels=1).eval()
+    reward_model.config.reward_bias = 0.25
+    for m in (policy, value_model, reward_model):
+        assert ppo.use_packed_attention(m).config._attn_implementation == "packed_sdpa"
     model = ppo.PolicyAndValue(policy, value_model)
+    ppo.check_packing(policy)
     eos, pad = policy.config.eos_token_id, 1
-    queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
+    queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15, 16, 17, 18]]
     queries_t, qmask = ppo.left_pad(queries, pad)
-    responses, sampled_logprobs, _ = ppo.sample_responses(policy, queries_t, qmask, eos, pad, 10, temperature=0.7)
+    with ppo.padded_attention(policy):
+        responses, sampled_logprobs, _ = ppo.sample_responses(policy, queries_t, qmask, eos, pad, 10, temperature=0.7)
+    assert policy.config._attn_implementation == "packed_sdpa"  # switched back after sampling
     lists = [row[: row.index(eos) + 1] if eos in row else row for row in responses.tolist()]
-    packed = ppo.pack(queries, lists, pad, capacity=64)
-    assert len(packed["input_ids"]) == 1 and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
+    lists[-1] = lists[-1][:1]  # a one-token response
+    packed = ppo.pack(queries, lists, pad)
+    lengths = [len(q) + len(r) for q, r in zip(queries, lists)]
+    assert packed["input_ids"].shape == (1, sum(lengths)) and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
+    assert packed["position_ids"][0].tolist() == [t for n in lengths for t in range(n)]
+    assert packed["last"].tolist() == [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
+
+    logits, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")})
+    logprobs = ppo.response_logprobs(logits, packed["targets"], temperature=0.7)
     with torch.no_grad():
-        logits, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "rows", "cols")})
-        logprobs = ppo.response_logprobs(logits, packed["targets"], temperature=0.7)
+        rewards = reward_model.score(ppo.packed_hidden(reward_model, packed)[packed["last"]]).squeeze(-1) + 0.25
+    mask, mask_p1 = torch.zeros_like(logprobs, dtype=torch.bool), torch.zeros_like(values, dtype=torch.bool)
+    for i, r in enumerate(lists):
+        mask[i, : len(r)], mask_p1[i, : len(r) + 1] = True, True
+    (logprobs * mask).sum().backward(retain_graph=True)
+    (values * mask_p1 * torch.arange(values.shape[1])).sum().backward()  # a different weight per position
+    packed_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    with ppo.padded_attention(policy, value_model, reward_model):
+        assert policy.config._attn_implementation == "sdpa"
         for i, (q, r) in enumerate(zip(queries, lists)):
             ids = torch.tensor([q + r])
             alone_logits = policy(input_ids=ids).logits[0, len(q) - 1 : -1] / (0.7 + 1e-7)
@@ -183,5 +207,35 @@ def test_packed_logprobs_and_values_equal_each_sequence_alone(assets, arch):
             body = getattr(value_model, value_model.base_model_prefix)
             alone_values = value_model.score(body(input_ids=ids).last_hidden_state)[0, len(q) - 1 :, 0]  # up to the last token
             torch.testing.assert_close(logprobs[i, : len(r)], alone_lp, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(sampled_logprobs[i, : len(r)], alone_lp, atol=1e-4, rtol=1e-4)  # --sampler-logprobs
+            torch.testing.assert_close(sampled_logprobs[i, : len(r)].detach(), alone_lp.detach(), atol=1e-4, rtol=1e-4)  # --sampler-logprobs
             torch.testing.assert_close(values[i, : len(r) + 1], alone_values, atol=1e-5, rtol=1e-5)
+            with torch.no_grad():
+                torch.testing.assert_close(rewards[i], ppo.outcome_reward(reward_model, ids, torch.ones_like(ids))[0], atol=1e-5, rtol=1e-5)
+            alone_lp.sum().backward()
+            (alone_values * torch.arange(len(r) + 1)).sum().backward()
+    for got, want in zip(packed_grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
+def test_packed_attention_refuses_what_it_cannot_compute(assets):
+    """A model whose attention ignores the position ids fails check_packing; packed_sdpa called on a padded batch or
+    without position ids fails loudly instead of attending across sequences."""
+    from transformers import AutoModelForCausalLM
+
+    policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval())
+
+    class IgnoresPositions(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.set_attn_implementation = inner, inner.config, inner.set_attn_implementation
+
+        def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):
+            if attention_mask is None:  # the packed row: every token sees the whole row
+                return self.inner(input_ids=input_ids, position_ids=torch.arange(input_ids.shape[1])[None], use_cache=False)
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+    ppo.check_packing(policy)
+    with pytest.raises(SystemExit, match="does not read packed sequences"):
+        ppo.check_packing(IgnoresPositions(policy))
+    with pytest.raises(RuntimeError, match="one packed row"):
+        policy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), use_cache=False)

@@ -22,3 +22,23 @@ def assets(tmp_path_factory):
     out = tmp_path_factory.mktemp("assets")
     build(out, seed=0)
     return out
+
+
+@pytest.fixture
+def ignores_positions():
+    """A wrapper around a causal LM whose packed forward ignores the position ids, so every token of a packed row sees
+    the whole row (what a model without packing support would do); padded batches pass through unchanged. Every
+    script's `check_packing` must reject it."""
+    import torch
+
+    class IgnoresPositions(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.config, self.set_attn_implementation = inner, inner.config, inner.set_attn_implementation
+
+        def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):
+            if attention_mask is None:  # a packed row: positions 0..T-1, one sequence
+                return self.inner(input_ids=input_ids, position_ids=torch.arange(input_ids.shape[1], device=input_ids.device)[None], use_cache=False)
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+    return IgnoresPositions

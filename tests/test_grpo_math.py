@@ -534,17 +534,8 @@ def test_two_processes(assets, tmp_path):
     assert any(moved), "the weights did not move"
 
 
-def test_check_packing_fails_for_a_model_that_ignores_position_ids(tiny):
+def test_check_packing_fails_for_a_model_that_ignores_position_ids(tiny, ignores_positions):
     _, model, _ = tiny
     grpo.check_packing(model)  # a transformers model reads the packing from the position ids
-
-    class IgnoresPositions(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.config = inner, inner.config
-
-        def forward(self, input_ids, position_ids=None, use_cache=False):
-            return self.inner(input_ids=input_ids, use_cache=False)  # every token sees the whole row
-
     with pytest.raises(SystemExit, match="does not read packed sequences"):
-        grpo.check_packing(IgnoresPositions(model))
+        grpo.check_packing(ignores_positions(model))

@@ -217,25 +217,14 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
-def test_packed_attention_refuses_what_it_cannot_compute(assets):
+def test_packed_attention_refuses_what_it_cannot_compute(assets, ignores_positions):
     """A model whose attention ignores the position ids fails check_packing; packed_sdpa called on a padded batch or
     without position ids fails loudly instead of attending across sequences."""
     from transformers import AutoModelForCausalLM
 
     policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval())
-
-    class IgnoresPositions(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            self.inner, self.config, self.set_attn_implementation = inner, inner.config, inner.set_attn_implementation
-
-        def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):
-            if attention_mask is None:  # the packed row: every token sees the whole row
-                return self.inner(input_ids=input_ids, position_ids=torch.arange(input_ids.shape[1])[None], use_cache=False)
-            return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-
     ppo.check_packing(policy)
     with pytest.raises(SystemExit, match="does not read packed sequences"):
-        ppo.check_packing(IgnoresPositions(policy))
+        ppo.check_packing(ignores_positions(policy))
     with pytest.raises(RuntimeError, match="one packed row"):
         policy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), use_cache=False)

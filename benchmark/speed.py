@@ -2,6 +2,7 @@
 
     python -m benchmark.speed --algos rm ppo grpo rloo dpo --steps 8      # table + runs/speed/speed.md
     python -m benchmark.speed --algos ppo --steps 4 --batch-size 32       # one algorithm, smaller work
+    python -m benchmark.speed --algos ppo --steps 8 --repeats 3           # median of 3 alternating rounds
     python -m benchmark.speed --side trl --algo rm --steps 8 --out r.json  # one TRL side alone (the driver's runner)
 
 Pairs (ours / TRL):
@@ -27,6 +28,9 @@ What is measured:
   * peak memory: peak resident set size of the whole subprocess (os.wait4's ru_maxrss; CPU), which includes the
     Python, torch and library runtime (TRL imports more of it) and model loading.
 Ratios are ours / TRL: speed ratio > 1 means we are faster, memory ratio < 1 means we use less.
+This machine's speed drifts by 10-20% over minutes, so one pair of runs gives a noisy ratio; `--repeats N` runs N
+rounds (ours, then TRL, alternating) and reports the median of the N per-round ratios (each from two runs minutes
+apart, so a slow stretch of the machine mostly cancels), median episodes/s, and the largest peak memory of each side.
 Online algorithms sample with the SFT models, so generations stop at EOS: the number of generated tokens is a
 random variable with the same distribution on both sides (not the same draw); run several steps to average it.
 Differences in what each side does per step that the harness cannot remove are listed in NOTES and in speed.md.
@@ -52,7 +56,7 @@ RATE_KIND = {"rm": "window", "ppo": "cumulative", "grpo": "window", "rloo": "cum
 NOTES = {
     "rm": "same forward (chosen and rejected rows in one batch) and loss; TRL appends EOS to the text and tokenizes prompt+response as one string",
     "ppo": "ours keeps the sampler's logprobs (float32; TRL takes them from generate's scores) and runs every forward pass "
-           "on one packed row without padding (packed_sdpa attention); TRL pads. TRL's gradient accumulation spans the minibatches "
+           "on one packed row without padding (packed_sdpa attention), the last layer's MLP only where a head reads; TRL pads. TRL's gradient accumulation spans the minibatches "
            "of an epoch (optimizer steps once per epoch here), ours steps per minibatch (N+)",
     "grpo": "TRL: per_device_train_batch_size = one minibatch, steps_per_generation = minibatches per generation round. Ours takes the "
             "old policy's logprobs from its sampling loop (float32: equal to a forward pass to 1e-5, tested); TRL recomputes them",
@@ -155,6 +159,27 @@ def ratios(ours: dict, trl: dict) -> dict:
     return {"speed_ratio": ours["episodes_per_sec"] / trl["episodes_per_sec"], "mem_ratio": ours["peak_rss_gb"] / trl["peak_rss_gb"]}
 
 
+def combine(rounds: list[dict]) -> dict:
+    """One result from `--repeats` rounds of `measure`: the median of the per-round speed ratios (each round's two runs
+    are adjacent in time), median episodes/s and tokens/s per side, the largest peak RSS per side."""
+    done = [r for r in rounds if "skipped" not in r]
+    if len(done) < len(rounds) or len(rounds) == 1:
+        return next((r for r in rounds if "skipped" in r), rounds[0])
+
+    def median(xs):
+        xs = sorted(xs)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    out = {**done[0], "rounds": [{k: r[k] for k in ("speed_ratio", "mem_ratio")} | {"ours_s": r["ours"]["train_s"], "trl_s": r["trl"]["train_s"]}
+                                 for r in done]}
+    for side in ("ours", "trl"):
+        out[side] = {**done[0][side], **{k: median([r[side][k] for r in done]) for k in ("episodes_per_sec", "tokens_per_sec", "train_s")},
+                     "peak_rss_gb": max(r[side]["peak_rss_gb"] for r in done)}
+    out["speed_ratio"] = median([r["speed_ratio"] for r in done])
+    out["mem_ratio"] = out["ours"]["peak_rss_gb"] / out["trl"]["peak_rss_gb"]
+    return out
+
+
 def verdict(r: dict, target: float = 1.5) -> str:
     if r["speed_ratio"] < 1.0:
         return "FAIL (slower)"
@@ -254,25 +279,40 @@ def driver(a: argparse.Namespace) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for algo in a.algos:
-        print(f"== {algo}: ours ({SCRIPTS[algo]}) then TRL ({TRL_NAMES[algo]}), {a.steps} steps", flush=True)
-        r = measure(algo, a, out_dir)
-        if "skipped" in r:
-            print(f"   skipped: {r['skipped']}", flush=True)
-        else:
+        rounds = []
+        for i in range(a.repeats):
+            print(f"== {algo}: ours ({SCRIPTS[algo]}) then TRL ({TRL_NAMES[algo]}), {a.steps} steps"
+                  + (f", round {i + 1}/{a.repeats}" if a.repeats > 1 else ""), flush=True)
+            r = measure(algo, a, out_dir)
+            rounds.append(r)
+            if "skipped" in r:
+                print(f"   skipped: {r['skipped']}", flush=True)
+                break
             print(f"   ours {r['ours']['train_s']:.1f}s for {r['ours']['episodes']} episodes, TRL {r['trl']['train_s']:.1f}s "
                   f"(train_runtime {r['trl'].get('train_runtime', float('nan')):.1f}s) for {r['trl']['episodes']}: "
                   f"speed ratio {r['speed_ratio']:.2f}, memory ratio {r['mem_ratio']:.2f}", flush=True)
+        r = combine(rounds)
+        if "rounds" in r:
+            print(f"   {algo}: median speed ratio {r['speed_ratio']:.2f} over rounds "
+                  + ", ".join(f"{x['speed_ratio']:.2f}" for x in r["rounds"]), flush=True)
         results.append(r)
     md = table(results)
     print(md)
     command = "python -m benchmark.speed " + " ".join(sys.argv[1:])
     notes = "\n".join(f"- {k}: {v}" for k, v in NOTES.items() if k in a.algos)
     details = "\n".join(f"- {r['algo']} ours: `{r['ours']['command']}`" for r in results if "ours" in r)
+    repeats = ""
+    for r in results:
+        if "rounds" in r:
+            per_round = ", ".join(f"{x['speed_ratio']:.2f}" for x in r["rounds"])
+            repeats += (f"- {r['algo']}: speed ratio and ep/s are medians of {len(r['rounds'])} alternating rounds (per-round speed ratios "
+                        f"{per_round}); peak RSS the largest of them\n")
     (out_dir / "speed.md").write_text(
         f"# Speed and peak memory vs TRL (CPU, 1 thread)\n\n`{command}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{md}\n\n"
         f"Ratios are ours / TRL (speed > 1: ours faster; memory < 1: ours smaller). Target speed ratio >= 1.5; below 1.0 fails.\n"
         f"Training seconds exclude model loading and evaluation on both sides; peak RSS is of the whole process.\n\n"
-        f"Differences the harness cannot remove:\n{notes}\n\nOur commands:\n{details}\n")
+        + (f"Repeated rounds:\n{repeats}\n" if repeats else "")
+        + f"Differences the harness cannot remove:\n{notes}\n\nOur commands:\n{details}\n")
     (out_dir / "speed.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out_dir / 'speed.md'}")
 
@@ -453,6 +493,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="policy / reward-model starting point (default: the tiny SFT model of the task)")
     p.add_argument("--reward-model", default=None, help="(ppo) reward and value model (default: the tiny-tldr reward model)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1, help="rounds per algorithm (ours then TRL each); the table reports medians")
     p.add_argument("--trl-ppo-path", default=os.environ.get("TRL_PPO_PATH", "/work/trl112"),
                    help="folder holding trl 1.12 (`pip install --no-deps --target DIR trl==1.12.0`), put first on PYTHONPATH for the TRL PPO side")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a side is killed")

@@ -186,10 +186,15 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     assert packed["position_ids"][0].tolist() == [t for n in lengths for t in range(n)]
     assert packed["last"].tolist() == [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
 
+    last_mlp_tokens = []  # how many tokens the last layer's MLP of each model ran on (last_mlp_only_at)
+    for m in (policy, value_model, reward_model):
+        getattr(m, m.base_model_prefix).layers[-1].mlp.register_forward_hook(lambda mod, args, out: last_mlp_tokens.append(args[0].shape[1]))
     logits, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")})
     logprobs = ppo.response_logprobs(logits, packed["targets"], temperature=0.7)
     with torch.no_grad():
-        rewards = reward_model.score(ppo.packed_hidden(reward_model, packed)[packed["last"]]).squeeze(-1) + 0.25
+        rewards = reward_model.score(ppo.packed_hidden(reward_model, packed, packed["last"])).squeeze(-1) + 0.25
+    response_positions = sum(len(r) + 1 for r in lists)  # the logits of each response token, and its last token's value
+    assert last_mlp_tokens == [response_positions, response_positions, len(lists)]
     mask, mask_p1 = torch.zeros_like(logprobs, dtype=torch.bool), torch.zeros_like(values, dtype=torch.bool)
     for i, r in enumerate(lists):
         mask[i, : len(r)], mask_p1[i, : len(r) + 1] = True, True

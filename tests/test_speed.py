@@ -34,6 +34,24 @@ def test_ratios_and_verdict():
     assert speed.verdict({"speed_ratio": 1.2, "mem_ratio": 1.1}) == "faster, below 1.5x, more memory"
 
 
+def test_repeated_rounds_report_the_median_paired_ratio_and_the_largest_memory():
+    def round_(ours_s, trl_s, ours_gb, trl_gb):
+        o = {"train_s": ours_s, "episodes_per_sec": 512 / ours_s, "tokens_per_sec": 512 * 100 / ours_s, "peak_rss_gb": ours_gb}
+        t = {"train_s": trl_s, "episodes_per_sec": 512 / trl_s, "tokens_per_sec": 512 * 100 / trl_s, "peak_rss_gb": trl_gb}
+        return {"algo": "ppo", "work": {}, "ours": o, "trl": t, **speed.ratios(o, t)}
+
+    # a slow stretch of the machine (round 2) slows both sides; the paired ratios are 1.5, 1.4, 1.6 -> median 1.5
+    rounds = [round_(80, 120, 1.0, 1.2), round_(100, 140, 1.1, 1.2), round_(75, 120, 1.0, 1.3)]
+    r = speed.combine(rounds)
+    assert r["speed_ratio"] == pytest.approx(1.5)
+    assert [x["speed_ratio"] for x in r["rounds"]] == pytest.approx([1.5, 1.4, 1.6])
+    assert r["ours"]["episodes_per_sec"] == pytest.approx(512 / 80) and r["trl"]["train_s"] == pytest.approx(120)
+    assert r["ours"]["peak_rss_gb"] == 1.1 and r["trl"]["peak_rss_gb"] == 1.3 and r["mem_ratio"] == pytest.approx(1.1 / 1.3)
+    assert "rounds" not in speed.combine(rounds[:1]) and speed.combine(rounds[:1])["speed_ratio"] == pytest.approx(1.5)
+    skipped = {"algo": "ppo", "work": {}, "skipped": "TRL side failed"}
+    assert speed.combine([rounds[0], skipped]) is skipped
+
+
 @pytest.mark.parametrize("algo", ["rm", "ppo", "grpo", "rloo", "dpo"])
 def test_our_command_does_the_same_work_as_the_trl_side(algo):
     a = speed.parse_args(["--steps", "3", "--model", "M", "--reward-model", "RM"])

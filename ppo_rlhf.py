@@ -683,13 +683,15 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
 def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None, **kwargs):
     """Padding-free attention over a `pack`ed row, registered with transformers below as the attention implementation
     "packed_sdpa". query (1, heads, T, head_dim) and key / value (1, kv_heads, T, head_dim) hold sequences laid end to
-    end, each starting at position id 0. Each sequence is gathered into its own row of a (sequences, heads, L,
-    head_dim) batch (L: the longest), attended causally by PyTorch's SDPA and scattered back into the packed row. Why:
-    the linear layers, most of the compute, then run on real tokens only, and attention costs the sum of L^2 over the
-    sequences, not T^2 for a block-diagonal mask over the whole row (flash-attention does the same from the position
-    ids, as variable-length sequences; this is that for SDPA, which has no variable-length kernel). transformers
-    builds no mask for a custom implementation, so left-padded batches (sampling, `generate`) switch back to SDPA
-    with `padded_attention`."""
+    end, each starting at position id 0; each sequence is attended causally by PyTorch's SDPA on its own tokens. Why:
+    the linear layers, most of the compute, then run on real tokens only, and attention costs the sum of the sequences'
+    squared lengths, not T^2 for a block-diagonal mask over the whole row (flash-attention does the same from the
+    position ids, as variable-length sequences; this is that for SDPA, which has no variable-length kernel). On CPU,
+    one SDPA call per sequence on slices (views) of the row: a third faster than gathering the sequences into a padded
+    batch, which copies every token in and out and pads each sequence to the longest (measured on the tiny preset).
+    On a GPU, one call per sequence would be one small kernel launch per sequence, so there `attend_gathered` does
+    the gather instead. transformers builds no mask for a custom implementation, so left-padded batches (sampling,
+    `generate`) switch back to SDPA with `padded_attention`."""
     T = query.shape[2]
     if position_ids is None or query.shape[0] != 1 or position_ids.numel() != T or key.shape[2] != T:
         raise RuntimeError(f"packed_sdpa attention takes one packed row, without KV cache, with the position ids passed to the "
@@ -702,12 +704,24 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     if len(starts) == 0 or starts[0] != 0:
         raise RuntimeError("packed_sdpa attention: a packed row must start a sequence (position id 0) at its first token")
     lengths = torch.diff(starts, append=starts.new_tensor([T]))
-    L = int(lengths.max())
     window = kwargs.get("sliding_window")
-    if window is not None and window < L:
-        raise RuntimeError(f"{type(module).__name__} attends within a sliding window of {window} < {L} tokens, which "
-                           "packed_sdpa does not implement; use flash attention")
-    steps = torch.arange(L, device=pos.device)
+    if window is not None and window < int(lengths.max()):
+        raise RuntimeError(f"{type(module).__name__} attends within a sliding window of {window} < {int(lengths.max())} tokens, "
+                           "which packed_sdpa does not implement; use flash attention")
+    sdpa = dict(scale=scaling, dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != query.shape[1])
+    if query.device.type != "cpu":
+        return attend_gathered(query, key, value, starts, lengths, **sdpa), None
+    sizes = lengths.tolist()
+    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa).transpose(1, 2)  # (1, length, heads, D)
+            for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2))]
+    return torch.cat(outs, 1), None  # (1, T, heads, D), as transformers' attention functions return
+
+
+def attend_gathered(query, key, value, starts, lengths, **sdpa) -> torch.Tensor:
+    """packed_sdpa's attention in one SDPA call (for GPUs): each sequence of the packed row is gathered into its own
+    row of a (sequences, heads, L, head_dim) batch (L: the longest), attended causally and scattered back, (1, T, heads, D)."""
+    T, L = query.shape[2], int(lengths.max())
+    steps = torch.arange(L, device=query.device)
     valid = steps[None, :] < lengths[:, None]  # (sequences, L): the real tokens of each gathered sequence
     gather = (starts[:, None] + steps[None, :]).clamp(max=T - 1)  # past a sequence's end: tokens of the next, masked
 
@@ -716,9 +730,8 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
 
     # causal within each gathered row: a real token sees only its own sequence's earlier tokens (the gathered tokens
     # after its end come later, so they are never seen; their outputs are dropped)
-    out = F.scaled_dot_product_attention(by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, scale=scaling,
-                                         dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != query.shape[1])
-    return out.transpose(1, 2)[valid][None], None  # (1, T, heads, D), as transformers' attention functions return
+    out = F.scaled_dot_product_attention(by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, **sdpa)
+    return out.transpose(1, 2)[valid][None]
 
 
 AttentionInterface.register("packed_sdpa", packed_sdpa_attention)

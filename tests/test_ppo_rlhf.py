@@ -222,6 +222,32 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_packed_attention_per_sequence_equals_gathered_and_causal_attention_alone(kv_heads):
+    """packed_sdpa's CPU path (one SDPA call per sequence) and its GPU path (`attend_gathered`: one padded batch) give
+    each sequence's causal attention alone, outputs and gradients, with grouped key / value heads too."""
+    torch.manual_seed(0)
+    lengths = [5, 1, 9, 3]
+    T = sum(lengths)
+    q = torch.randn(1, 4, T, 8, requires_grad=True)
+    k, v = (torch.randn(1, kv_heads, T, 8, requires_grad=True) for _ in range(2))
+    position_ids = torch.tensor([[t for n in lengths for t in range(n)]])
+    module = torch.nn.Module().eval()
+    out, _ = ppo.packed_sdpa_attention(module, q, k, v, None, scaling=0.3, position_ids=position_ids)
+    assert out.shape == (1, T, 4, 8)
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    starts = torch.tensor([0, 5, 6, 15])
+    gathered = ppo.attend_gathered(q, k, v, starts, torch.tensor(lengths), scale=0.3, enable_gqa=kv_heads != 4)
+    torch.testing.assert_close(gathered, out)
+    for got, want in zip(torch.autograd.grad((gathered * weights).sum(), (q, k, v)), grads):
+        torch.testing.assert_close(got, want)
+    for s, n in zip(starts.tolist(), lengths):  # by hand: softmax(q k^T * scale + causal mask) v, one sequence alone
+        qs, ks, vs = q[0, :, s : s + n], k[0, :, s : s + n].repeat_interleave(4 // kv_heads, 0), v[0, :, s : s + n].repeat_interleave(4 // kv_heads, 0)
+        scores = (qs @ ks.transpose(1, 2) * 0.3).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        torch.testing.assert_close(out[0, s : s + n], (scores.softmax(-1) @ vs).transpose(0, 1))
+
+
 def test_packed_attention_refuses_what_it_cannot_compute(assets, ignores_positions):
     """A model whose attention ignores the position ids fails check_packing; packed_sdpa called on a padded batch or
     without position ids fails loudly instead of attending across sequences."""

@@ -55,7 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import DistributedType, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
@@ -149,6 +149,10 @@ class Args:
     """minibatches per PPO epoch"""
     gradient_accumulation_steps: int = 1
     """micro-batches per minibatch"""
+    separate_backward: bool | None = None
+    """per micro-batch, the policy's forward and backward pass, then the value model's, instead of both at once: the
+    same gradients, half the activations alive at a time; default: on in a plain single process, off under DDP /
+    DeepSpeed / FSDP, whose one engine takes one backward pass per step (asking for it there is an error)"""
     num_ppo_epochs: int = 4
     """passes over each batch (N+: 4)"""
     learning_rate: float = 3e-6
@@ -614,16 +618,18 @@ class PolicyAndValue(nn.Module):
         super().__init__()
         self.policy, self.value_model = policy, value_model
 
-    def forward(self, input_ids, position_ids, index, with_policy: bool = True):
-        """Logits (None without the policy) and values at the positions `index` of a `pack`ed row. The LM head and the
-        value head run on those positions only (the response), not on the prompts; so does the last layer's MLP
-        (`last_mlp_only_at`); the rest of the bodies on every token."""
+    def forward(self, input_ids, position_ids, index, with_policy: bool = True, with_value: bool = True):
+        """Logits (None without the policy) and values (None without the value model) at the positions `index` of a
+        `pack`ed row. The LM head and the value head run on those positions only (the response), not on the prompts;
+        so does the last layer's MLP (`last_mlp_only_at`); the rest of the bodies on every token."""
         logits, needed = None, index.unique()
         if with_policy:
             policy_body = getattr(self.policy, self.policy.base_model_prefix)
             with last_mlp_only_at(policy_body, needed):
                 hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
             logits = self.policy.get_output_embeddings()(hidden[0, index])
+        if not with_value:
+            return logits, None
         value_body = getattr(self.value_model, self.value_model.base_model_prefix)
         with last_mlp_only_at(value_body, needed):
             hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
@@ -712,6 +718,12 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     if query.device.type != "cpu":
         return attend_gathered(query, key, value, starts, lengths, **sdpa), None
     sizes = lengths.tolist()
+    # SDPA keeps its inputs for the backward pass. A value that is a view of a fused QKV projection's output (GPT-NeoX)
+    # would keep all of that output alive, though rotary embedding has already copied the query and key out of it;
+    # a copy of the value alone frees the other two thirds (tiny-tldr PPO: 11% of the activations a pass keeps).
+    storage = value.untyped_storage()
+    if storage.nbytes() > value.nbytes and storage.data_ptr() not in (query.untyped_storage().data_ptr(), key.untyped_storage().data_ptr()):
+        value = value.contiguous()
     outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa).transpose(1, 2)  # (1, length, heads, D)
             for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2))]
     return torch.cat(outs, 1), None  # (1, T, heads, D), as transformers' attention functions return
@@ -966,6 +978,10 @@ def main(args: Args) -> dict:
     if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
         raise SystemExit("error: per_device_batch_size must be divisible by num_mini_batches x gradient_accumulation_steps")
     batch_size = args.per_device_batch_size * accelerator.num_processes
+    separate_backward = args.separate_backward if args.separate_backward is not None else accelerator.distributed_type == DistributedType.NO
+    if separate_backward and accelerator.distributed_type != DistributedType.NO:
+        raise SystemExit(f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
+                         "policy and value model are one engine that takes one backward pass per step (leave --separate-backward unset)")
     num_updates = args.total_episodes // batch_size
     if num_updates == 0:
         raise SystemExit(f"error: total_episodes {args.total_episodes} is less than one batch of {batch_size}")
@@ -1022,10 +1038,9 @@ def main(args: Args) -> dict:
     iterator = batches()
     unwrapped = accelerator.unwrap_model(model)
     # On CPU, tensors live in the C library's heap. Packed batches differ in length every time, so glibc's heap
-    # fragments as activations come and go, and resident memory creeps up by a third over a short run; handing its
-    # free pages back to the OS before each phase keeps the peak at what one phase needs (at a price: the pages
-    # handed back are faulted in again, about 9% of a tiny-tldr run; trimming only before the epochs left the peak
-    # at 1.21-1.23 GiB instead of 1.11-1.20, above TRL's 1.20).
+    # fragments as activations come and go, and resident memory creeps up over a run; handing its free pages back to
+    # the OS once per update, before the epochs, keeps the peak near what the epochs need. Not more often: the pages
+    # handed back are faulted in again (trimming before the rollout too cost about 9% of a tiny-tldr run).
     malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if device.type == "cpu" and sys.platform.startswith("linux") else None
     check_packing(unwrapped.policy)
     use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else args.dtype == "float32"
@@ -1040,8 +1055,6 @@ def main(args: Args) -> dict:
                 group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
         kl_coef = kl_ctl.value if kl_ctl else args.kl_coef
         indices = next(iterator).tolist()
-        if malloc_trim:
-            malloc_trim(0)
         rows = [train_rows[i] for i in indices]
 
         # ---- 1. rollout: sample; then (step 2) recompute logprobs, reference logprobs and values with forward passes ----
@@ -1126,16 +1139,22 @@ def main(args: Args) -> dict:
                         # position beyond was masked out of the losses
                         width = min(R, mb_packed["targets"].shape[1])
                         mb_mask, mb_mask_p1 = padding_mask[mb, :width], padding_mask_p1[mb, :width]
-                        new_logits, vpred = model(**{k: mb_packed[k] for k in ("input_ids", "position_ids", "index")})
+                        inputs = {k: mb_packed[k] for k in ("input_ids", "position_ids", "index")}
+                        new_logits, vpred = model(**inputs, with_value=not separate_backward)
                         new_logprobs = response_logprobs(new_logits[:, :width], mb_packed["targets"][:, :width], args.temperature)
                         new_logprobs = new_logprobs.masked_fill(mb_mask, INVALID_LOGPROB)
-                        vpred = vpred[:, :width].float().masked_fill(mb_mask_p1, 0)
                         pg_loss, pg_stats = policy_loss(new_logprobs, logprobs[mb, :width], advantages[mb, :width], ~mb_mask, args.cliprange)
+                        if separate_backward:
+                            # the two models share no parameter, so the gradients are those of the summed loss; the
+                            # policy's activations are freed before the value model's forward pass makes its own
+                            accelerator.backward(pg_loss)
+                            _, vpred = model(**inputs, with_policy=False)
+                        vpred = vpred[:, :width].float().masked_fill(mb_mask_p1, 0)
                         vf_loss, vf_clipfrac = value_loss(vpred, values[mb, :width], returns[mb, :width], ~mb_mask_p1, args.cliprange_value)
                         loss = pg_loss + args.vf_coef * vf_loss
-                        if not torch.isfinite(loss):
+                        if not torch.isfinite(loss):  # before the optimizer step, so no parameter has moved yet
                             raise RuntimeError(f"non-finite PPO loss at update {update}: policy {pg_loss.item()}, value {vf_loss.item()}")
-                        accelerator.backward(loss)
+                        accelerator.backward(args.vf_coef * vf_loss if separate_backward else loss)
                         if accelerator.sync_gradients:
                             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         optimizer.step()

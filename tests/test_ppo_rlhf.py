@@ -259,3 +259,48 @@ def test_packed_attention_refuses_what_it_cannot_compute(assets, ignores_positio
         ppo.check_packing(ignores_positions(policy))
     with pytest.raises(RuntimeError, match="one packed row"):
         policy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), use_cache=False)
+
+
+def test_separate_backward_trains_exactly_as_one_backward(assets, tmp_path, monkeypatch):
+    """--separate-backward (the policy's forward and backward, then the value model's) against one backward pass of the
+    summed loss: the same losses at every update and the same final policy, on tiny-neox, whose fused QKV projection
+    also takes packed_sdpa's copy of the value."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    calls = []
+    forward = ppo.PolicyAndValue.forward
+
+    def recording(self, *a, with_policy=True, with_value=True, **kw):
+        if torch.is_grad_enabled():  # the training passes, not the rollout's
+            calls.append((with_policy, with_value))
+        return forward(self, *a, with_policy=with_policy, with_value=with_value, **kw)
+
+    monkeypatch.setattr(ppo.PolicyAndValue, "forward", recording)
+    runs = {}
+    for separate in (True, False):
+        calls.clear()
+        args = ppo.Args(exp_name="sep", run_name=f"sep_{separate}", output_dir=str(tmp_path), seed=5, num_threads=1,
+                        sft_model_path=str(assets / "models" / "tiny-neox"), reward_model_path=None, reward_source="math",
+                        dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"), eval_split="test",
+                        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96,
+                        response_length=10, temperature=1.0, total_episodes=16, per_device_batch_size=8, num_mini_batches=2,
+                        gradient_accumulation_steps=2, num_ppo_epochs=2, learning_rate=1e-3, eval_every=100, num_eval_examples=2,
+                        separate_backward=separate)
+        ppo.main(args)
+        # 2 updates x 2 epochs x 2 minibatches x 2 micro-batches
+        assert calls == ([(True, False), (False, True)] * 16 if separate else [(True, True)] * 16)
+        rows = [json.loads(line) for line in (tmp_path / f"sep_{separate}" / "metrics.jsonl").read_text().splitlines()]
+        runs[separate] = ([{k: v for k, v in r.items() if "loss" in k or "/" in k and not k.startswith("perf/")} for r in rows if "loss/policy_avg" in r],
+                          AutoModelForCausalLM.from_pretrained(tmp_path / f"sep_{separate}" / "model").state_dict())
+    (rows_sep, weights_sep), (rows_one, weights_one) = runs[True], runs[False]
+    assert len(rows_sep) == 2 and rows_sep[1]["loss/value_avg"] != rows_sep[0]["loss/value_avg"]
+    for a, b in zip(rows_sep, rows_one):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-6), k
+    initial = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").state_dict()
+    assert any(not torch.equal(weights_sep[k], initial[k]) for k in initial)
+    for k in weights_one:
+        torch.testing.assert_close(weights_sep[k], weights_one[k], rtol=1e-5, atol=1e-6)

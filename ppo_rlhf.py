@@ -1037,11 +1037,16 @@ def main(args: Args) -> dict:
 
     iterator = batches()
     unwrapped = accelerator.unwrap_model(model)
-    # On CPU, tensors live in the C library's heap. Packed batches differ in length every time, so glibc's heap
-    # fragments as activations come and go, and resident memory creeps up over a run; handing its free pages back to
-    # the OS once per update, before the epochs, keeps the peak near what the epochs need. Not more often: the pages
-    # handed back are faulted in again (trimming before the rollout too cost about 9% of a tiny-tldr run).
-    malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if device.type == "cpu" and sys.platform.startswith("linux") else None
+    # On CPU, tensors live in the C library's heap. By default glibc maps each large tensor on its own and unmaps it
+    # when it is freed, and hands the top of its heap back to the OS as soon as a few hundred kB are free there; the
+    # next tensor to need those pages faults them in again, zeroed, one by one (1.5 million page faults in a tiny-tldr
+    # run with one malloc_trim per update). Told to keep its pages (no mapping below 64 MiB, no trimming), it reuses
+    # them: 0.27 million faults and about 4% of the run less, for a few percent more peak memory, as packed batches
+    # differ in length and fragment the heap.
+    if device.type == "cpu" and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 64 * 2**20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD
     check_packing(unwrapped.policy)
     use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else args.dtype == "float32"
     metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
@@ -1123,8 +1128,6 @@ def main(args: Args) -> dict:
             advantages = masked_whiten(advantages, ~padding_mask).masked_fill(padding_mask, 0)
 
         # ---- 4. PPO epochs over minibatches ----
-        if malloc_trim:
-            malloc_trim(0)
         stats = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "ratio")}
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.per_device_batch_size, device=device)

@@ -248,6 +248,44 @@ def test_packed_attention_per_sequence_equals_gathered_and_causal_attention_alon
         torch.testing.assert_close(out[0, s : s + n], (scores.softmax(-1) @ vs).transpose(0, 1))
 
 
+@pytest.mark.parametrize("arch", ["tiny-neox", "tiny-llama"])
+def test_packed_attention_keeps_no_fused_qkv_output_for_backward(assets, arch):
+    """What a packed training pass saves for its backward pass: with GPT-NeoX's fused QKV projection, no tensor kept
+    by autograd lives in a (tokens x 3 x hidden) storage (packed_sdpa copies the value out of it), and the tensors
+    saved in all are fewer bytes than with that copy undone (Llama's separate projections have nothing to copy)."""
+    from transformers import AutoModelForCausalLM
+
+    policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / arch)).train()
+    hidden = policy.config.hidden_size
+    queries, responses = [[5 + i for i in range(n)] for n in (7, 4, 9)], [[40, 41, 42], [43], [44, 45]]
+    packed = ppo.pack(queries, responses, 1)
+    T = packed["input_ids"].shape[1]
+
+    def saved_storages():
+        storages = {}
+
+        def keep(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            policy(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False)
+        return storages
+
+    with_copy = saved_storages()
+    fused = 3 * hidden * T * 4  # float32
+    assert fused not in with_copy.values()
+    contiguous = torch.Tensor.contiguous
+    with pytest.MonkeyPatch.context() as mp:  # undo the copy: the value stays a view of whatever produced it
+        mp.setattr(torch.Tensor, "contiguous", lambda t, *a, **kw: t if t.dim() == 4 else contiguous(t, *a, **kw))
+        without_copy = saved_storages()
+    if arch == "tiny-neox":
+        assert fused in without_copy.values()
+        assert sum(without_copy.values()) - sum(with_copy.values()) == pytest.approx(2 * hidden * T * 4 * policy.config.num_hidden_layers, rel=0.01)
+    else:
+        assert sum(without_copy.values()) == sum(with_copy.values())
+
+
 def test_packed_attention_refuses_what_it_cannot_compute(assets, ignores_positions):
     """A model whose attention ignores the position ids fails check_packing; packed_sdpa called on a padded batch or
     without position ids fails loudly instead of attending across sequences."""
@@ -292,7 +330,7 @@ def test_separate_backward_trains_exactly_as_one_backward(assets, tmp_path, monk
         # 2 updates x 2 epochs x 2 minibatches x 2 micro-batches
         assert calls == ([(True, False), (False, True)] * 16 if separate else [(True, True)] * 16)
         rows = [json.loads(line) for line in (tmp_path / f"sep_{separate}" / "metrics.jsonl").read_text().splitlines()]
-        runs[separate] = ([{k: v for k, v in r.items() if "loss" in k or "/" in k and not k.startswith("perf/")} for r in rows if "loss/policy_avg" in r],
+        runs[separate] = ([{k: v for k, v in r.items() if "/" in k and not k.startswith("perf/")} for r in rows if "loss/policy_avg" in r],
                           AutoModelForCausalLM.from_pretrained(tmp_path / f"sep_{separate}" / "model").state_dict())
     (rows_sep, weights_sep), (rows_one, weights_one) = runs[True], runs[False]
     assert len(rows_sep) == 2 and rows_sep[1]["loss/value_avg"] != rows_sep[0]["loss/value_avg"]

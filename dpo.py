@@ -51,6 +51,7 @@ import resource
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -60,7 +61,7 @@ import torch
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -93,6 +94,9 @@ class Args:
     """reward model (reward_model.py format): labels online pairs with `judge=rm`; if set, evaluation logs its score"""
     trust_remote_code: bool = False
     """allow custom modelling code from the hub; off unless you trust the repository"""
+    add_pad_token: bool = False
+    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
+    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the models"""
 
@@ -123,7 +127,7 @@ class Args:
     max_prompt_length: int = 512
     """longest prompt in tokens (N+: 512); longer is an error unless `drop_overlong`"""
     max_response_length: int = 170
-    """longest preference response in tokens, EOS included (N+ keeps preference responses up to 169 tokens)"""
+    """longest preference response in tokens, EOS included (the N+ TL;DR pairs: at most 169 tokens)"""
     drop_overlong: bool = False
     """drop (and count) overlong rows instead of failing"""
     max_train_samples: int | None = None
@@ -195,13 +199,26 @@ class Args:
     """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
+# The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. Lengths: the N+ TL;DR pairs have queries of at most
+# 512 tokens and responses of at most 169 tokens with their EOS (the text ends with `<|endoftext|>`; shared/real-assets
+# README), so max_prompt_length 512 and max_response_length 170 keep every pair. Batch: 64 pairs per optimizer step,
+# N+ dpo.py's default (8 GPUs x local_micro_batch_size 1 x gradient_accumulation_steps 8, the same for every model size:
+# its sbatches/dpo.sbatch passes no batch flag), split per device as N+ scales PPO and reward_model.py does: half the
+# micro-batch and twice the accumulation per size step.
 PRESETS = {
     "tldr-pythia-1b": ("N+ offline DPO on TL;DR preferences, Pythia 1B (8 GPUs; beta 0.05, lr 3e-6, batch 64)", Args(
-        exp_name="dpo_tldr_pythia-1b", dtype="bfloat16", per_device_train_batch_size=8, eval_every=200)),
+        exp_name="dpo_tldr_pythia-1b", per_device_train_batch_size=8, gradient_accumulation_steps=1, eval_every=200)),
+    "tldr-pythia-2.8b": ("N+ offline DPO on TL;DR preferences, Pythia 2.8B (8 GPUs; batch 64)", Args(
+        exp_name="dpo_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
+        per_device_train_batch_size=4, gradient_accumulation_steps=2, eval_every=200)),
+    "tldr-pythia-6.9b": ("N+ offline DPO on TL;DR preferences, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2; batch 64)", Args(
+        exp_name="dpo_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
+        per_device_train_batch_size=2, gradient_accumulation_steps=4, eval_every=200)),
     # online: N+ beta / lr / temperature / response length / EOS penalty; batch 512 pairs x 256 steps is our choice
     "tldr-pythia-1b-online": ("online DPO on TL;DR prompts labelled by the N+ reward model, Pythia 1B (8 GPUs)", Args(
         exp_name="online_dpo_tldr_pythia-1b", mode="online", reward_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr",
-        dtype="bfloat16", per_device_train_batch_size=16, gradient_accumulation_steps=4, total_episodes=131072, eval_every=50)),
+        per_device_train_batch_size=16, gradient_accumulation_steps=4, total_episodes=131072, eval_every=50)),
     "tiny-tldr": ("tiny-tldr offline DPO on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
         exp_name="dpo_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", dataset_name_or_path="runs/assets/tiny-tldr/preference",
         prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, max_response_length=48, response_length=32,
@@ -283,6 +300,105 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
+# verbatim between scripts), and the tokenizer checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
+    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
+    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
+    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
+    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
+    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
+    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
+                                        sync_with_dataloader=sync_with_dataloader)
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def shard_length(n: int, accelerator: Accelerator) -> int:
+    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
+    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
+    per_process, extra = divmod(n, accelerator.num_processes)
+    return per_process + (accelerator.process_index < extra)
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
+    (sampling loops and `generate` must keep stepping until every rank is done)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
+    """DeepSpeed's config needs the micro-batch size, which accelerate otherwise reads from a prepared dataloader."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+
+
+def prepare_frozen(model, accelerator: Accelerator):
+    """A frozen model (reference policy, reward model) ready for the engine in use; call it after `prepare`. Under
+    DeepSpeed it becomes an inference engine in the training precision, as TRL's `prepare_deepspeed` does: sharded under
+    ZeRO-3, where `from_pretrained` already partitioned its weights (moved with `.to(device)` it would hold empty
+    tensors), unsharded (stage 0) otherwise. Elsewhere it moves to the device."""
+    if model is None:
+        return None
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    if config["zero_optimization"]["stage"] != 3:
+        config["zero_optimization"]["stage"] = 0
+    engine = deepspeed.initialize(model=model, config=config)[0]
+    engine.eval()
+    object.__setattr__(engine.module, "_frozen_engine", engine)  # kept alive with the module, not registered in it
+    return engine.module
+
+
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
+    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
+    submodule's weights (PPO saves `policy.`, not the value model)."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if prefix:
+            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    accelerator.wait_for_everyone()
+
+
+def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
+    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
+    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
+    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
+    if not add_pad_token:
+        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
+    return tokenizer
+
+
+def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
+    """Token ids ending in exactly one EOS. The N+ TL;DR responses already end with the text `<|endoftext|>`, which the
+    Pythia tokenizer encodes as its EOS: appending another would teach two EOS and move the reward's position."""
+    return ids if ids and ids[-1] == eos_id else [*ids, eos_id]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -566,7 +682,8 @@ def encode_prompt(tokenizer, prompt: str, args: Args) -> list[int]:
 
 
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """Prompt ids and chosen / rejected response ids (EOS appended) of every pair; overlong rows are an error."""
+    """Prompt ids and chosen / rejected response ids, each ending in exactly one EOS (the N+ responses already end
+    with the text `<|endoftext|>`); overlong rows are an error."""
     out, dropped = [], 0
     for i, row in enumerate(ds):
         prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
@@ -574,7 +691,8 @@ def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]
         for key, name in (("chosen", args.chosen_field), ("rejected", args.rejected_field)):
             if not isinstance(row.get(name), str) or not row[name].strip():
                 raise SystemExit(f"error: field '{name}' of row {i} of split '{split}' must be a non-empty string, got {row.get(name)!r}")
-            item[key] = tokenizer(row[name], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            ids = tokenizer(row[name], add_special_tokens=False)["input_ids"]
+            item[key] = end_with_eos(ids, tokenizer.eos_token_id)
         longest = max(len(item["chosen"]), len(item["rejected"]))
         if len(prompt_ids) > args.max_prompt_length or longest > args.max_response_length:
             if not args.drop_overlong:
@@ -646,13 +764,15 @@ def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict
 
 @torch.no_grad()
 def cache_ref_logprobs(ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> None:
-    """Reference logprobs of every pair, computed once (each process takes a shard, all get the union)."""
+    """Reference logprobs of every pair, computed once (each process takes a shard, all get the union; under ZeRO-3 the
+    shards are padded to equal size, every forward pass being a collective, and a padded duplicate rewrites a value)."""
     out = []
-    with accelerator.split_between_processes(list(range(len(items)))) as shard:
+    with accelerator.split_between_processes(list(range(len(items))), apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             idx = shard[start : start + args.per_device_eval_batch_size]
             batch = {k: v.to(accelerator.device) for k, v in collate_pairs([items[i] for i in idx], pad_id, args.pack_pairs).items()}
-            chosen, rejected = forward_logprobs(ref_policy, batch)
+            with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
+                chosen, rejected = forward_logprobs(ref_policy, batch)
             out.extend(zip(idx, chosen.tolist(), rejected.tolist()))
     for i, c, r in gather_object(out):
         items[i]["ref_chosen"], items[i]["ref_rejected"] = c, r
@@ -660,11 +780,12 @@ def cache_ref_logprobs(ref_policy, items: list[dict], pad_id: int, args: Args, a
 
 @torch.no_grad()
 def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dict], args: Args, device, version: int,
-                 num_threads: int | None = None) -> dict:
+                 num_threads: int | None = None, synced: bool = False, autocast=nullcontext) -> dict:
     """Online DPO data for one step: two samples per prompt from `gen_policy`, truncated after EOS, scored by
     the judge; the higher-scored one is `chosen`. Returns the pairs as token lists (the offline pairs' format) with
     their reference logprobs, which pairs tie, the policy version that generated them, and rollout statistics. Runs
-    in the generator thread with --async."""
+    in the generator thread with --async. `synced` (ZeRO-3): `generate` keeps stepping until every process is done.
+    `autocast`: the training precision's context (accelerator.autocast), for the frozen models' forward passes."""
     if num_threads:  # a new thread starts with the default OpenMP pool; give it its share of the cores
         torch.set_num_threads(num_threads)
     t0 = time.time()
@@ -672,7 +793,8 @@ def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dic
     queries, qmask = left_pad([r["prompt_ids"] for r in rows for _ in range(2)], pad)  # rows 2i and 2i+1: prompt i
     queries, qmask = queries.to(device), qmask.to(device)
     out = gen_policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=True,
-                              temperature=args.temperature + 1e-7, top_k=0, top_p=1.0, pad_token_id=pad, eos_token_id=eos)
+                              temperature=args.temperature + 1e-7, top_k=0, top_p=1.0, pad_token_id=pad,
+                              eos_token_id=eos, synced_gpus=synced)
     responses = truncate_response(out[:, queries.shape[1]:], eos, pad)
     if (responses[:, 0] == pad).any():
         raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
@@ -682,7 +804,8 @@ def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dic
         scores = torch.tensor([gold_judge(t, rows[i // 2]["facts"]) for i, t in enumerate(texts)], device=device)
     else:
         seqs = torch.cat([queries, responses], 1)
-        scores = outcome_reward(reward_model, seqs.masked_fill(seqs == pad, 0), (seqs != pad).long()).float()
+        with autocast():
+            scores = outcome_reward(reward_model, seqs.masked_fill(seqs == pad, 0), (seqs != pad).long()).float()
     if args.non_eos_penalty:
         scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
     first_wins = scores[0::2] >= scores[1::2]
@@ -692,7 +815,9 @@ def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dic
     real = lambda t: t[t != pad].tolist()  # noqa: E731
     pairs = [{"prompt_ids": real(queries[2 * i]), "chosen": real(chosen[i]), "rejected": real(rejected[i])} for i in range(len(rows))]
     batch = {k: v.to(device) for k, v in collate_pairs(pairs, pad, args.pack_pairs).items()}
-    for it, ref_c, ref_r in zip(pairs, *forward_logprobs(ref_policy, batch)):
+    with autocast():
+        ref_logprobs = forward_logprobs(ref_policy, batch)
+    for it, ref_c, ref_r in zip(pairs, *ref_logprobs):
         it["ref_chosen"], it["ref_rejected"] = ref_c.item(), ref_r.item()
     high, low = scores.view(-1, 2).max(1).values, scores.view(-1, 2).min(1).values
     stats = {"objective/reward": scores.mean(), "objective/score_margin": (high - low).mean(), "objective/tie_rate": (high == low).float().mean(),
@@ -702,17 +827,22 @@ def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dic
 
 @torch.no_grad()
 def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> dict:
-    """DPO loss and implicit-reward accuracy on held-out preference pairs."""
+    """DPO loss and implicit-reward accuracy on held-out preference pairs (under ZeRO-3, shards padded to equal size
+    and the padded duplicates dropped after)."""
     policy.eval()
     records = []
-    with accelerator.split_between_processes(items) as shard:
+    with accelerator.split_between_processes(items, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = {k: v.to(accelerator.device) for k, v in collate_pairs(shard[start : start + args.per_device_eval_batch_size], pad_id, args.pack_pairs).items()}
-            chosen, rejected = forward_logprobs(policy, batch)
-            ref_c, ref_r = (batch["ref_chosen"], batch["ref_rejected"]) if "ref_chosen" in batch else forward_logprobs(ref_policy, batch)
+            with accelerator.autocast():
+                chosen, rejected = forward_logprobs(policy, batch)
+                if "ref_chosen" in batch:
+                    ref_c, ref_r = batch["ref_chosen"], batch["ref_rejected"]
+                else:
+                    ref_c, ref_r = forward_logprobs(ref_policy, batch)
             losses, rc, rr = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
             records.extend(zip(losses.tolist(), rc.tolist(), rr.tolist(), implicit_accuracy(rc, rr).tolist()))
-    records = gather_object(records)
+    records = gather_object(records[: shard_length(len(items), accelerator)])  # without the padded rows
     policy.train()
     n = len(records)
     return {"eval/loss": sum(r[0] for r in records) / n, "eval/accuracy": sum(r[3] for r in records) / n,
@@ -722,28 +852,32 @@ def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Arg
 
 @torch.no_grad()
 def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator) -> tuple[dict, list[dict]]:
-    """Greedy responses to the evaluation prompts, scored by the gold judge (tiny-tldr) and the reward model if any."""
+    """Greedy responses to the evaluation prompts, scored by the gold judge (tiny-tldr) and the reward model if any.
+    Under ZeRO-3 the shards are padded to equal size and `generate` synced (every forward pass is a collective)."""
     policy.eval()
     records = []
-    with accelerator.split_between_processes(rows) as shard:
+    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = shard[start : start + args.per_device_eval_batch_size]
             queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
             queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
             out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
-                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                  synced_gpus=zero3(accelerator))
             responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
             scores = [None] * len(batch)
             if reward_model is not None:
                 seqs = torch.cat([queries, responses], 1)
-                scores = outcome_reward(reward_model, seqs.masked_fill(seqs == tokenizer.pad_token_id, 0), (seqs != tokenizer.pad_token_id).long()).tolist()
+                with accelerator.autocast():
+                    scores = outcome_reward(reward_model, seqs.masked_fill(seqs == tokenizer.pad_token_id, 0),
+                                            (seqs != tokenizer.pad_token_id).long()).tolist()
             for r, resp, score in zip(batch, responses, scores):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
                 rec = {"response": text, "score": score, "length": int((resp != tokenizer.pad_token_id).sum()), "eos": bool((resp == tokenizer.eos_token_id).any())}
                 if args.eval_task == "tldr":
                     rec["gold_reward"], rec["reference_gold_reward"] = gold_judge(text, r["facts"]), gold_judge(r["reference"], r["facts"])
                 records.append(rec)
-    records = gather_object(records)
+    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     policy.train()
     n = len(records)
     metrics = {"eval/completion_length": sum(r["length"] for r in records) / n, "eval/eos_rate": sum(r["eos"] for r in records) / n}
@@ -761,10 +895,8 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
 
 
 def main(args: Args) -> dict:
-    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
-    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
-    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    # the batches come from an endless `while True: yield from loader`: the loader's end is no optimizer-step boundary
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     threads = args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes)
     gen_threads = None
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
@@ -776,17 +908,17 @@ def main(args: Args) -> dict:
     set_seed(args.seed)
     device = accelerator.device
     online = args.mode == "online"
+    synced = zero3(accelerator)  # every forward pass is a collective: `generate` must step until every process is done
+    if online and args.async_generation and synced:
+        raise SystemExit("error: --async copies the policy's weights into a generator thread, but ZeRO-3 shards them "
+                         "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)")
 
     # ---- models: the policy (trained), the reference and the reward model (frozen) ----
     local = os.path.isdir(args.sft_model_path)
     if not local:
         require_hub(args.sft_model_path, "model", "--sft-model-path")
     tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
-    if tokenizer.eos_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {args.sft_model_path} has no EOS token; responses could never end")
-    if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
-        raise SystemExit("error: the SFT tokenizer needs a pad token distinct from EOS (sft.py --add-pad-token adds one); with PAD = EOS "
-                         "the EOS would be masked out as padding (N+ detail)")
+    tokenizer = ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
     ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
     if args.pack_pairs and policy.config._attn_implementation not in ("eager", "sdpa"):
@@ -796,7 +928,7 @@ def main(args: Args) -> dict:
     reward_model = None
     if args.reward_model_path and (args.judge == "rm" or not online):
         reward_model = load_pretrained(AutoModelForSequenceClassification, args.reward_model_path, args, "reward model",
-                                       "--reward-model-path", num_labels=1).eval().requires_grad_(False).to(device)
+                                       "--reward-model-path", num_labels=1).eval().requires_grad_(False)
     if online and args.judge == "rm" and reward_model is None:
         raise SystemExit("error: online DPO with --judge rm needs --reward-model-path (or pass --judge gold on tiny-tldr)")
 
@@ -817,13 +949,6 @@ def main(args: Args) -> dict:
         if args.max_train_samples:
             ds = ds.select(range(min(args.max_train_samples, len(ds))))
         train = tokenize_pairs(ds, tokenizer, args, args.train_split)
-    ref_policy.to(device)
-    if not online and args.precompute_ref_logprobs:
-        t0 = time.time()
-        cache_ref_logprobs(ref_policy, train, pad, args, accelerator)
-        cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
-        accelerator.print(f"cached reference logprobs of {len(train) + len(eval_pairs)} pairs in {time.time() - t0:.1f}s")
-        ref_policy = ref_policy.cpu() if device.type != "cpu" else ref_policy  # no longer needed on the accelerator
 
     # ---- batch arithmetic and optimiser ----
     step_pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps  # pairs per process per optimizer step
@@ -835,7 +960,15 @@ def main(args: Args) -> dict:
         loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
                                              generator=generator, collate_fn=lambda b: collate_pairs(b, pad, args.pack_pairs))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    set_deepspeed_micro_batch(accelerator, args.per_device_train_batch_size)  # pairs per backward pass (online too)
     policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    ref_policy, reward_model = prepare_frozen(ref_policy, accelerator), prepare_frozen(reward_model, accelerator)
+    if not online and args.precompute_ref_logprobs:  # the loader's collate reads the cached values from the pairs
+        t0 = time.time()
+        cache_ref_logprobs(ref_policy, train, pad, args, accelerator)
+        cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
+        accelerator.print(f"cached reference logprobs of {len(train) + len(eval_pairs)} pairs in {time.time() - t0:.1f}s")
+        ref_policy = None  # every pair now carries its reference logprobs: free the model
     # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
     total_steps = args.total_episodes // batch_pairs if online else len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
     if total_steps == 0:
@@ -874,7 +1007,8 @@ def main(args: Args) -> dict:
             gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
             executor = ThreadPoolExecutor(max_workers=1)
         pending = (executor.submit if executor else lambda f, *a: f(*a))(
-            sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args, device, 0, gen_threads)
+            sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args, device, 0,
+            gen_threads, synced, accelerator.autocast)
 
     start_time, episode = time.time(), 0
     progress = tqdm(range(1, total_steps + 1), disable=not accelerator.is_main_process, desc=f"{args.mode} dpo")
@@ -887,7 +1021,7 @@ def main(args: Args) -> dict:
             if executor and step < total_steps:  # sync the generator's copy to the current weights (step - 1), sample the next batch
                 gen_policy.load_state_dict(unwrapped.state_dict())
                 pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args,
-                                          device, step - 1, gen_threads)
+                                          device, step - 1, gen_threads, synced, accelerator.autocast)
             micro = []
             n_pairs = len(data["pairs"])
             for i in range(args.gradient_accumulation_steps):
@@ -908,7 +1042,7 @@ def main(args: Args) -> dict:
                 if "ref_chosen" in mb:
                     ref_c, ref_r = mb["ref_chosen"], mb["ref_rejected"]
                 else:
-                    with torch.no_grad():
+                    with torch.no_grad(), accelerator.autocast():
                         ref_c, ref_r = forward_logprobs(ref_policy, mb)
                 losses, r_c, r_r = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
                 valid = mb.get("valid", torch.ones_like(losses, dtype=torch.bool)).float()
@@ -926,7 +1060,8 @@ def main(args: Args) -> dict:
         scheduler.step()
         train_sec = time.time() - train_start  # the update only (not the synchronous sampling below)
         if online and not executor and step < total_steps:  # synchronous online: sample the next batch with the new weights
-            pending = sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args, device, step, gen_threads)
+            pending = sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args,
+                                   device, step, gen_threads, synced, accelerator.autocast)
         episode = step * batch_pairs
 
         # ---- logging ----
@@ -937,7 +1072,8 @@ def main(args: Args) -> dict:
             if online:
                 logged["objective/kl"] = values[7]  # mean of log pi - log pi_ref over the sampled responses (k1, per response)
                 logged.update(stats)
-            logged.update({"train/grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0], "perf/train_sec": train_sec,
+            logged.update({"train/grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # DeepSpeed
+                           "lr": scheduler.get_last_lr()[0], "perf/train_sec": train_sec,
                            "perf/episodes_per_sec": episode / (time.time() - start_time), "perf/peak_mem_gb": peak_mem_gb(device)})
             logger.log(logged, step, episode)
             progress.set_postfix(loss=f"{logged['train/loss']:.3f}", acc=f"{logged['rewards/accuracies']:.2f}")
@@ -950,10 +1086,7 @@ def main(args: Args) -> dict:
         executor.shutdown(wait=True)
 
     if args.save_model:
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            unwrapped.save_pretrained(logger.dir / "model", safe_serialization=True)
-            tokenizer.save_pretrained(logger.dir / "model")
+        save_model(policy, tokenizer, accelerator, logger.dir / "model")
     logger.close()
     accelerator.end_training()
     return metrics

@@ -53,8 +53,10 @@ Usage:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import math
 import os
 import random
 import re
@@ -63,7 +65,6 @@ import socket
 import string
 import time
 from collections import Counter
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -72,7 +73,7 @@ from urllib.parse import urlparse
 import torch
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
@@ -106,13 +107,14 @@ class Args:
     trust_remote_code: bool = False
     """allow custom modelling code from the hub; off unless you trust the repository"""
     add_pad_token: bool = False
-    """add a `[PAD]` token when the tokenizer has none; PAD = EOS is always an error"""
+    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
+    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the policy, the reference and the reward models"""
     sampler_logprobs: bool | None = None
     """take the old policy's logprobs from the sampler instead of a forward pass after sampling; default: on when
-    sampling with the policy itself in float32 (the two agree to 1e-5), off with vLLM or half precision, whose kernels
-    differ enough to move the first ratio off 1 (N+ recomputes them for that reason)"""
+    sampling with the policy itself in float32 without mixed precision (the two agree to 1e-5), off with vLLM, half
+    precision or bf16 mixed precision, whose kernels differ enough to move the first ratio off 1 (N+ recomputes them)"""
     use_vllm: bool = False
     """sample with vLLM (the `vllm` extra and a GPU; one engine per process, its weights synced every step)"""
     vllm_gpu_memory_utilization: float = 0.3
@@ -223,11 +225,15 @@ class Args:
     """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
+# The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do.
 PRESETS = {
     "gsm8k-qwen2.5-0.5b": ("GRPO on GSM8K, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
         # DeepSeekMath section 4.2: lr 1e-6, beta 0.04, one policy update per batch of 1024 completions; G=64
         # there, 8 here (TRL's default, affordable for 0.5B): 8 GPUs x 16 questions x 8 = 1024 completions.
-        exp_name="grpo_gsm8k_qwen2.5-0.5b", model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16",
+        # Lengths (Qwen2.5-Instruct tokenizer and chat template, default system prompt): the longest rendered prompt
+        # is 256 tokens over GSM8K train (7,473 rows) and 232 over test (1,319), within max_prompt_length 512.
+        exp_name="grpo_gsm8k_qwen2.5-0.5b", model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
         dataset_name_or_path="openai/gsm8k", dataset_config="main", eval_split="test",
         prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
         use_chat_template=True, reference_template="{answer}", answer_format="gsm8k", loss_type="grpo",
@@ -237,11 +243,18 @@ PRESETS = {
         # Dr. GRPO's Oat-Zero recipe (github.com/sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh): lr 1e-6
         # constant, beta 0, G=8, temperature 1, 128 questions per step (16 per GPU), 3000-token budget, mini-batches
         # of 128 completions (8 optimizer steps per batch), greedy evaluation, Qwen-Math prompt (chat template).
-        exp_name="grpo_math_qwen2.5-math-1.5b", model_name_or_path="Qwen/Qwen2.5-Math-1.5B", dtype="bfloat16",
+        # The prompt is the problem alone: the Qwen2.5-Math chat template's default system prompt carries the
+        # instruction "Please reason step by step, and put your final answer within \boxed{}." once, exactly Oat-Zero's
+        # qwen_math template. The base tokenizer sets PAD = EOS, hence add_pad_token ([PAD] fits a spare embedding row).
+        # Lengths (that tokenizer and template): the longest rendered prompt is 1,083 tokens over the MATH test set
+        # (1,000 rows; the next 735) and 819 over MATH-500; Qwen2.5-Math-1.5B has 4,096 positions, so prompts get
+        # 4096 - 3000 (completion budget) = 1096 tokens, and drop_overlong skips the rare longer training problem
+        # (a MATH-lighteval train row we could not measure offline) instead of stopping the run.
+        exp_name="grpo_math_qwen2.5-math-1.5b", model_name_or_path="Qwen/Qwen2.5-Math-1.5B", add_pad_token=True,
         dataset_name_or_path="DigitalLearningGmbH/MATH-lighteval", dataset_config="default",
-        eval_dataset_name_or_path="HuggingFaceH4/MATH-500", eval_split="test",
-        prompt_template="{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.",
-        use_chat_template=True, reference_template="{solution}", answer_format="boxed", max_prompt_length=1024,
+        eval_dataset_name_or_path="HuggingFaceH4/MATH-500", eval_split="test", prompt_template="{problem}",
+        use_chat_template=True, reference_template="{solution}", answer_format="boxed", max_prompt_length=1096,
+        drop_overlong=True,
         loss_type="dr_grpo", num_generations=8, questions_per_device=16, num_mini_batches=8, total_steps=400,
         max_completion_length=3000, temperature=1.0, beta=0.0, learning_rate=1e-6, micro_batch_size=4,
         eval_every=16, num_eval_examples=500)),
@@ -323,18 +336,7 @@ def load_tokenizer(args: Args):
     tok = AutoTokenizer.from_pretrained(
         args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
     )
-    if tok.eos_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {args.model_name_or_path} has no EOS token; responses could never end")
-    if tok.pad_token_id is None:
-        if not args.add_pad_token:
-            raise SystemExit(
-                f"error: the tokenizer of {args.model_name_or_path} has no pad token. Pass --add-pad-token to add "
-                "'[PAD]' (as N+ does for Pythia); do not reuse EOS as PAD, or EOS gets masked out with the padding.")
-        tok.add_special_tokens({"pad_token": "[PAD]"})
-    if tok.pad_token_id == tok.eos_token_id:
-        raise SystemExit("error: the pad token is the EOS token; EOS would be masked with the padding (N+ detail). "
-                         "Give the tokenizer a distinct pad token.")
-    return tok
+    return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
 
 
 def load_causal_lm(args: Args, tokenizer):
@@ -343,7 +345,7 @@ def load_causal_lm(args: Args, tokenizer):
         args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code,
         local_files_only=local, dtype=getattr(torch, args.dtype),
     )
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -367,6 +369,99 @@ def load_reward_model(path: str, args: Args, flag: str, reward_type: str, tokeni
     if AutoTokenizer.from_pretrained(path, local_files_only=local).get_vocab() != tokenizer.get_vocab():
         raise SystemExit(f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same tokenizer")
     return model.eval().requires_grad_(False)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
+# verbatim between scripts), and the tokenizer checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
+    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
+    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
+    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
+    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
+    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
+    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
+                                        sync_with_dataloader=sync_with_dataloader)
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def shard_length(n: int, accelerator: Accelerator) -> int:
+    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
+    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
+    per_process, extra = divmod(n, accelerator.num_processes)
+    return per_process + (accelerator.process_index < extra)
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
+    (sampling loops and `generate` must keep stepping until every rank is done)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
+    """DeepSpeed's config needs the micro-batch size, which accelerate otherwise reads from a prepared dataloader."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+
+
+def prepare_frozen(model, accelerator: Accelerator):
+    """A frozen model (reference policy, reward model) ready for the engine in use; call it after `prepare`. Under
+    DeepSpeed it becomes an inference engine in the training precision, as TRL's `prepare_deepspeed` does: sharded under
+    ZeRO-3, where `from_pretrained` already partitioned its weights (moved with `.to(device)` it would hold empty
+    tensors), unsharded (stage 0) otherwise. Elsewhere it moves to the device."""
+    if model is None:
+        return None
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    if config["zero_optimization"]["stage"] != 3:
+        config["zero_optimization"]["stage"] = 0
+    engine = deepspeed.initialize(model=model, config=config)[0]
+    engine.eval()
+    object.__setattr__(engine.module, "_frozen_engine", engine)  # kept alive with the module, not registered in it
+    return engine.module
+
+
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
+    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
+    submodule's weights (PPO saves `policy.`, not the value model)."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if prefix:
+            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    accelerator.wait_for_everyone()
+
+
+def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
+    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
+    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
+    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
+    if not add_pad_token:
+        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
+    return tokenizer
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -749,21 +844,39 @@ def question_stream(rows: list[dict], seed: int):
         yield from (rows[i] for i in order)
 
 
-@torch.no_grad()
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True when `flag` is True on any process (one all-reduce; every process must call it)."""
+    value = torch.tensor([float(flag)], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return value.item() > 0
+
+
 @torch.no_grad()
 def hf_sample(model, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int, temperature: float,
-              batch_size: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+              batch_size: int, synced: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Completions (token lists, up to and including the first EOS) and the logprob of each sampled token, by plain
     sampling from softmax(logits / T) (no top-k / top-p / repetition penalty, so the loss's logprobs are those of the
     sampling distribution); T = 0 is greedy. A hand-written decoding loop over the model's KV cache rather than
     `model.generate`, for two reasons: a finished completion leaves the batch (its rows are dropped from the cache), so
     the batch shrinks instead of decoding padding until the longest completion ends; and the loop keeps each sampled
     token's logprob, which is the old policy's logprob the loss needs (no extra forward pass). Twice as fast as
-    `generate` on the tiny model (benchmark/speed.py); greedy output is the same token for token (tests)."""
+    `generate` on the tiny model (benchmark/speed.py); greedy output is the same token for token (tests).
+
+    `synced` (ZeRO-3, where every forward pass is a collective of all processes): every process makes the same number
+    of forward calls. All run as many chunks as the process with the most prompts (a process out of prompts decodes one
+    dummy prompt), and a process whose rows have all finished keeps one finished row as a dummy, whose outputs are not
+    written, until no process has a live row."""
     device = next(model.parameters()).device
     completions, logprobs = [], []
-    for start in range(0, len(prompts), batch_size):
-        ids, mask = left_pad(prompts[start : start + batch_size], pad_id)
+    num_chunks = -(-len(prompts) // batch_size)
+    if synced:  # the same number of chunks everywhere: an all-reduce of the count
+        count = torch.tensor([float(num_chunks)], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        num_chunks = int(count.item())
+    for start in range(0, num_chunks * batch_size, batch_size):
+        chunk = prompts[start : start + batch_size]
+        dummy = not chunk  # (synced) this process is out of prompts: one dummy row keeps it stepping with the others
+        ids, mask = left_pad(chunk or [[eos_id]], pad_id)
         ids, mask = ids.to(device), mask.to(device)
         B = len(ids)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
@@ -776,22 +889,28 @@ def hf_sample(model, prompts: list[list[int]], pad_id: int, eos_id: int, max_new
         for t in range(max_new_tokens):
             logp = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
             token = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logp.argmax(-1)
-            tokens[alive, t], token_logp[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
-            done = token == eos_id
-            if done.any():
-                lengths[alive[done]] = t + 1
-                keep = (~done).nonzero().squeeze(1)
-                if len(keep) == 0:
-                    break
-                alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
-                cache.batch_select_indices(keep)
+            if not dummy:
+                tokens[alive, t], token_logp[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+                done = token == eos_id
+                if done.any():
+                    lengths[alive[done]] = t + 1
+                    keep = (~done).nonzero().squeeze(1)
+                    if len(keep) == 0:
+                        if not synced:
+                            break
+                        keep, dummy = keep.new_zeros(1), True  # a finished row stays as the dummy, never written
+                    alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+                    cache.batch_select_indices(keep)
+            if synced and not any_rank(not dummy, device):
+                break
             if t + 1 == max_new_tokens:
                 break
             mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
             logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
-        for row, lp, n in zip(tokens.tolist(), token_logp.cpu(), lengths.tolist()):
-            completions.append(row[:n])
-            logprobs.append(lp[:n])
+        if chunk:
+            for row, lp, n in zip(tokens.tolist(), token_logp.cpu(), lengths.tolist()):
+                completions.append(row[:n])
+                logprobs.append(lp[:n])
     return completions, logprobs
 
 
@@ -877,9 +996,10 @@ def peak_mem_gb(device: torch.device) -> float:
 @torch.no_grad()
 def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, k: int, temperature: float) -> tuple[dict, list[dict]]:
     """k completions per evaluation question (k = 1 and T = 0: greedy pass@1, `eval/accuracy`); with k > 1 pass@k
-    (any of the k right), maj@k (the majority answer right) and mean@k. Each process takes a shard."""
+    (any of the k right), maj@k (the majority answer right) and mean@k. Each process takes a shard; under ZeRO-3 the
+    shards are padded to equal size (every forward pass is a collective) and the padded duplicates dropped after."""
     records = []
-    with accelerator.split_between_processes(rows) as shard:
+    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
         completions = sample([r["prompt_ids"] for r in shard for _ in range(k)], temperature)[0] if shard else []
         for j, row in enumerate(shard):
             outs = completions[j * k : (j + 1) * k]
@@ -890,7 +1010,7 @@ def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accel
             records.append({"question": row["prompt"], "gold": row["gold"], "completion": texts[0], "correct": correct,
                             "maj_correct": vote is not None and correct[keys.index(vote)] == 1.0,
                             "length": sum(len(o) for o in outs) / k, "eos": sum(tokenizer.eos_token_id in o for o in outs) / k})
-    records = gather_object(records)
+    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     n = len(records)
     if k == 1:
         return {"eval/accuracy": sum(r["correct"][0] for r in records) / n, "eval/completion_length": sum(r["length"] for r in records) / n,
@@ -925,22 +1045,29 @@ def resolve_variant(args: Args) -> None:
 
 def main(args: Args) -> dict:
     resolve_variant(args)
-    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
-    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
-    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(cpu=cpu_ddp)
+    # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
+    # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
+    mini_size = args.questions_per_device * args.num_generations // args.num_mini_batches
+    micro_steps = math.ceil(mini_size / args.micro_batch_size)
+    accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
     device, G, Q = accelerator.device, args.num_generations, args.questions_per_device
+    synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
+    if args.use_vllm and synced:
+        raise SystemExit("error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
+                         "processes; use DDP or ZeRO-2 with vLLM")
 
     # ---- models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models ----
     tokenizer = load_tokenizer(args)
     policy = load_causal_lm(args, tokenizer)
-    ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False).to(device) if args.beta > 0 else None
-    rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer).to(device) if args.reward_model_path else None
-    prm = load_reward_model(args.prm_path, args, "--prm-path", "process", tokenizer).to(device) if args.prm_path else None
+    ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False) if args.beta > 0 else None
+    rm = None
+    if args.reward_model_path:
+        rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
+    prm = load_reward_model(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
 
     # ---- data: every process samples its own shard of questions, and a question's whole group stays on its process,
     # so group statistics (mean, std, the dynamic-sampling filter) need no communication ----
@@ -951,12 +1078,19 @@ def main(args: Args) -> dict:
     stream = question_stream(train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
+    set_deepspeed_micro_batch(accelerator, args.micro_batch_size)  # GRPO prepares no dataloader to read it from
     model, optimizer = accelerator.prepare(policy, optimizer)
+    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
+        raise SystemExit(f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
+                         f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
+                         f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config")
+    ref_policy, rm, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm))
     unwrapped = accelerator.unwrap_model(model)
     check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
     vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
-    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else not args.use_vllm and args.dtype == "float32"
+    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else (
+        not args.use_vllm and args.dtype == "float32" and accelerator.mixed_precision == "no")
     if use_sampler_logprobs and args.use_vllm:
         raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
 
@@ -964,7 +1098,7 @@ def main(args: Args) -> dict:
         if vllm_sampler is not None:
             return vllm_sampler(prompts, args.max_completion_length, temperature), None
         return hf_sample(unwrapped, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id, args.max_completion_length, temperature,
-                         args.generation_batch_size)
+                         args.generation_batch_size, synced)
 
     def sample_and_score(rows: list[dict]) -> dict:
         """G completions of each question and every part of their reward."""
@@ -981,13 +1115,26 @@ def main(args: Args) -> dict:
             scores = []
             for i in range(0, len(prompts), args.micro_batch_size):
                 chunk = [p + c for p, c in zip(prompts[i : i + args.micro_batch_size], completions[i : i + args.micro_batch_size])]
-                scores.append(outcome_reward(rm, *(x.to(device) for x in right_pad(chunk, tokenizer.pad_token_id))).float().cpu())
+                ids, mask = (x.to(device) for x in right_pad(chunk, tokenizer.pad_token_id))
+                with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
+                    scores.append(outcome_reward(rm, ids, mask).float().cpu())
             parts["outcome_rm"] = args.rm_coef * torch.cat(scores)
         if prm is not None:  # Clip / Delta refined step rewards, placed on the steps' last tokens: their sum
-            parts["process_rm"] = process_rewards(prm, tokenizer, prompts, right_pad(completions, tokenizer.pad_token_id)[0], args)[0].sum(1)
+            responses = right_pad(completions, tokenizer.pad_token_id)[0]
+            with accelerator.autocast():
+                parts["process_rm"] = process_rewards(prm, tokenizer, prompts, responses, args)[0].sum(1)
         return {"prompts": prompts, "completions": completions, "sample_logprobs": sample_logprobs or [None] * len(prompts), "texts": texts, "truncated": torch.tensor([not e for e in ended]),
                 "lengths": lengths, **parts, "reward": sum(parts.values()),
                 "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts])}
+
+    def questions_needed(missing: int) -> int:
+        """Questions to sample next on this process; under ZeRO-3 every process samples as many as the one that misses
+        most (the sampler and reward models then make the same forward calls everywhere)."""
+        if not synced:
+            return missing
+        count = torch.tensor([float(missing)], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count.item())
 
     def concat(batches: list[dict]) -> dict:
         return {k: (torch.cat([b[k] for b in batches]) if torch.is_tensor(batches[0][k]) else [x for b in batches for x in b[k]]) for k in batches[0]}
@@ -1007,13 +1154,14 @@ def main(args: Args) -> dict:
         # and samples more questions until this process has Q of them ----
         model.eval()
         sampled, kept, dropped, rounds = [], [], [], 0
-        while len(kept) < Q:
-            batch = sample_and_score([next(stream) for _ in range(Q - len(kept))])
+        while (need := questions_needed(Q - len(kept))) > 0:
+            batch = sample_and_score([next(stream) for _ in range(need)])
             sampled.append(batch)
             rounds += 1
             signal = groups_with_signal(batch["reward"].view(-1, G)).tolist() if args.dynamic_sampling else [True] * (len(batch["texts"]) // G)
             kept += [select_groups(batch, [g]) for g, s in enumerate(signal) if s]
             dropped += [select_groups(batch, [g]) for g, s in enumerate(signal) if not s]
+            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
             if rounds >= args.max_sampling_rounds and len(kept) < Q:
                 # every process must run the same number of optimizer steps (DDP): top the batch up with zero-advantage
                 # groups (they add only the KL term) instead of sampling forever
@@ -1044,7 +1192,7 @@ def main(args: Args) -> dict:
         if off_policy and use_sampler_logprobs:
             for i, lp in enumerate(batch["sample_logprobs"]):
                 old_logprobs[i, : len(lp)] = lp.to(device)
-        with torch.no_grad():
+        with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
             for start in range(0, B, args.micro_batch_size):
                 idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
                 packed, c_end = micro(idx)
@@ -1053,9 +1201,9 @@ def main(args: Args) -> dict:
                 if ref_policy is not None:
                     ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
 
-        # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro-batches ----
+        # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
+        # passes (accelerate.accumulate: DDP all-reduces, and DeepSpeed steps, on the last one only) ----
         stats = {k: [] for k in ("loss", "kl", "clipped", "tokens", "ratio", "entropy", "grad_norm")}
-        mini_size = B // args.num_mini_batches
         for iteration in range(args.num_iterations):
             order = torch.randperm(B, device=device)
             for mb_start in range(0, B, mini_size):
@@ -1067,8 +1215,7 @@ def main(args: Args) -> dict:
                 update_loss = torch.zeros((), device=device)
                 for micro_start in range(0, mini_size, args.micro_batch_size):
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
-                    last = micro_start + args.micro_batch_size >= mini_size
-                    with nullcontext() if last else accelerator.no_sync(model):  # all-reduce once per optimizer step
+                    with accelerator.accumulate(model):
                         packed, c_end = micro(idx)
                         cm = completion_mask[idx, :c_end]
                         logprobs, entropy = completion_logprobs(model, packed, args.temperature)
@@ -1079,7 +1226,9 @@ def main(args: Args) -> dict:
                         loss = aggregate_loss(per_token + args.beta * kl, mask, **agg)
                         if not torch.isfinite(loss):
                             raise RuntimeError(f"non-finite GRPO loss {loss.item()} at step {step}; lower --learning-rate or check the rewards")
-                        accelerator.backward(loss)
+                        # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
+                        # (DeepSpeed: its engine) divides every backward by the accumulation steps: undo that
+                        accelerator.backward(loss * accelerator.gradient_accumulation_steps)
                     update_loss += aggregate_loss(per_token.detach(), mask, **agg)  # the surrogate alone, without the KL term
                     stats["clipped"].append((clipped & mask.bool()).sum().float())
                     stats["tokens"].append(mask.sum().float())
@@ -1088,7 +1237,8 @@ def main(args: Args) -> dict:
                         stats["kl"].append((kl.detach() * cm).sum())
                         stats["entropy"].append((entropy * cm).sum())
                 stats["loss"].append(update_loss)
-                stats["grad_norm"].append(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
+                stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
                 optimizer.step()
                 optimizer.zero_grad()
                 scheduler.step()
@@ -1137,10 +1287,7 @@ def main(args: Args) -> dict:
         accelerator.print(f"pass@{args.pass_k} {pass_metrics['eval/pass@k']:.4f}, maj@{args.pass_k} {pass_metrics['eval/maj@k']:.4f}")
         metrics = {**metrics, **pass_metrics}
     if args.save_model:
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            unwrapped.save_pretrained(logger.dir / "model", safe_serialization=True)
-            tokenizer.save_pretrained(logger.dir / "model")
+        save_model(model, tokenizer, accelerator, logger.dir / "model")
     logger.close()
     accelerator.end_training()
     return metrics

@@ -36,6 +36,7 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import json
@@ -55,7 +56,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import (DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object,
+                               set_seed)
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
@@ -92,12 +94,16 @@ class Args:
     """initial value model; default: the reward model (N+), or the SFT model with a fresh head when there is none"""
     trust_remote_code: bool = False
     """allow custom modelling code from the hub; off unless you trust the repository"""
+    add_pad_token: bool = False
+    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
+    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """dtype of all four models"""
+    """dtype all four models are loaded in; the real presets load float32 and get bf16 from the accelerate config's
+    mixed precision"""
     sampler_logprobs: bool | None = None
     """keep the rollout logprobs of the sampling loop instead of a forward pass after sampling; default: on in float32
-    (the two agree to 1e-5), off in half precision, where the KV-cache and full-sequence kernels differ enough to move
-    the first ratio off 1 (the N+ reason to recompute them)"""
+    without mixed precision (the two agree to 1e-5), off in half precision or bf16 mixed precision, where the KV-cache
+    and full-sequence kernels differ enough to move the first ratio off 1 (the N+ reason to recompute them)"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -205,17 +211,19 @@ class Args:
     """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
+# The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do, instead of training bf16 weights directly.
 PRESETS = {
     "tldr-pythia-1b": ("N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="ppo_tldr_pythia-1b", dtype="bfloat16", per_device_batch_size=64, num_mini_batches=4,
+        exp_name="ppo_tldr_pythia-1b", per_device_batch_size=64, num_mini_batches=4,
         gradient_accumulation_steps=4, eval_every=100)),
     "tldr-pythia-2.8b": ("N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)", Args(
         exp_name="ppo_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
-        reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr", dtype="bfloat16",
+        reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
         per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=8, eval_every=100)),
     "tldr-pythia-6.9b": ("N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)", Args(
         exp_name="ppo_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
-        reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr", dtype="bfloat16",
+        reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
         per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=16, eval_every=100)),
     "gsm8k-qwen2.5-0.5b": ("PPO on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
         exp_name="ppo_gsm8k_qwen2.5-0.5b", sft_model_path="Qwen/Qwen2.5-0.5B-Instruct", reward_model_path=None,
@@ -223,7 +231,7 @@ PRESETS = {
         prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
         use_chat_template=True, reference_template="{answer}", response_length=400, temperature=1.0, kl_coef=0.001,
         learning_rate=1e-6, total_episodes=7473 * 4, per_device_batch_size=32, num_mini_batches=2,
-        gradient_accumulation_steps=4, dtype="bfloat16", eval_task="gsm8k", eval_every=20)),
+        gradient_accumulation_steps=4, eval_task="gsm8k", eval_every=20)),
     "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
         exp_name="ppo_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", reward_model_path="runs/rm_tiny-tldr__1/model",
         dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, response_length=32, total_episodes=1024,
@@ -654,12 +662,15 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
 
 @torch.no_grad()
 def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
-                     temperature: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     temperature: float, synced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)
     at every sampled token (T: the steps decoded, at most max_new_tokens). Plain sampling, no top-k / top-p. A
     hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
     rows are dropped from the cache), so the batch shrinks instead of decoding padding until the longest response
-    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs)."""
+    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs). `synced` (DeepSpeed ZeRO-3,
+    where every forward pass is a collective of all ranks): every rank makes as many forward passes as the rank that
+    decodes longest; a rank whose rows have all ended keeps one of them in the batch as a dummy (nothing of it is
+    written, no random number is drawn) until the all-reduced flag says no rank has a row left to decode."""
     B, device = len(queries), queries.device
     cache = DynamicCache()
     position = (qmask.cumsum(1) - 1).clamp(min=0)
@@ -667,19 +678,27 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
     mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
     tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
-    steps = max_new_tokens
+    steps, live = max_new_tokens, True  # live: this rank still has a row being decoded
     for t in range(max_new_tokens):
-        logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
-        token = torch.multinomial(logp.exp(), 1).squeeze(1)
-        tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
-        entropy[alive, t] = -(logp.exp() * logp).sum(-1)
-        keep = (token != eos_id).nonzero().squeeze(1)
-        if len(keep) < len(alive):
+        if live:
+            logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
+            token = torch.multinomial(logp.exp(), 1).squeeze(1)
+            tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+            entropy[alive, t] = -(logp.exp() * logp).sum(-1)
+            keep = (token != eos_id).nonzero().squeeze(1)
             if len(keep) == 0:
-                steps = t + 1
+                steps, live = t + 1, False
+                if not synced:
+                    break
+                keep = keep.new_zeros(1)  # one finished row stays in the batch as a dummy, its outputs never written
+            if len(keep) < len(alive):
+                alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+                cache.batch_select_indices(keep)
+        if synced:  # 1 while this rank decodes; the max over ranks says whether any rank still does
+            flag = torch.tensor([float(live)], device=device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            if flag.item() == 0:
                 break
-            alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
-            cache.batch_select_indices(keep)
         if t + 1 < max_new_tokens:
             mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
             logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
@@ -823,10 +842,28 @@ def response_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: 
 # ----------------------------------------------------------------------------------------------------
 
 
+def math_verify_equal(gold: str, predicted: str | None) -> bool:
+    """MATH grading with math-verify: both answers wrapped in `\\boxed{}` (what its LaTeX extractor looks for), gold
+    first (`verify` is not symmetric: the gold decides e.g. whether a set or an interval is meant). math-verify has its
+    own timeouts (signal based, main thread only); any exception counts as wrong, never a crash."""
+    if predicted is None:
+        return False
+    try:
+        from math_verify import parse, verify
+
+        return bool(verify(parse(f"\\boxed{{{gold}}}"), parse(f"\\boxed{{{predicted}}}")))
+    except Exception:
+        return False
+
+
+def extract_answer(text: str, answer_format: str) -> str | None:
+    return (extract_gsm8k_answer if answer_format == "gsm8k" else extract_boxed_answer)(text)
+
+
 def success_reward(text: str, gold: str, answer_format: str) -> float:
-    """Verifiable reward: 1 if the completion's final answer equals the reference answer, else 0."""
-    predicted = (extract_gsm8k_answer if answer_format == "gsm8k" else extract_boxed_answer)(text)
-    return 1.0 if numbers_equal(predicted, gold) or (predicted is not None and predicted == gold) else 0.0
+    """1.0 if the completion's final answer equals the gold answer (numerically for GSM8K, math-verify for MATH)."""
+    predicted = extract_answer(text, answer_format)
+    return float(numbers_equal(predicted, gold) if answer_format == "gsm8k" else math_verify_equal(gold, predicted))
 
 
 @torch.no_grad()
@@ -910,14 +947,17 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
     """Greedy responses to the evaluation prompts, scored by the task's judge (and the reward model if any)."""
     policy.eval()
     records = []
-    with accelerator.split_between_processes(rows) as shard:
+    # under ZeRO-3 every forward pass is a collective: every rank gets as many rows (the last one repeated), so as
+    # many batches, and `generate` keeps stepping until every rank is done
+    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = shard[start : start + args.per_device_eval_batch_size]
             queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
             queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
             with padded_attention(policy, reward_model):
                 out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
-                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                      synced_gpus=zero3(accelerator))
                 responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
                 scores = [None] * len(batch)
                 if reward_model is not None:
@@ -931,7 +971,7 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
                 elif args.eval_task in ("gsm8k", "boxed"):
                     rec["correct"] = success_reward(text, r["gold"], args.answer_format)
                 records.append(rec)
-    records = gather_object(records)
+    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     policy.train()
     n = len(records)
     metrics = {"eval/completion_length": sum(r["length"] for r in records) / n, "eval/eos_rate": sum(r["eos"] for r in records) / n}
@@ -957,15 +997,104 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch`
+# ----------------------------------------------------------------------------------------------------
+
+
+def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
+    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
+    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
+    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
+    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
+    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
+    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
+                                        sync_with_dataloader=sync_with_dataloader)
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def shard_length(n: int, accelerator: Accelerator) -> int:
+    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
+    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
+    per_process, extra = divmod(n, accelerator.num_processes)
+    return per_process + (accelerator.process_index < extra)
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
+    (sampling loops and `generate` must keep stepping until every rank is done)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
+    """DeepSpeed's config needs the micro-batch size, which accelerate otherwise reads from a prepared dataloader."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+
+
+def prepare_frozen(model, accelerator: Accelerator):
+    """A frozen model (reference policy, reward model) ready for the engine in use; call it after `prepare`. Under
+    DeepSpeed it becomes an inference engine in the training precision, as TRL's `prepare_deepspeed` does: sharded under
+    ZeRO-3, where `from_pretrained` already partitioned its weights (moved with `.to(device)` it would hold empty
+    tensors), unsharded (stage 0) otherwise. Elsewhere it moves to the device."""
+    if model is None:
+        return None
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    if config["zero_optimization"]["stage"] != 3:
+        config["zero_optimization"]["stage"] = 0
+    engine = deepspeed.initialize(model=model, config=config)[0]
+    engine.eval()
+    object.__setattr__(engine.module, "_frozen_engine", engine)  # kept alive with the module, not registered in it
+    return engine.module
+
+
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
+    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
+    submodule's weights (PPO saves `policy.`, not the value model)."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if prefix:
+            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    accelerator.wait_for_everyone()
+
+
+def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
+    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
+    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
+    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
+    if not add_pad_token:
+        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------
 
 
 def main(args: Args) -> dict:
-    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
-    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
-    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
@@ -991,10 +1120,11 @@ def main(args: Args) -> dict:
     if not local:
         require_hub(args.sft_model_path, "model", "--sft-model-path")
     tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
-    if tokenizer.pad_token_id is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
-        raise SystemExit("error: the SFT tokenizer needs a pad token distinct from EOS (sft.py --add-pad-token adds one); with PAD = EOS "
-                         "the EOS would be masked out as padding (N+ detail)")
+    ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: an embedding row is needed
+        raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of {args.sft_model_path} "
+                         f"({policy.config.vocab_size} rows); add the pad token at the SFT stage (sft.py --add-pad-token)")
     ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
     reward_model = None
     if args.reward_source == "model":
@@ -1013,6 +1143,9 @@ def main(args: Args) -> dict:
     value_model.config.pad_token_id = tokenizer.pad_token_id
     for m in (policy, ref_policy):
         m.generation_config.pad_token_id = tokenizer.pad_token_id
+    for m in (reward_model, prm):  # their own forward refuses batches without a pad id (the score is read by position)
+        if m is not None:
+            m.config.pad_token_id = tokenizer.pad_token_id
     for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows (`pack`)
         use_packed_attention(m)
 
@@ -1026,8 +1159,12 @@ def main(args: Args) -> dict:
     model = PolicyAndValue(policy, value_model)
     # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=device.type in ("cpu", "cuda"))
+    set_deepspeed_micro_batch(accelerator, micro_batch_size)  # the responses of one backward pass
+    # DeepSpeed clips inside its own step, at its config's `gradient_clipping` (accelerate's default: 1.0)
+    if accelerator.state.deepspeed_plugin is not None:
+        accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = args.max_grad_norm
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    ref_policy, reward_model, prm = (m.to(device) if m is not None else None for m in (ref_policy, reward_model, prm))
+    ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
     logger = RunLogger(args, accelerator)
 
@@ -1048,7 +1185,9 @@ def main(args: Args) -> dict:
         libc.mallopt(-3, 64 * 2**20)  # M_MMAP_THRESHOLD
         libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD
     check_packing(unwrapped.policy)
-    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else args.dtype == "float32"
+    use_sampler_logprobs = (args.sampler_logprobs if args.sampler_logprobs is not None
+                            else args.dtype == "float32" and accelerator.mixed_precision == "no")
+    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
     metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
     logger.log(metrics, 0, 0)
     accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
@@ -1069,8 +1208,9 @@ def main(args: Args) -> dict:
             # When every sample stops early, fewer than response_length columns come back; they are kept as they are
             # (not padded back to the full length), so no tensor below spends time on all-pad columns.
             with padded_attention(unwrapped.policy):
-                responses, sampled_logprobs, sampled_entropy = sample_responses(unwrapped.policy, queries, qmask, tokenizer.eos_token_id,
-                                                                                 tokenizer.pad_token_id, args.response_length, args.temperature)
+                responses, sampled_logprobs, sampled_entropy = sample_responses(
+                    unwrapped.policy, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                    args.response_length, args.temperature, synced=synced)
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
             if (sequence_lengths < 0).any():
@@ -1199,11 +1339,8 @@ def main(args: Args) -> dict:
                         f.write(json.dumps({"update": update, "response": t, "score": s}) + "\n")
     progress.close()
 
-    if args.save_model:
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            unwrapped.policy.save_pretrained(logger.dir / "model", safe_serialization=True)
-            tokenizer.save_pretrained(logger.dir / "model")
+    if args.save_model:  # on every rank: under ZeRO-3 the weights are gathered from all of them; the policy only
+        save_model(model, tokenizer, accelerator, logger.dir / "model", prefix="policy.")
     logger.close()
     accelerator.end_training()
     return metrics

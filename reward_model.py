@@ -3,7 +3,8 @@
 Outcome (`--objective outcome`, the default): the reward model of "Learning to summarize from human
 feedback" (Stiennon et al. 2020) as reproduced in "The N+ Implementation Details of RLHF with PPO: A Case
 Study on TL;DR Summarization" (Huang et al. 2024, arXiv:2403.17031). A scalar head on the SFT model reads
-the reward at the last non-pad token of `prompt + response + EOS`, trained with the Bradley-Terry loss
+the reward at the last non-pad token of `prompt + response + EOS` (one EOS: appended unless the response already
+ends with it, as the N+ responses, which end with the text `<|endoftext|>`, do), trained with the Bradley-Terry loss
 `-log sigmoid(r_chosen - r_rejected)`; optionally with a margin (Touvron et al. 2023, Llama 2) and the
 reward-centering term `coef * (r_chosen + r_rejected)^2` (Eisenstein et al. 2023, "Helping or Herding?").
 N+ details kept here:
@@ -14,7 +15,8 @@ N+ details kept here:
     shared by the chosen and rejected sequences (the prompt) computed once, the rest of rejected masked off from the
     rest of chosen; the rewards equal those of the padded batch (tests check it), in about half the time on CPU.
   * After training the reward is normalised: the reference (SFT) responses are scored and the negated mean
-    is stored as `config.reward_bias`, so that their mean reward is 0.
+    is stored as `config.reward_bias`, so that their mean reward is 0 (they are loaded and checked before training,
+    so a wrong path fails at the start).
   * Real-track hyperparameters (N+ paper): learning rate 3e-6, 1 epoch, batch size 64; reported validation
     accuracies 0.628 / 0.669 / 0.689 for Pythia 1B / 2.8B / 6.9B.
 
@@ -39,6 +41,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -56,7 +59,7 @@ import torch
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -90,9 +93,10 @@ class Args:
     trust_remote_code: bool = False
     """allow custom modelling code from the hub; off unless you trust the repository"""
     add_pad_token: bool = False
-    """add a `[PAD]` token when the tokenizer has none (N+ does this for Pythia); otherwise that is an error"""
+    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
+    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """dtype of the model weights"""
+    """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
     objective: Literal["outcome", "process"] = "outcome"
     """`outcome`: Bradley-Terry on preference pairs; `process`: per-step binary labels (PRM)"""
 
@@ -115,15 +119,17 @@ class Args:
     margin_field: str | None = None
     """(outcome) optional field with a per-pair margin m, making the loss -log sigmoid(r_c - r_r - m)"""
     confidence_field: str | None = None
-    """(outcome) optional field whose values group the validation accuracy (OpenAI's labeller confidence)"""
+    """(outcome) optional field whose values group the validation accuracy (OpenAI's labeller confidence); a dotted
+    path reads a nested field (`extra.confidence` in the N+ data); rows where it is absent or null are not grouped"""
     steps_field: str = "completions"
     """(process) field with the list of steps (TRL stepwise-supervision format)"""
     labels_field: str = "labels"
     """(process) field with one boolean per step: is the step correct"""
     step_separator: str = "\n"
     """(process) text appended after every step; it must be one token, at which the step is scored"""
-    max_length: int = 565
-    """longest prompt + response + EOS in tokens (N+: 512 + 53); longer rows are an error unless dropped"""
+    max_length: int = 638
+    """longest prompt + response + EOS in tokens (N+ preference data: 638 at most); longer rows are an error unless
+    dropped"""
     pack_pairs: bool = True
     """(outcome) run the forward passes on packed pairs: no padding, and the prefix the chosen and rejected sequences
     share (the prompt) computed once; the rewards equal the padded batch's. False: the right-padded batch"""
@@ -134,13 +140,15 @@ class Args:
 
     # ---- reward normalisation (outcome) ----
     normalize: bool = True
-    """after training, set `config.reward_bias` so the mean reward of reference responses is 0 (N+)"""
+    """after training, set `config.reward_bias` so the mean reward of reference responses is 0 (N+); the reference
+    responses are loaded and checked before training"""
     norm_dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """dataset with the reference (SFT) responses used for normalisation"""
     norm_split: str = "train"
     """split of the normalisation dataset"""
     norm_response_template: str = "{reference_response}"
-    """format string of the reference response (the prompt uses `prompt_template`)"""
+    """format string of the reference response (the prompt uses `prompt_template`); one EOS ends it, appended unless
+    it already ends with EOS"""
     num_norm_examples: int = 1024
     """reference responses scored for the normalisation"""
 
@@ -179,19 +187,24 @@ class Args:
     """save the final model and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
+# The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. max_length 638: the N+ preference data's longest
+# query + response pair member (queries at most 512 tokens, responses at most 169 with their EOS; shared/real-assets
+# README); the normalisation's SFT references (at most 512 + 53 = 562 tokens) fit too. The labeller confidence is
+# nested in N+ rows (`extra.confidence`, 1-9 or absent).
 PRESETS = {
     "tldr-pythia-1b": ("N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)", Args(
         exp_name="rm_tldr_pythia-1b", sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
-        add_pad_token=True, dtype="bfloat16", per_device_train_batch_size=8, gradient_accumulation_steps=1,
-        confidence_field="confidence")),
+        add_pad_token=True, per_device_train_batch_size=8, gradient_accumulation_steps=1, max_length=638,
+        confidence_field="extra.confidence")),
     "tldr-pythia-2.8b": ("N+ reward model, Pythia 2.8B (8 GPUs)", Args(
         exp_name="rm_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
-        add_pad_token=True, dtype="bfloat16", per_device_train_batch_size=4, gradient_accumulation_steps=2,
-        confidence_field="confidence")),
+        add_pad_token=True, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_length=638,
+        confidence_field="extra.confidence")),
     "tldr-pythia-6.9b": ("N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)", Args(
         exp_name="rm_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
-        add_pad_token=True, dtype="bfloat16", per_device_train_batch_size=2, gradient_accumulation_steps=4,
-        confidence_field="confidence")),
+        add_pad_token=True, per_device_train_batch_size=2, gradient_accumulation_steps=4, max_length=638,
+        confidence_field="extra.confidence")),
     "tiny-tldr": ("tiny-tldr Bradley-Terry RM on CPU (needs assets and a tiny-tldr SFT model)", Args(
         exp_name="rm_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model",
         dataset_name_or_path="runs/assets/tiny-tldr/preference", norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -245,8 +258,9 @@ def require_hub(name: str, what: str, flag: str) -> None:
     )
 
 
-def load_split(name_or_path: str, split: str) -> Dataset:
-    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+def load_split(name_or_path: str, split: str, flag: str = "--dataset-name-or-path") -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub;
+    `flag` is the option named in the error when it is none of these."""
     path = Path(name_or_path)
     fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
     if path.is_file():
@@ -259,7 +273,7 @@ def load_split(name_or_path: str, split: str) -> Dataset:
             if (path / f"{split}{suffix}").exists():
                 return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
         raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
-    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
+    require_hub(name_or_path, "dataset", flag)
     return load_dataset(name_or_path, split=split)
 
 
@@ -268,16 +282,71 @@ def load_tokenizer(name_or_path: str, args: Args):
     if not local:
         require_hub(name_or_path, "model", "--sft-model-path")
     tok = AutoTokenizer.from_pretrained(name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local)
-    if tok.eos_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {name_or_path} has no EOS token")
-    if tok.pad_token_id is None:
-        if not args.add_pad_token:
-            raise SystemExit(f"error: the tokenizer of {name_or_path} has no pad token. Pass --add-pad-token to add '[PAD]' "
-                             "(as N+ does for Pythia); do not reuse EOS as PAD, or the reward would be read at the wrong token.")
-        tok.add_special_tokens({"pad_token": "[PAD]"})
-    if tok.pad_token_id == tok.eos_token_id:
-        raise SystemExit("error: the pad token is the EOS token; the last non-pad token could not be found (N+ detail).")
-    return tok
+    return ensure_pad_token(tok, args.add_pad_token, name_or_path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
+# verbatim between scripts), and the tokenizer checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
+    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
+    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
+    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
+    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
+    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
+    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
+                                        sync_with_dataloader=sync_with_dataloader)
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
+    (sampling loops and `generate` must keep stepping until every rank is done)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
+    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
+    submodule's weights (PPO saves `policy.`, not the value model)."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if prefix:
+            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    accelerator.wait_for_everyone()
+
+
+def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
+    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
+    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
+    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
+    if not add_pad_token:
+        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
+    return tokenizer
+
+
+def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
+    """Token ids ending in exactly one EOS. The N+ TL;DR responses already end with the text `<|endoftext|>`, which the
+    Pythia tokenizer encodes as its EOS: appending another would teach two EOS and move the reward's position."""
+    return ids if ids and ids[-1] == eos_id else [*ids, eos_id]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -427,6 +496,16 @@ def field(row: dict, name: str, index: int, split: str, kind: type):
     return value
 
 
+def lookup(row: dict, path: str):
+    """The value at a dotted path (`extra.confidence` is row["extra"]["confidence"]); None where a level is absent."""
+    value = row
+    for key in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 def encode_prompt(tokenizer, prompt: str, args: Args) -> list[int]:
     if args.use_chat_template:
         return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
@@ -444,19 +523,20 @@ def check_length(ids: list[int], args: Args, index: int, split: str) -> bool:
 
 
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """prompt + response + EOS for the chosen and the rejected response of every pair."""
+    """prompt + response + one EOS (`end_with_eos`) for the chosen and the rejected response of every pair."""
     out, dropped = [], 0
     for i, row in enumerate(ds):
         prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
         ids = {}
         for key, name in (("chosen", args.chosen_field), ("rejected", args.rejected_field)):
             response = field(row, name, i, split, str)
-            ids[key] = prompt_ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+            ids[key] = prompt_ids + end_with_eos(response_ids, tokenizer.eos_token_id)
         if not (check_length(ids["chosen"], args, i, split) and check_length(ids["rejected"], args, i, split)):
             dropped += 1
             continue
         margin = float(row[args.margin_field]) if args.margin_field else 0.0
-        confidence = row.get(args.confidence_field) if args.confidence_field else None
+        confidence = lookup(row, args.confidence_field) if args.confidence_field else None
         out.append({**ids, "margin": margin, "confidence": confidence})
     if dropped:
         print(f"dropped {dropped} overlong pairs of '{split}'")
@@ -580,11 +660,12 @@ def peak_mem_gb(device: torch.device) -> float:
 def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Accelerator) -> dict:
     """Outcome: pairwise accuracy (overall and by confidence), mean chosen/rejected reward and margin.
     Process: per-step accuracy (sigmoid(logit) > 0.5 against the label), and the share of solutions whose
-    every step is classified right."""
+    every step is classified right. Under ZeRO-3 every forward pass is a collective, so the shards are padded to one
+    length and the padded rows' records dropped."""
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
     records = []
-    with accelerator.split_between_processes(examples) as shard:
+    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             chunk = shard[start : start + args.per_device_eval_batch_size]
             batch = {k: v.to(accelerator.device) for k, v in collate(chunk, tokenizer.pad_token_id, args.objective, args.pack_pairs).items()}
@@ -598,7 +679,7 @@ def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Ac
                     mask = labels != -100
                     right = ((logits[mask] > 0).long() == labels[mask]).tolist()
                     records.append({"loss": process_loss(logits[None], labels[None]).item(), "steps_right": sum(right), "steps": len(right)})
-    records = gather_object(records)
+    records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
     model.train()
     n = len(records)
     metrics = {"eval/loss": sum(r["loss"] for r in records) / n}
@@ -619,25 +700,43 @@ def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Ac
     return metrics
 
 
-@torch.no_grad()
-def reference_rewards(model, tokenizer, args: Args, accelerator: Accelerator) -> torch.Tensor:
-    """Rewards of the reference (SFT) responses, without the current bias, gathered from every process."""
-    ds = load_split(args.norm_dataset_name_or_path, args.norm_split)
+def tokenize_references(tokenizer, args: Args) -> list[list[int]]:
+    """prompt + reference response + one EOS for the normalisation, loaded before training so that a wrong path or
+    field fails at the start, not after the whole run."""
+    ds = load_split(args.norm_dataset_name_or_path, args.norm_split, "--norm-dataset-name-or-path")
     ds = ds.select(range(min(args.num_norm_examples, len(ds))))
     seqs = []
     for i, row in enumerate(ds):
         prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, args.norm_split, "prompt"), args)
         response = render(args.norm_response_template, row, i, args.norm_split, "reference response")
-        seqs.append(prompt_ids + tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id])
+        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+        seqs.append(prompt_ids + end_with_eos(response_ids, tokenizer.eos_token_id))
+    if not seqs:
+        raise SystemExit(f"error: split '{args.norm_split}' of {args.norm_dataset_name_or_path} has no rows to "
+                         "normalise the reward with")
+    return seqs
+
+
+@torch.no_grad()
+def reference_rewards(model, seqs: list[list[int]], tokenizer, args: Args, accelerator: Accelerator) -> torch.Tensor:
+    """Rewards of the reference (SFT) responses `seqs`, without the current bias, gathered from every process (the
+    shards padded to one length under ZeRO-3, where every forward pass is a collective)."""
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
     rewards = []
-    with accelerator.split_between_processes(seqs) as shard:
+    with accelerator.split_between_processes(seqs, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             ids, mask, _ = right_pad(shard[start : start + args.per_device_eval_batch_size], tokenizer.pad_token_id)
             r = outcome_reward(unwrapped, ids.to(accelerator.device), mask.to(accelerator.device))
             rewards.extend((r - getattr(unwrapped.config, "reward_bias", 0.0)).tolist())
-    return torch.tensor(gather_object(rewards))
+    return torch.tensor(gather_object(rewards[: shard_length(len(seqs), accelerator)]))
+
+
+def shard_length(n: int, accelerator: Accelerator) -> int:
+    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
+    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
+    per_process, extra = divmod(n, accelerator.num_processes)
+    return per_process + (accelerator.process_index < extra)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -657,10 +756,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 def main(args: Args) -> dict:
-    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
-    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
-    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=True)  # real epochs
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
@@ -676,21 +772,33 @@ def main(args: Args) -> dict:
     evals = tokenize(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args, args.eval_split)
     if not train or not evals:
         raise SystemExit("error: no usable training or evaluation rows")
+    if args.confidence_field and args.objective == "outcome" and all(e["confidence"] is None for e in evals):
+        accelerator.print(f"warning: no evaluation row has a value at --confidence-field {args.confidence_field!r}; "
+                          "the accuracy by confidence will not be logged")
+    references = tokenize_references(tokenizer, args) if args.objective == "outcome" and args.normalize else None
 
     local = os.path.isdir(args.sft_model_path)
     model = AutoModelForSequenceClassification.from_pretrained(
         args.sft_model_path, num_labels=1, revision=args.revision, trust_remote_code=args.trust_remote_code,
         local_files_only=local, dtype=getattr(torch, args.dtype))
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))
     if args.pack_pairs and model.config._attn_implementation not in ("eager", "sdpa"):
         raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {model.config._attn_implementation} attention does not "
                          "take; pass --no-pack-pairs (or use sdpa / eager attention)")
     model.config.pad_token_id = tokenizer.pad_token_id
-    # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero
-    torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
-    if getattr(model.score, "bias", None) is not None:
-        torch.nn.init.zeros_(model.score.bias)
+    # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero. Under ZeRO-3 the
+    # head is partitioned (an empty tensor on each rank): gather it, let rank 0 draw it, and share its draw
+    if zero3(accelerator):
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.score.parameters()), modifier_rank=0)
+    else:
+        gathered = contextlib.nullcontext()
+    with gathered:
+        torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
+        if getattr(model.score, "bias", None) is not None:
+            torch.nn.init.zeros_(model.score.bias)
     model.config.reward_type = args.objective
     model.config.reward_bias = 0.0
     if args.objective == "process":
@@ -704,7 +812,8 @@ def main(args: Args) -> dict:
                                          collate_fn=lambda b: collate(b, tokenizer.pad_token_id, args.objective, args.pack_pairs), drop_last=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    total_steps = len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
+    # the loader's last, possibly partial, accumulation steps the optimizer too (sync_with_dataloader)
+    total_steps = math.ceil(len(loader) / args.gradient_accumulation_steps) * args.num_train_epochs
     if total_steps == 0:
         raise SystemExit(f"error: {len(train)} training rows make no full batch")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
@@ -738,9 +847,11 @@ def main(args: Args) -> dict:
                 now = time.time()
                 logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in running.items()}
                 n_micro = len(running["train/loss"])
-                logged.update({"train/grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0], "epoch": epoch,
+                logged.update({"lr": scheduler.get_last_lr()[0], "epoch": epoch,
                                "perf/episodes_per_sec": batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last),
                                "perf/peak_mem_gb": peak_mem_gb(accelerator.device)})
+                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
+                    logged["train/grad_norm"] = float(grad_norm)
                 logger.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
                 running, t_last = defaultdict(list), now
@@ -752,9 +863,10 @@ def main(args: Args) -> dict:
     progress.close()
 
     if args.objective == "outcome" and args.normalize:
-        raw = reference_rewards(model, tokenizer, args, accelerator)
+        raw = reference_rewards(model, references, tokenizer, args, accelerator)
         accelerator.unwrap_model(model).config.reward_bias = -raw.mean().item()
-        after = reference_rewards(model, tokenizer, args, accelerator) + accelerator.unwrap_model(model).config.reward_bias
+        bias = accelerator.unwrap_model(model).config.reward_bias
+        after = reference_rewards(model, references, tokenizer, args, accelerator) + bias
         metrics["eval/reward_bias"] = -raw.mean().item()
         metrics["eval/reference_reward_mean"] = after.mean().item()
         logger.log({"eval/reward_bias": metrics["eval/reward_bias"], "eval/reference_reward_mean": metrics["eval/reference_reward_mean"]},
@@ -762,10 +874,7 @@ def main(args: Args) -> dict:
         accelerator.print(f"normalised: reward_bias {metrics['eval/reward_bias']:.4f}, reference mean reward now {metrics['eval/reference_reward_mean']:.2e}")
 
     if args.save_model:
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            accelerator.unwrap_model(model).save_pretrained(logger.dir / "model", safe_serialization=True)
-            tokenizer.save_pretrained(logger.dir / "model")
+        save_model(model, tokenizer, accelerator, logger.dir / "model")
     logger.close()
     accelerator.end_training()
     return metrics

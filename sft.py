@@ -8,10 +8,11 @@ starting policy of the math track.
 Details that matter (N+ paper, sections 3-5):
   * The loss is next-token cross-entropy on the response tokens only: prompt and pad positions get label
     -100. It is averaged over the response tokens of the batch (not over sequences).
-  * An EOS token is appended to every response, so the model learns to stop; PAD must be a different token
-    from EOS, or EOS would be masked out with the padding and the model would never learn to stop (N+ adds
-    a `[PAD]` token to Pythia's tokenizer; `--add-pad-token` does that here, and a tokenizer without a pad
-    token is an error otherwise).
+  * Every response ends with exactly one EOS, so the model learns to stop: EOS is appended unless the response
+    already ends with it (the N+ TL;DR responses end with the text `<|endoftext|>`, Pythia's EOS). PAD must be a
+    different token from EOS, or EOS would be masked out with the padding and the model would never learn to stop
+    (N+ adds a `[PAD]` token to Pythia's tokenizer; `--add-pad-token` does that here, and a tokenizer without a pad
+    token, or with PAD = EOS, is an error otherwise).
   * Right padding for training, left padding for generation (so every prompt ends at the same position and
     `generate` continues it directly).
   * Prompts are never truncated silently: too long a prompt or response is an error (or, with
@@ -47,7 +48,7 @@ import torch
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -81,9 +82,10 @@ class Args:
     trust_remote_code: bool = False
     """allow custom modelling code from the hub; off unless you trust the repository"""
     add_pad_token: bool = False
-    """add a `[PAD]` token when the tokenizer has none (N+ does this for Pythia); otherwise that is an error"""
+    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
+    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """dtype of the model weights"""
+    """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -95,7 +97,8 @@ class Args:
     prompt_template: str = "{query}"
     """Python format string building the prompt from a row's fields"""
     response_template: str = "{reference_response}"
-    """Python format string building the response from a row's fields (EOS is appended by the script)"""
+    """Python format string building the response from a row's fields (EOS is appended unless it already ends
+    with the EOS token)"""
     use_chat_template: bool = False
     """wrap the prompt as a user message with the tokenizer's chat template"""
     max_prompt_length: int = 512
@@ -143,16 +146,19 @@ class Args:
     """save the final model and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
+# The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. Lengths: the default limits 512 / 53 fit the N+ TL;DR
+# SFT data (queries at most 512 tokens; longest reference response 53 tokens with its EOS; shared/real-assets README).
 PRESETS = {
     "tldr-pythia-1b": ("N+ SFT on TL;DR, Pythia 1B (8 GPUs)", Args(
         exp_name="sft_tldr_pythia-1b", model_name_or_path="EleutherAI/pythia-1b-deduped", add_pad_token=True,
-        dtype="bfloat16", per_device_train_batch_size=16, gradient_accumulation_steps=1, eval_every=200)),
+        per_device_train_batch_size=16, gradient_accumulation_steps=1, eval_every=200)),
     "tldr-pythia-2.8b": ("N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)", Args(
         exp_name="sft_tldr_pythia-2.8b", model_name_or_path="EleutherAI/pythia-2.8b-deduped", add_pad_token=True,
-        dtype="bfloat16", per_device_train_batch_size=8, gradient_accumulation_steps=2, eval_every=200)),
+        per_device_train_batch_size=8, gradient_accumulation_steps=2, eval_every=200)),
     "tldr-pythia-6.9b": ("N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)", Args(
         exp_name="sft_tldr_pythia-6.9b", model_name_or_path="EleutherAI/pythia-6.9b-deduped", add_pad_token=True,
-        dtype="bfloat16", per_device_train_batch_size=4, gradient_accumulation_steps=4, eval_every=200)),
+        per_device_train_batch_size=4, gradient_accumulation_steps=4, eval_every=200)),
     "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.assets`)", Args(
         exp_name="sft_tiny-tldr", model_name_or_path="runs/assets/models/tiny-neox",
         dataset_name_or_path="runs/assets/tiny-tldr/sft", learning_rate=1e-3, lr_schedule="cosine",
@@ -240,18 +246,7 @@ def load_tokenizer(args: Args):
     tok = AutoTokenizer.from_pretrained(
         args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
     )
-    if tok.eos_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {args.model_name_or_path} has no EOS token; responses could never end")
-    if tok.pad_token_id is None:
-        if not args.add_pad_token:
-            raise SystemExit(
-                f"error: the tokenizer of {args.model_name_or_path} has no pad token. Pass --add-pad-token to add "
-                "'[PAD]' (as N+ does for Pythia); do not reuse EOS as PAD, or EOS gets masked out with the padding.")
-        tok.add_special_tokens({"pad_token": "[PAD]"})
-    if tok.pad_token_id == tok.eos_token_id:
-        raise SystemExit("error: the pad token is the EOS token; EOS would be masked with the padding (N+ detail). "
-                         "Give the tokenizer a distinct pad token.")
-    return tok
+    return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
 
 
 def load_causal_lm(args: Args, tokenizer):
@@ -260,7 +255,7 @@ def load_causal_lm(args: Args, tokenizer):
         args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code,
         local_files_only=local, dtype=getattr(torch, args.dtype),
     )
-    if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
     model.config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -268,6 +263,70 @@ def load_causal_lm(args: Args, tokenizer):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
+
+
+# ----------------------------------------------------------------------------------------------------
+# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
+# verbatim between scripts), and the tokenizer checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
+    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
+    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
+    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
+    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
+    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
+    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
+                                        sync_with_dataloader=sync_with_dataloader)
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
+    (sampling loops and `generate` must keep stepping until every rank is done)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
+    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
+    submodule's weights (PPO saves `policy.`, not the value model)."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if prefix:
+            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    accelerator.wait_for_everyone()
+
+
+def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
+    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
+    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
+    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
+    if not add_pad_token:
+        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
+    return tokenizer
+
+
+def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
+    """Token ids ending in exactly one EOS. The N+ TL;DR responses already end with the text `<|endoftext|>`, which the
+    Pythia tokenizer encodes as its EOS: appending another would teach two EOS and move the reward's position."""
+    return ids if ids and ids[-1] == eos_id else [*ids, eos_id]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -287,8 +346,8 @@ def render(template: str, row: dict, index: int, split: str, what: str) -> str:
 
 
 def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """Prompt and response token ids for every row, with EOS appended to the response. Overlong rows are
-    an error (or dropped with `--drop-overlong`): truncating a TL;DR query would silently cut the post."""
+    """Prompt and response token ids for every row, the response ending in exactly one EOS (`end_with_eos`). Overlong
+    rows are an error (or dropped with `--drop-overlong`): truncating a TL;DR query would silently cut the post."""
     examples, dropped = [], 0
     for i, row in enumerate(ds):
         prompt = render(args.prompt_template, row, i, split, "prompt")
@@ -298,7 +357,7 @@ def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]
                                                             tokenize=True, return_dict=False))
         else:
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        response_ids = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        response_ids = end_with_eos(tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id)
         if len(prompt_ids) > args.max_prompt_length or len(response_ids) > args.max_response_length:
             if not args.drop_overlong:
                 raise SystemExit(
@@ -467,11 +526,13 @@ def peak_mem_gb(device: torch.device) -> float:
 @torch.no_grad()
 def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Accelerator) -> tuple[dict, list[dict]]:
     """Validation loss on reference responses, then greedy samples scored by the task's checker. Each
-    process takes a shard of the examples; results are gathered on every process."""
+    process takes a shard of the examples; results are gathered on every process. Under ZeRO-3 every forward pass
+    is a collective, so the shards are padded to one length (the padded rows' records are dropped) and `generate`
+    keeps stepping until every rank is done."""
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
     records = []
-    with accelerator.split_between_processes(examples) as shard:
+    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = shard[start : start + args.per_device_eval_batch_size]
             tensors = {k: v.to(accelerator.device) for k, v in collate_right_padded(batch, tokenizer.pad_token_id).items()}
@@ -480,7 +541,8 @@ def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Ac
             ids, mask = left_pad([e["prompt_ids"] for e in batch], tokenizer.pad_token_id)
             out = unwrapped.generate(input_ids=ids.to(accelerator.device), attention_mask=mask.to(accelerator.device),
                                      max_new_tokens=args.max_response_length, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+                                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                                     synced_gpus=zero3(accelerator))
             responses = truncate_after_eos(out[:, ids.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
             for e, loss, r in zip(batch, losses, responses):
                 text = tokenizer.decode(r, skip_special_tokens=True)
@@ -495,7 +557,7 @@ def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Ac
                         raise SystemExit(f"error: the reference response has no final answer for --eval-task {args.eval_task}: {e['response']!r}")
                     rec["correct"] = numbers_equal(extract(text), gold) or extract(text) == gold
                 records.append(rec)
-    records = gather_object(records)
+    records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
     model.train()
     metrics = {"eval/loss": sum(r["loss"] for r in records) / len(records),
                "eval/eos_rate": sum(r["ends_with_eos"] for r in records) / len(records)}
@@ -506,6 +568,13 @@ def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Ac
     elif args.eval_task in ("gsm8k", "boxed"):
         metrics["eval/accuracy"] = sum(r["correct"] for r in records) / len(records)
     return metrics, records
+
+
+def shard_length(n: int, accelerator: Accelerator) -> int:
+    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
+    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
+    per_process, extra = divmod(n, accelerator.num_processes)
+    return per_process + (accelerator.process_index < extra)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -525,10 +594,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 def main(args: Args) -> dict:
-    # Without a GPU, `accelerate launch --multi_gpu --num_processes N` starts N processes but Accelerator only
-    # joins them into one gloo process group when told it runs on CPU; otherwise each would train alone.
-    cpu_ddp = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, cpu=cpu_ddp)
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=True)  # real epochs
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
@@ -548,7 +614,8 @@ def main(args: Args) -> dict:
                                          collate_fn=lambda b: collate_right_padded(b, tokenizer.pad_token_id), drop_last=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    steps_per_epoch = len(loader) // args.gradient_accumulation_steps
+    # the loader's last, possibly partial, accumulation steps the optimizer too (sync_with_dataloader)
+    steps_per_epoch = math.ceil(len(loader) / args.gradient_accumulation_steps)
     total_steps = steps_per_epoch * args.num_train_epochs
     if total_steps == 0:
         raise SystemExit(f"error: {len(train)} training rows make no full batch of {args.per_device_train_batch_size} x "
@@ -581,9 +648,13 @@ def main(args: Args) -> dict:
             if step % args.log_every == 0 or step == total_steps:
                 now = time.time()
                 mean_loss = accelerator.gather(torch.stack(running).mean()[None]).mean().item()
-                logger.log({"train/loss": mean_loss, "train/grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
-                            "perf/episodes_per_sec": batch_episodes * len(running) / args.gradient_accumulation_steps / (now - t_last),
-                            "perf/peak_mem_gb": peak_mem_gb(accelerator.device), "epoch": epoch}, step, step * batch_episodes)
+                episodes_per_sec = batch_episodes * len(running) / args.gradient_accumulation_steps / (now - t_last)
+                logged = {"train/loss": mean_loss, "lr": scheduler.get_last_lr()[0], "epoch": epoch,
+                          "perf/episodes_per_sec": episodes_per_sec,
+                          "perf/peak_mem_gb": peak_mem_gb(accelerator.device)}
+                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
+                    logged["train/grad_norm"] = float(grad_norm)
+                logger.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{mean_loss:.3f}")
                 running, t_last = [], now
             if step % args.eval_every == 0 or step == total_steps:
@@ -598,10 +669,7 @@ def main(args: Args) -> dict:
     progress.close()
 
     if args.save_model:
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            accelerator.unwrap_model(model).save_pretrained(logger.dir / "model", safe_serialization=True)
-            tokenizer.save_pretrained(logger.dir / "model")
+        save_model(model, tokenizer, accelerator, logger.dir / "model")
     logger.close()
     accelerator.end_training()
     return metrics

@@ -130,11 +130,11 @@ def tldr_stages(seeds: list[int]) -> list[Stage]:
                       needs=[sft], accelerate_config=sup),
                 Stage(f"ppo_tldr-pythia-{size}__{s}", "ppo_rlhf.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
                       needs=[sft, rm], accelerate_config=zero),
-                Stage(f"rloo_tldr-pythia-{size}__{s}", "rloo.py", "tldr-pythia-1b", ["--seed", str(s), *paths],
+                Stage(f"rloo_tldr-pythia-{size}__{s}", "rloo.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
                       needs=[sft, rm], accelerate_config=zero),
-                Stage(f"remax_tldr-pythia-{size}__{s}", "remax.py", "tldr-pythia-1b", ["--seed", str(s), *paths],
+                Stage(f"remax_tldr-pythia-{size}__{s}", "remax.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
                       needs=[sft, rm], accelerate_config=zero),
-                Stage(f"dpo_tldr-pythia-{size}__{s}", "dpo.py", "tldr-pythia-1b", ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
+                Stage(f"dpo_tldr-pythia-{size}__{s}", "dpo.py", f"tldr-pythia-{size}", ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
                       needs=[sft], accelerate_config=zero),
             ]
     return stages

@@ -13,8 +13,15 @@ LOCAL = {p.stem for p in SCRIPTS} | {"benchmark", "tests"}
 COPIED = ["gold_judge", "extract_gsm8k_answer", "extract_boxed_answer", "numbers_equal", "TLDR_FACT_WORDS", "TLDR_MAX_WORDS"]
 # helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler, or PPO's pack and
 # check_packing for its one-row packed_sdpa attention, are not listed)
+ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+RL = ["ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verify) in every script that grades answers
 BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_responses": ["rloo", "ppo_rlhf"],
-                   "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"]}
+                   "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"],
+                   # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
+                   "make_accelerator": ALL, "zero3": ALL, "save_model": ALL, "ensure_pad_token": ALL, "shard_length": ALL,
+                   "set_deepspeed_micro_batch": RL, "prepare_frozen": RL, "end_with_eos": ["sft", "reward_model", "dpo"],
+                   "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH}
 
 
 def _definitions(path: Path) -> dict[str, str]:

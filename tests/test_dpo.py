@@ -3,6 +3,7 @@ the sequence logprobs, online pair labelling, and short offline / online / async
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -271,3 +272,25 @@ def test_offline_dpo_on_two_processes(assets, tmp_path):
     assert [r["episode"] for r in train] == [8 * (i + 1) for i in range(4)]  # 32 pairs = 4 steps of 2 processes x 4
     assert train[0]["train/loss"] == pytest.approx(LOG2, abs=1e-4)
     assert rows[-1]["eval/accuracy"] >= 0.0 and "eval/gold_reward" in rows[-1]
+
+
+def test_optimizer_steps_exactly_as_configured_when_the_loader_wraps(assets, tmp_path, monkeypatch):
+    # 10 pairs in micro-batches of 2: 5 per pass over the loader, an odd number, so with gradient accumulation 2 an
+    # update spans the loader's end; 3 epochs = 5 // 2 * 3 = 6 optimizer steps, drawn from `while True: yield from
+    # loader`. accelerate's sync_with_dataloader would also step at every end of the loader (7 steps here)
+    calls, original = [], torch.optim.AdamW.step
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting)
+    args = dataclasses.replace(dpo.PRESETS["tiny-tldr"][1], sft_model_path=str(assets / "models" / "tiny-neox"),
+                               dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
+                               prompt_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"), output_dir=str(tmp_path), run_name="count",
+                               max_train_samples=10, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=3,
+                               num_eval_examples=0, num_eval_pairs=0, eval_every=100, log_every=1, save_model=False, num_threads=1)
+    dpo.main(args)
+    assert len(calls) == 6
+    train = [r for r in _rows(tmp_path / "count" / "metrics.jsonl") if "train/loss" in r]
+    assert [r["episode"] for r in train] == [4 * (i + 1) for i in range(6)]

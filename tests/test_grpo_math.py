@@ -3,6 +3,7 @@ padding invariance, errors on bad input, short end-to-end runs (one and two proc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -539,3 +540,139 @@ def test_check_packing_fails_for_a_model_that_ignores_position_ids(tiny, ignores
     grpo.check_packing(model)  # a transformers model reads the packing from the position ids
     with pytest.raises(SystemExit, match="does not read packed sequences"):
         grpo.check_packing(ignores_positions(model))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Engines: optimizer steps under gradient accumulation, the ZeRO-3 sampling loop, the real MATH preset
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _count_adamw_steps(monkeypatch) -> list:
+    """Every real optimizer step (accelerate skips the wrapped torch optimizer's step while accumulating)."""
+    calls, original = [], torch.optim.AdamW.step
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", counting)
+    return calls
+
+
+def test_optimizer_steps_once_per_mini_batch_with_micro_batches(assets, tmp_path, monkeypatch):
+    # 2 questions x 4 completions = 8 per step, 2 mini-batches of 4, micro-batches of 3 (3 + 1: two backward passes
+    # per optimizer step), 2 iterations, 2 steps: exactly 2 x 2 x 2 = 8 optimizer steps
+    calls = _count_adamw_steps(monkeypatch)
+    args = _args(assets, tmp_path, run_name="count", micro_batch_size=3, num_mini_batches=2, num_iterations=2, total_steps=2,
+                 pass_k=0, eval_every=10, save_model=False)
+    grpo.main(args)
+    assert len(calls) == args.total_steps * args.num_mini_batches * args.num_iterations
+
+
+STEP_COUNTER = """
+import os, sys, torch, tyro
+calls, original = [0], torch.optim.AdamW.step
+def counting(self, *a, **k):
+    calls[0] += 1
+    return original(self, *a, **k)
+torch.optim.AdamW.step = counting
+import grpo_math
+grpo_math.main(tyro.extras.overridable_config_cli(grpo_math.PRESETS, args=sys.argv[1:]))
+open(os.path.join(os.environ["COUNT_DIR"], "rank" + os.environ.get("RANK", "0")), "w").write(str(calls[0]))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="DeepSpeed on CPU")
+def test_optimizer_steps_once_per_mini_batch_under_deepspeed(assets, tmp_path):
+    # DeepSpeed steps inside `backward` at its own accumulation boundary: without the accumulation set to the micro-batches
+    # of a mini-batch it would step on every micro-batch (here 2 x 2 x 2 = 8 steps, not 16)
+    pytest.importorskip("deepspeed")
+    (tmp_path / "count_steps.py").write_text(STEP_COUNTER)
+    (tmp_path / "counts").mkdir()
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+           "DS_ACCELERATOR": "cpu", "COUNT_DIR": str(tmp_path / "counts")}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "benchmark" / "accelerate_configs" / "deepspeed_zero2.yaml"),
+           "--num_processes", "1", "--main_process_port", str(_free_port()), str(tmp_path / "count_steps.py"), "tiny",
+           "--model-name-or-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
+           "--output-dir", str(tmp_path / "runs"), "--run-name", "ds", "--total-steps", "2", "--questions-per-device", "2",
+           "--num-generations", "4", "--max-completion-length", "12", "--micro-batch-size", "2", "--num-mini-batches", "2",
+           "--num-iterations", "2", "--num-eval-examples", "2", "--eval-every", "10", "--pass-k", "0", "--no-save-model", "--num-threads", "1"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "counts" / "rank0").read_text() == "8"
+
+
+SYNCED_SAMPLER = """
+import json, os, sys, torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM, AutoTokenizer
+import grpo_math as grpo
+
+class StopsByPosition(torch.nn.Module):
+    # the tiny model, made to emit EOS once a position passes 18, so rows with longer prompts finish earlier
+    def __init__(self, inner, eos):
+        super().__init__()
+        self.inner, self.eos, self.calls = inner, eos, 0
+    def forward(self, input_ids, attention_mask, position_ids, past_key_values, use_cache, logits_to_keep=0):
+        self.calls += 1
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
+        out.logits[..., self.eos] += 100.0 * (position_ids[:, -out.logits.shape[1]:] >= 18)
+        return out
+
+dist.init_process_group("gloo")
+rank, path = dist.get_rank(), sys.argv[1]
+tok = AutoTokenizer.from_pretrained(path)
+model = StopsByPosition(AutoModelForCausalLM.from_pretrained(path).eval(), tok.eos_token_id)
+enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]
+# rank 0: one prompt (one chunk); rank 1: five prompts of different lengths (three chunks of 2)
+prompts = [enc("Question: " + "x " * (i + 1) + "?\\nAnswer:\\n") for i in range(1 if rank == 0 else 5)]
+pad, eos = tok.pad_token_id, tok.eos_token_id
+synced, synced_lp = grpo.hf_sample(model, prompts, pad, eos, 30, 0.0, batch_size=2, synced=True)
+calls, model.calls = model.calls, 0
+alone, alone_lp = grpo.hf_sample(model, prompts, pad, eos, 30, 0.0, batch_size=2)
+json.dump({"calls": calls, "alone_calls": model.calls, "same": synced == alone and all(torch.equal(a, b) for a, b in zip(synced_lp, alone_lp)),
+           "lengths": [len(c) for c in alone]}, open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w"))
+"""
+
+
+def test_synced_sampler_makes_the_same_forward_calls_on_every_process(assets, tmp_path):
+    # ZeRO-3: every forward pass is a collective, so a process with fewer prompts, or whose rows all finished, must keep
+    # stepping with the others; its completions must equal the unsynced sampler's
+    (tmp_path / "sampler.py").write_text(SYNCED_SAMPLER)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OUT_DIR": str(tmp_path),
+           "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+           str(tmp_path / "sampler.py"), str(assets / "models" / "tiny-llama")]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["same"] and r1["same"]
+    assert len(set(r1["lengths"])) > 1 and max(r1["lengths"]) < 30  # rows finish at different steps, all by EOS
+    assert r0["calls"] == r1["calls"] and r0["alone_calls"] < r0["calls"]  # rank 0 alone stops long before rank 1
+
+
+def _real_assets() -> Path:
+    return Path(os.environ.get("CLEAN_RLHF_REAL_ASSETS", REPO.parent / "shared" / "real-assets"))
+
+
+@pytest.mark.skipif(not _real_assets().is_dir(), reason="no real assets (CLEAN_RLHF_REAL_ASSETS or ../shared/real-assets)")
+def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
+    # the Qwen2.5-Math chat template's default system prompt is the instruction (Oat-Zero's qwen_math template); the
+    # preset's prompt must not repeat it, and prompt + completion budget must fit Qwen2.5-Math-1.5B's 4096 positions
+    from datasets import load_dataset
+
+    assets = _real_assets()
+    args = grpo.PRESETS["math-qwen2.5-math-1.5b"][1]
+    tokenizer = grpo.ensure_pad_token(AutoTokenizer.from_pretrained(assets / "tokenizers" / "qwen2.5-math"), args.add_pad_token, "qwen2.5-math")
+    assert tokenizer.pad_token_id != tokenizer.eos_token_id
+    assert args.max_prompt_length + args.max_completion_length <= 4096
+    instruction = "Please reason step by step, and put your final answer within \\boxed{}."
+    for name in ("math500_test.jsonl", "math_test_1000.jsonl"):
+        ds = load_dataset("json", data_files=str(assets / "math" / name), split="train")
+        strict = grpo.Args(**{**dataclasses.asdict(args), "drop_overlong": False})  # every real row must fit, none dropped
+        rows = grpo.prepare_questions(ds, tokenizer, strict, "test")
+        assert len(rows) == len(ds)
+        for row in rows:
+            text = tokenizer.decode(row["prompt_ids"])
+            assert text.count(instruction) == 1 and text.startswith("<|im_start|>system\n" + instruction + "<|im_end|>")
+            assert len(row["prompt_ids"]) <= args.max_prompt_length

@@ -118,6 +118,7 @@ def test_success_reward_and_position_ids_of_padded_inputs():
     assert ppo.success_reward("#### 8", "7", "gsm8k") == 0.0
     assert ppo.success_reward("no answer", "7", "gsm8k") == 0.0
     assert ppo.success_reward("so $\\boxed{7}$", "7", "boxed") == 1.0
+    assert ppo.success_reward("so $\\boxed{0.5}$", "\\frac{1}{2}", "boxed") == 1.0  # math-verify, as grpo_math.py
     inputs = ppo.padded_inputs(torch.tensor([[1, 1, 5, 6, 0, 1], [5, 6, 7, 8, 9, 0]]), pad_id=1)
     assert inputs["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
     assert inputs["position_ids"][0, 2:5].tolist() == [0, 1, 2] and inputs["position_ids"][1].tolist() == [0, 1, 2, 3, 4, 5]

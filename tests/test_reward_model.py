@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
 import reward_model as rm
+
+REAL = Path(os.environ.get("CLEAN_RLHF_REAL_ASSETS", Path(__file__).resolve().parents[2] / "shared" / "real-assets"))
+needs_real = pytest.mark.skipif(not (REAL / "tldr" / "preference").is_dir(), reason=f"no real assets at {REAL}")
 
 
 def _sigmoid(x: float) -> float:
@@ -126,3 +133,78 @@ def test_normalisation_makes_mean_reference_reward_zero(assets, tmp_path):
     with torch.no_grad():
         rewards = rm.outcome_reward(model.eval(), ids, mask)
     assert abs(rewards.mean().item()) < 1e-4
+
+
+def test_lookup_reads_dotted_paths():
+    row = {"confidence": 4, "extra": {"confidence": 7}, "none": {"confidence": None}}
+    assert rm.lookup(row, "confidence") == 4 and rm.lookup(row, "extra.confidence") == 7
+    assert rm.lookup(row, "none.confidence") is None and rm.lookup(row, "missing.confidence") is None
+    assert rm.lookup(row, "confidence.deeper") is None  # a level that is not a dict
+
+
+def test_wrong_normalisation_path_fails_before_training(assets, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the missing folder is then no hub name either
+    args = rm.Args(
+        sft_model_path=str(assets / "models" / "tiny-neox"),
+        dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
+        norm_dataset_name_or_path=str(tmp_path / "missing"), max_length=160, output_dir=str(tmp_path), run_name="rm")
+    with pytest.raises(SystemExit, match="--norm-dataset-name-or-path"):
+        rm.main(args)
+    assert not (tmp_path / "rm").exists()  # nothing was trained or written
+
+
+@pytest.fixture(scope="module")
+def real_pythia_rm_start(tmp_path_factory):
+    """A small random GPT-NeoX with Pythia's vocabulary, saved with the real Pythia tokenizer (no pad token, as the
+    hub's loads under transformers 4; transformers 5 would default it to `<|padding|>`), like an SFT checkpoint."""
+    out = tmp_path_factory.mktemp("real-pythia-tiny")
+    tok = AutoTokenizer.from_pretrained(REAL / "tokenizers" / "pythia")
+    tok.pad_token = None
+    tok.save_pretrained(out)
+    torch.manual_seed(0)
+    config = GPTNeoXConfig(vocab_size=50304, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           intermediate_size=64, max_position_embeddings=2048, eos_token_id=0, bos_token_id=0)
+    GPTNeoXForCausalLM(config).save_pretrained(out)
+    return out
+
+
+@needs_real
+def test_real_preference_rows_train_and_log_accuracy_by_confidence(real_pythia_rm_start, tmp_path):
+    """The tldr preset's data path on the real N+ rows: responses already ending in EOS get no second one, pairs
+    fit --max-length 638, and the nested `extra.confidence` groups the validation accuracy (null ones left out)."""
+    preset = rm.PRESETS["tldr-pythia-1b"][1]
+    args = dataclasses.replace(
+        preset, sft_model_path=str(real_pythia_rm_start), dataset_name_or_path=str(REAL / "tldr" / "preference"),
+        norm_dataset_name_or_path=str(REAL / "tldr" / "sft"), num_norm_examples=8, per_device_train_batch_size=4,
+        per_device_eval_batch_size=8, output_dir=str(tmp_path), run_name="rm", num_threads=2, save_model=False)
+    tok = rm.load_tokenizer(args.sft_model_path, args)
+    assert tok.pad_token == "[PAD]" and tok.pad_token_id == 50277  # N+'s [PAD]
+    rows = rm.load_split(args.dataset_name_or_path, "train")
+    pairs = rm.tokenize_pairs(rows, tok, args, "train")
+    for pair, row in zip(pairs, rows, strict=True):
+        for key in ("chosen", "rejected"):
+            assert pair[key][-1] == tok.eos_token_id != pair[key][-2]
+            assert len(pair[key]) == row[f"query_{key}_token_len"]  # N+'s own count: one EOS
+    rm.main(args)
+    logged = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
+    by_confidence = {k for row in logged for k in row if k.startswith("eval/accuracy_confidence_")}
+    validation = (REAL / "tldr" / "preference" / "validation.jsonl").read_text().splitlines()
+    validation = [json.loads(line) for line in validation]
+    expected = {(r.get("extra") or {}).get("confidence") for r in validation} - {None}
+    assert expected and by_confidence == {f"eval/accuracy_confidence_{c}" for c in expected}
+
+
+def test_shard_length_drops_the_padding_of_every_shorter_shard():
+    """`split_between_processes(apply_padding=True)` pads every shorter shard with the last row, not only the last
+    rank's: 9 rows on 4 ranks are [0 1 2] [3 4 8] [5 6 8] [7 8 8]; keeping each rank's own rows gives all 9 once."""
+    from types import SimpleNamespace
+
+    rows, ranks = list(range(9)), 4
+    per, extra = divmod(len(rows), ranks)
+    kept = []
+    for rank in range(ranks):
+        start = rank * per + min(rank, extra)
+        shard = rows[start : start + per + (rank < extra)]
+        shard += [rows[-1]] * (per + (extra > 0) - len(shard))  # accelerate's padding
+        kept += shard[: rm.shard_length(len(rows), SimpleNamespace(num_processes=ranks, process_index=rank))]
+    assert kept == rows

@@ -1,6 +1,7 @@
 """rloo.py and remax.py: the leave-one-out baseline, the ReMax advantage, the sequence-level KL reward and the
 REINFORCE losses against hand-computed values; a zero-gradient check; --help, short runs of both scripts, and a
-two-process run of rloo.py through accelerate (gloo on CPU)."""
+two-process run of rloo.py through accelerate (gloo on CPU). With ppo_rlhf.py, whose copies they share: the sampling
+loop synced across ranks for ZeRO-3, the math-verify grader of MATH answers, local datasets without a hub config."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import ppo_rlhf
 import remax
 import rloo
 
@@ -161,7 +163,8 @@ def _rows(path: Path) -> list[dict]:
 def test_help_lists_the_presets(script):
     out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0
-    for preset in ("tldr-pythia-1b", "gsm8k-qwen2.5-0.5b", "tiny-tldr", "tiny-math"):
+    for preset in ("tldr-pythia-1b", "tldr-pythia-2.8b", "tldr-pythia-6.9b", "gsm8k-qwen2.5-0.5b", "tiny-tldr",
+                   "tiny-math"):
         assert preset in out.stdout
 
 
@@ -283,3 +286,114 @@ def test_remax_greedy_baseline_sampler_matches_generate(assets):
     ref = remax.truncate_response(ref[:, queries.shape[1]:], eos, pad)
     assert greedy.tolist() == ref[:, : greedy.shape[1]].tolist() and (ref[:, greedy.shape[1]:] == pad).all()
     assert (logprobs <= 0).all()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ZeRO-3: the sampling loop synced across ranks (every forward pass is a collective), without a process group
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Counting(torch.nn.Module):
+    """A causal LM that records the rows of every forward call; from position `eos_from` on (when given), EOS gets a
+    large logit bonus, so each row ends at a step set by its prompt length."""
+
+    def __init__(self, inner, eos: int, eos_from: int | None):
+        super().__init__()
+        self.inner, self.eos, self.eos_from, self.rows = inner, eos, eos_from, []
+
+    def forward(self, input_ids, position_ids, **kwargs):
+        self.rows.append(input_ids.shape[0])
+        out = self.inner(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        if self.eos_from is not None:
+            out.logits[:, -1, self.eos] += 100.0 * (position_ids[:, -1] >= self.eos_from)
+        return out
+
+
+def _sample(mod, model, queries, qmask, temperature, seed, synced, other_rank_flags=()):
+    """One rank's sample_responses, the all-reduce replaced by the max with the other rank's flag at the same step.
+    Returns the outputs and the flags this rank sent."""
+    sent = []
+
+    def all_reduce(flag, op):
+        assert op == torch.distributed.ReduceOp.MAX and synced
+        other = other_rank_flags[len(sent)] if len(sent) < len(other_rank_flags) else 0.0
+        sent.append(flag.item())
+        flag.fill_(max(flag.item(), other))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.distributed, "all_reduce", all_reduce)
+        model.rows.clear()
+        torch.manual_seed(seed)
+        out = mod.sample_responses(model, queries, qmask, model.eos, 1, 12, temperature, synced=synced)
+    return out, sent
+
+
+@pytest.mark.parametrize("mod, temperature", [(rloo, 0.9), (ppo_rlhf, 0.9), (remax, 0.9), (remax, 0.0)],
+                         ids=["rloo", "ppo_rlhf", "remax", "remax-greedy"])
+def test_synced_sampling_steps_until_every_rank_is_done(assets, mod, temperature):
+    """Two ranks: A's rows all end by step 7, B decodes all 12 steps. Synced, A keeps calling forward (one finished row
+    as a dummy) as often as B, and both return exactly what they return alone; unsynced, A stops early."""
+    inner = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama").eval()
+    eos = inner.config.eos_token_id
+    a, b = _Counting(inner, eos, eos_from=7), _Counting(inner, eos, eos_from=None)
+    qa, ma = mod.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 1)  # rows end at steps 3, 6, 5
+    qb, mb = mod.left_pad([[20, 21, 22], [23, 24, 25, 26]], 1)
+    alone_a, _ = _sample(mod, a, qa, ma, temperature, 0, synced=False)
+    calls_a = len(a.rows)
+    alone_b, _ = _sample(mod, b, qb, mb, temperature, 1, synced=False)
+    calls_b = len(b.rows)
+    assert alone_a[0].shape[1] == 7 and calls_a == 7 and a.rows[-1] == 1  # finished rows left the batch
+    assert alone_b[0].shape[1] == 12 and calls_b == 12 and not (alone_b[0] == eos).any()
+
+    _, flags_b = _sample(mod, b, qb, mb, temperature, 1, synced=True)  # B's flags: 1 at every step it decodes
+    synced_a, flags_a = _sample(mod, a, qa, ma, temperature, 0, synced=True, other_rank_flags=flags_b)
+    assert len(a.rows) == calls_b  # as many forward passes as the longest rank
+    assert a.rows[calls_a:] == [1] * (calls_b - calls_a)  # one dummy row after its own rows ended
+    assert flags_a == [1.0] * 6 + [0.0] * 6 and len(flags_b) == 12
+    synced_b, _ = _sample(mod, b, qb, mb, temperature, 1, synced=True, other_rank_flags=flags_a)
+    assert len(b.rows) == calls_b
+    for alone, synced in ((alone_a, synced_a), (alone_b, synced_b)):  # tokens, logprobs, entropy: bit for bit
+        assert all(torch.equal(x, y) for x, y in zip(alone, synced))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One MATH grader in every script (math-verify, as grpo_math.py); local datasets never use the hub config
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _definitions(path: Path) -> dict[str, str]:
+    import ast
+
+    source = path.read_text()
+    return {n.name: ast.get_source_segment(source, n) for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("mod", [rloo, remax, ppo_rlhf], ids=["rloo", "remax", "ppo_rlhf"])
+def test_math_answers_are_graded_by_math_verify_as_in_grpo(mod):
+    equivalent = [("\\frac{1}{2}", "0.5"), ("\\frac{1}{2}", "\\dfrac12"), ("2\\sqrt{2}", "\\sqrt{8}"),
+                  ("\\frac{14}{3}", "4\\frac{2}{3}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"),
+                  ("7", "7")]
+    for gold, said in equivalent:
+        assert mod.success_reward(f"So the answer is $\\boxed{{{said}}}$.", gold, "boxed") == 1.0, (gold, said)
+    assert mod.success_reward("$\\boxed{0.6}$", "\\frac{1}{2}", "boxed") == 0.0
+    assert mod.success_reward("$\\boxed{3}$", "2\\sqrt{2}", "boxed") == 0.0
+    assert mod.success_reward("one half, no box", "\\frac{1}{2}", "boxed") == 0.0
+    assert mod.success_reward("#### 1,000.", "1000", "gsm8k") == 1.0
+    assert mod.success_reward("#### 7", "8", "gsm8k") == 0.0
+    mine, grpo = _definitions(Path(mod.__file__)), _definitions(REPO / "grpo_math.py")
+    for name in ("math_verify_equal", "extract_answer", "success_reward"):  # verbatim copies: all four grade alike
+        assert mine[name] == grpo[name], name
+
+
+@pytest.mark.parametrize("mod", [rloo, remax, ppo_rlhf], ids=["rloo", "remax", "ppo_rlhf"])
+def test_a_local_dataset_ignores_the_hub_config(assets, mod, monkeypatch):
+    """The GSM8K presets keep dataset_config="main" (openai/gsm8k on the hub); a local folder or file has no configs."""
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("a local path went to the hub")
+
+    monkeypatch.setattr(mod, "require_hub", no_hub)
+    folder = assets / "tiny-math" / "gsm8k"
+    for path in (folder, folder / "test.jsonl"):
+        ds = mod.load_split(str(path), "test", "main")
+        assert len(ds) > 0 and {"question", "answer"} <= set(ds.column_names)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +14,8 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 import sft
+
+REAL = Path(os.environ.get("CLEAN_RLHF_REAL_ASSETS", Path(__file__).resolve().parents[2] / "shared" / "real-assets"))
 
 
 def test_sft_loss_counts_only_response_tokens_hand_computed():
@@ -59,6 +64,8 @@ def test_tokenize_appends_eos_and_rejects_overlong_rows(assets):
     (ex,) = sft.tokenize_split(rows, tok, args, "train")
     assert ex["response_ids"][-1] == tok.eos_token_id
     assert tok.decode(ex["response_ids"][:-1]) == " my dog"
+    ends_in_eos = Dataset.from_list([{"query": "q", "reference_response": " my dog" + tok.eos_token}])
+    assert sft.tokenize_split(ends_in_eos, tok, args, "train")[0]["response_ids"] == ex["response_ids"]  # no second EOS
     long = Dataset.from_list([{"query": "word " * 200, "reference_response": " x"}])
     with pytest.raises(SystemExit, match="max-prompt-length"):
         sft.tokenize_split(long, tok, args, "train")
@@ -106,3 +113,24 @@ def test_chat_template_wraps_the_prompt_as_a_user_turn(assets):
     (ex,) = sft.tokenize_split(Dataset.from_list([{"question": "What is 2 + 2?", "answer": "#### 4"}]), tok, args, "train")
     assert tok.decode(ex["prompt_ids"]) == "<|user|>\nWhat is 2 + 2?<|endoftext|>\n<|assistant|>\n"
     assert ex["response_ids"][-1] == tok.eos_token_id
+
+
+@pytest.mark.skipif(not (REAL / "tldr" / "sft").is_dir(), reason=f"no real assets at {REAL}")
+def test_real_tldr_rows_fit_the_preset_with_one_eos():
+    """The N+ references end with the text `<|endoftext|>` (Pythia's EOS): tokenised with the real tokenizer they get no
+    second EOS, so the longest N+ reference (53 tokens, EOS included) fits the preset's --max-response-length 53."""
+    args = dataclasses.replace(sft.PRESETS["tldr-pythia-1b"][1], model_name_or_path=str(REAL / "tokenizers" / "pythia"),
+                               dataset_name_or_path=str(REAL / "tldr" / "sft"))
+    assert (args.max_prompt_length, args.max_response_length) == (512, 53)
+    tok = sft.load_tokenizer(args)
+    for split in ("train", "validation", "test"):
+        rows = sft.load_split(args.dataset_name_or_path, split)
+        for ex, row in zip(sft.tokenize_split(rows, tok, args, split), rows, strict=True):
+            assert ex["response_ids"][-1] == tok.eos_token_id != ex["response_ids"][-2]
+            assert len(ex["response_ids"]) == row["reference_response_token_len"]  # N+'s own count: one EOS
+    # a reference as long as the longest N+ one: 52 tokens of text, then `<|endoftext|>`
+    longest = " " + " ".join(["word"] * 52) + "<|endoftext|>"
+    query = "SUBREDDIT: r/x\n\nTITLE: t\n\nPOST: p\n\nTL;DR:"
+    rows = Dataset.from_list([{"query": query, "reference_response": longest}])
+    (ex,) = sft.tokenize_split(rows, tok, args, "train")
+    assert len(ex["response_ids"]) == 53 and ex["response_ids"].count(tok.eos_token_id) == 1

@@ -335,11 +335,15 @@ def zero3(accelerator: Accelerator) -> bool:
     return plugin is not None and plugin.zero_stage == 3
 
 
-def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
-    """DeepSpeed's config needs the micro-batch size, which accelerate otherwise reads from a prepared dataloader."""
+def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
+    """DeepSpeed's config takes the micro-batch size of one backward pass, which accelerate otherwise reads from a
+    prepared dataloader (None: from the dataloader), and clips gradients inside its own step at its `gradient_clipping`,
+    which accelerate would fill with 1.0 whatever `--max-grad-norm` says. Call it before `prepare`."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        if micro_batch_size is not None:
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
 
 
 def prepare_frozen(model, accelerator: Accelerator):
@@ -960,7 +964,7 @@ def main(args: Args) -> dict:
         loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
                                              generator=generator, collate_fn=lambda b: collate_pairs(b, pad, args.pack_pairs))
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-    set_deepspeed_micro_batch(accelerator, args.per_device_train_batch_size)  # pairs per backward pass (online too)
+    configure_deepspeed(accelerator, args.per_device_train_batch_size, args.max_grad_norm)  # pairs per backward pass
     policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     ref_policy, reward_model = prepare_frozen(ref_policy, accelerator), prepare_frozen(reward_model, accelerator)
     if not online and args.precompute_ref_logprobs:  # the loader's collate reads the cached values from the pairs

@@ -404,11 +404,15 @@ def zero3(accelerator: Accelerator) -> bool:
     return plugin is not None and plugin.zero_stage == 3
 
 
-def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
-    """DeepSpeed's config needs the micro-batch size, which accelerate otherwise reads from a prepared dataloader."""
+def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
+    """DeepSpeed's config takes the micro-batch size of one backward pass, which accelerate otherwise reads from a
+    prepared dataloader (None: from the dataloader), and clips gradients inside its own step at its `gradient_clipping`,
+    which accelerate would fill with 1.0 whatever `--max-grad-norm` says. Call it before `prepare`."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        if micro_batch_size is not None:
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
 
 
 def prepare_frozen(model, accelerator: Accelerator):
@@ -1078,7 +1082,7 @@ def main(args: Args) -> dict:
     stream = question_stream(train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
-    set_deepspeed_micro_batch(accelerator, args.micro_batch_size)  # GRPO prepares no dataloader to read it from
+    configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
     model, optimizer = accelerator.prepare(policy, optimizer)
     if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
         raise SystemExit(f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "

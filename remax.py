@@ -762,11 +762,15 @@ def zero3(accelerator: Accelerator) -> bool:
     return plugin is not None and plugin.zero_stage == 3
 
 
-def set_deepspeed_micro_batch(accelerator: Accelerator, micro_batch_size: int) -> None:
-    """DeepSpeed's config needs the micro-batch size, which accelerate otherwise reads from a prepared dataloader."""
+def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
+    """DeepSpeed's config takes the micro-batch size of one backward pass, which accelerate otherwise reads from a
+    prepared dataloader (None: from the dataloader), and clips gradients inside its own step at its `gradient_clipping`,
+    which accelerate would fill with 1.0 whatever `--max-grad-norm` says. Call it before `prepare`."""
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        if micro_batch_size is not None:
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
 
 
 def prepare_frozen(model, accelerator: Accelerator):
@@ -874,10 +878,7 @@ def main(args: Args) -> dict:
                                          drop_last=True, generator=torch.Generator().manual_seed(args.seed))
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
-    set_deepspeed_micro_batch(accelerator, micro_batch_size)  # the samples of one backward pass
-    # DeepSpeed clips inside its own step, at its config's `gradient_clipping` (accelerate's default: 1.0)
-    if accelerator.state.deepspeed_plugin is not None:
-        accelerator.state.deepspeed_plugin.deepspeed_config["gradient_clipping"] = args.max_grad_norm
+    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
     logger = RunLogger(args, accelerator)

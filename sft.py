@@ -291,6 +291,17 @@ def zero3(accelerator: Accelerator) -> bool:
     return plugin is not None and plugin.zero_stage == 3
 
 
+def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
+    """DeepSpeed's config takes the micro-batch size of one backward pass, which accelerate otherwise reads from a
+    prepared dataloader (None: from the dataloader), and clips gradients inside its own step at its `gradient_clipping`,
+    which accelerate would fill with 1.0 whatever `--max-grad-norm` says. Call it before `prepare`."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        if micro_batch_size is not None:
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
+
+
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
@@ -613,6 +624,7 @@ def main(args: Args) -> dict:
     loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
                                          collate_fn=lambda b: collate_right_padded(b, tokenizer.pad_token_id), drop_last=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # the loader's last, possibly partial, accumulation steps the optimizer too (sync_with_dataloader)
     steps_per_epoch = math.ceil(len(loader) / args.gradient_accumulation_steps)

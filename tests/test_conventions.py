@@ -20,7 +20,7 @@ BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_resp
                    "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"],
                    # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
                    "make_accelerator": ALL, "zero3": ALL, "save_model": ALL, "ensure_pad_token": ALL, "shard_length": ALL,
-                   "set_deepspeed_micro_batch": RL, "prepare_frozen": RL, "end_with_eos": ["sft", "reward_model", "dpo"],
+                   "configure_deepspeed": ALL, "prepare_frozen": RL, "end_with_eos": ["sft", "reward_model", "dpo"],
                    "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH}
 
 

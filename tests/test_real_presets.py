@@ -235,3 +235,19 @@ def test_optimizer_steps_per_update_hold_across_the_end_of_the_prompt_loader(ass
     assert len(optimizer_steps) == expected
     rows = [json.loads(line) for line in (tmp_path / args.run_name / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in rows) == 7
+
+
+# ---- DeepSpeed takes the micro-batch and --max-grad-norm from the script, not from accelerate's defaults ----
+
+
+@pytest.mark.parametrize("mod", [sft, reward_model, ppo_rlhf, rloo, remax, dpo], ids=lambda m: m.__name__)
+def test_configure_deepspeed_sets_micro_batch_and_gradient_clipping(mod):
+    from types import SimpleNamespace
+
+    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}
+    accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=config)))
+    mod.configure_deepspeed(accelerator, 3, 0.5)
+    assert config == {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 0.5}
+    mod.configure_deepspeed(accelerator, None, 0.25)  # None: accelerate reads it from the prepared dataloader
+    assert config == {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 0.25}
+    mod.configure_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), 3, 0.5)  # no DeepSpeed

@@ -971,7 +971,8 @@ def main(args: Args) -> dict:
         t0 = time.time()
         cache_ref_logprobs(ref_policy, train, pad, args, accelerator)
         cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
-        accelerator.print(f"cached reference logprobs of {len(train) + len(eval_pairs)} pairs in {time.time() - t0:.1f}s")
+        n = len(train) + len(eval_pairs)
+        accelerator.print(f"cached reference logprobs of {n} pairs in {time.time() - t0:.1f}s")
         ref_policy = None  # every pair now carries its reference logprobs: free the model
     # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
     total_steps = args.total_episodes // batch_pairs if online else len(loader) // args.gradient_accumulation_steps * args.num_train_epochs

@@ -911,9 +911,10 @@ def main(args: Args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
     ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: an embedding row is needed
-        raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of {args.sft_model_path} "
-                         f"({policy.config.vocab_size} rows); add the pad token at the SFT stage (sft.py --add-pad-token)")
+    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
+        raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+                         f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
+                         "(sft.py --add-pad-token)")
     ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
     reward_model = None
     if args.reward_source == "model":

@@ -134,7 +134,8 @@ def tldr_stages(seeds: list[int]) -> list[Stage]:
                       needs=[sft, rm], accelerate_config=zero),
                 Stage(f"remax_tldr-pythia-{size}__{s}", "remax.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
                       needs=[sft, rm], accelerate_config=zero),
-                Stage(f"dpo_tldr-pythia-{size}__{s}", "dpo.py", f"tldr-pythia-{size}", ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
+                Stage(f"dpo_tldr-pythia-{size}__{s}", "dpo.py", f"tldr-pythia-{size}",
+                      ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
                       needs=[sft], accelerate_config=zero),
             ]
     return stages

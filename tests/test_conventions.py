@@ -19,8 +19,9 @@ MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verif
 BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_responses": ["rloo", "ppo_rlhf"],
                    "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"],
                    # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
-                   "make_accelerator": ALL, "zero3": ALL, "save_model": ALL, "ensure_pad_token": ALL, "shard_length": ALL,
-                   "configure_deepspeed": ALL, "prepare_frozen": RL, "end_with_eos": ["sft", "reward_model", "dpo"],
+                   "make_accelerator": ALL, "zero3": ALL, "save_model": ALL, "ensure_pad_token": ALL,
+                   "shard_length": ALL, "configure_deepspeed": ALL, "prepare_frozen": RL,
+                   "end_with_eos": ["sft", "reward_model", "dpo"],
                    "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH}
 
 

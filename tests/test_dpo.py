@@ -285,11 +285,12 @@ def test_optimizer_steps_exactly_as_configured_when_the_loader_wraps(assets, tmp
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", counting)
-    args = dataclasses.replace(dpo.PRESETS["tiny-tldr"][1], sft_model_path=str(assets / "models" / "tiny-neox"),
-                               dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
-                               prompt_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"), output_dir=str(tmp_path), run_name="count",
-                               max_train_samples=10, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=3,
-                               num_eval_examples=0, num_eval_pairs=0, eval_every=100, log_every=1, save_model=False, num_threads=1)
+    args = dataclasses.replace(
+        dpo.PRESETS["tiny-tldr"][1], sft_model_path=str(assets / "models" / "tiny-neox"),
+        dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
+        prompt_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"), output_dir=str(tmp_path), run_name="count",
+        max_train_samples=10, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=3,
+        num_eval_examples=0, num_eval_pairs=0, eval_every=100, log_every=1, save_model=False, num_threads=1)
     dpo.main(args)
     assert len(calls) == 6
     train = [r for r in _rows(tmp_path / "count" / "metrics.jsonl") if "train/loss" in r]

@@ -563,8 +563,8 @@ def test_optimizer_steps_once_per_mini_batch_with_micro_batches(assets, tmp_path
     # 2 questions x 4 completions = 8 per step, 2 mini-batches of 4, micro-batches of 3 (3 + 1: two backward passes
     # per optimizer step), 2 iterations, 2 steps: exactly 2 x 2 x 2 = 8 optimizer steps
     calls = _count_adamw_steps(monkeypatch)
-    args = _args(assets, tmp_path, run_name="count", micro_batch_size=3, num_mini_batches=2, num_iterations=2, total_steps=2,
-                 pass_k=0, eval_every=10, save_model=False)
+    args = _args(assets, tmp_path, run_name="count", micro_batch_size=3, num_mini_batches=2, num_iterations=2,
+                 total_steps=2, pass_k=0, eval_every=10, save_model=False)
     grpo.main(args)
     assert len(calls) == args.total_steps * args.num_mini_batches * args.num_iterations
 
@@ -584,19 +584,21 @@ open(os.path.join(os.environ["COUNT_DIR"], "rank" + os.environ.get("RANK", "0"))
 
 @pytest.mark.skipif(sys.platform != "linux", reason="DeepSpeed on CPU")
 def test_optimizer_steps_once_per_mini_batch_under_deepspeed(assets, tmp_path):
-    # DeepSpeed steps inside `backward` at its own accumulation boundary: without the accumulation set to the micro-batches
-    # of a mini-batch it would step on every micro-batch (here 2 x 2 x 2 = 8 steps, not 16)
+    # DeepSpeed steps inside `backward` at its own accumulation boundary: without the accumulation set to the
+    # micro-batches of a mini-batch it would step on every micro-batch (here 2 x 2 x 2 = 8 steps, not 16)
     pytest.importorskip("deepspeed")
     (tmp_path / "count_steps.py").write_text(STEP_COUNTER)
     (tmp_path / "counts").mkdir()
-    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-           "DS_ACCELERATOR": "cpu", "COUNT_DIR": str(tmp_path / "counts")}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "benchmark" / "accelerate_configs" / "deepspeed_zero2.yaml"),
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO),
+           "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", "COUNT_DIR": str(tmp_path / "counts")}
+    config = REPO / "benchmark" / "accelerate_configs" / "deepspeed_zero2.yaml"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
            "--num_processes", "1", "--main_process_port", str(_free_port()), str(tmp_path / "count_steps.py"), "tiny",
-           "--model-name-or-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
-           "--output-dir", str(tmp_path / "runs"), "--run-name", "ds", "--total-steps", "2", "--questions-per-device", "2",
-           "--num-generations", "4", "--max-completion-length", "12", "--micro-batch-size", "2", "--num-mini-batches", "2",
-           "--num-iterations", "2", "--num-eval-examples", "2", "--eval-every", "10", "--pass-k", "0", "--no-save-model", "--num-threads", "1"]
+           "--model-name-or-path", str(assets / "models" / "tiny-llama"),
+           "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
+           "--output-dir", str(tmp_path / "runs"), "--run-name", "ds", *"--total-steps 2 --questions-per-device 2 "
+           "--num-generations 4 --max-completion-length 12 --micro-batch-size 2 --num-mini-batches 2 --num-iterations 2 "
+           "--num-eval-examples 2 --eval-every 10 --pass-k 0 --no-save-model --num-threads 1".split()]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "counts" / "rank0").read_text() == "8"
@@ -630,8 +632,9 @@ pad, eos = tok.pad_token_id, tok.eos_token_id
 synced, synced_lp = grpo.hf_sample(model, prompts, pad, eos, 30, 0.0, batch_size=2, synced=True)
 calls, model.calls = model.calls, 0
 alone, alone_lp = grpo.hf_sample(model, prompts, pad, eos, 30, 0.0, batch_size=2)
-json.dump({"calls": calls, "alone_calls": model.calls, "same": synced == alone and all(torch.equal(a, b) for a, b in zip(synced_lp, alone_lp)),
-           "lengths": [len(c) for c in alone]}, open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w"))
+same = synced == alone and all(torch.equal(a, b) for a, b in zip(synced_lp, alone_lp))
+result = {"calls": calls, "alone_calls": model.calls, "same": same, "lengths": [len(c) for c in alone]}
+json.dump(result, open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w"))
 """
 
 
@@ -639,8 +642,8 @@ def test_synced_sampler_makes_the_same_forward_calls_on_every_process(assets, tm
     # ZeRO-3: every forward pass is a collective, so a process with fewer prompts, or whose rows all finished, must keep
     # stepping with the others; its completions must equal the unsynced sampler's
     (tmp_path / "sampler.py").write_text(SYNCED_SAMPLER)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OUT_DIR": str(tmp_path),
-           "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+           "OUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
            str(tmp_path / "sampler.py"), str(assets / "models" / "tiny-llama")]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -651,11 +654,13 @@ def test_synced_sampler_makes_the_same_forward_calls_on_every_process(assets, tm
     assert r0["calls"] == r1["calls"] and r0["alone_calls"] < r0["calls"]  # rank 0 alone stops long before rank 1
 
 
-def _real_assets() -> Path:
-    return Path(os.environ.get("CLEAN_RLHF_REAL_ASSETS", REPO.parent / "shared" / "real-assets"))
+def _real_assets() -> Path | None:
+    from benchmark.real_check import default_assets
+
+    return default_assets()
 
 
-@pytest.mark.skipif(not _real_assets().is_dir(), reason="no real assets (CLEAN_RLHF_REAL_ASSETS or ../shared/real-assets)")
+@pytest.mark.skipif(_real_assets() is None, reason="no real assets (CLEAN_RLHF_REAL_ASSETS or ../shared/real-assets)")
 def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
     # the Qwen2.5-Math chat template's default system prompt is the instruction (Oat-Zero's qwen_math template); the
     # preset's prompt must not repeat it, and prompt + completion budget must fit Qwen2.5-Math-1.5B's 4096 positions
@@ -663,13 +668,14 @@ def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
 
     assets = _real_assets()
     args = grpo.PRESETS["math-qwen2.5-math-1.5b"][1]
-    tokenizer = grpo.ensure_pad_token(AutoTokenizer.from_pretrained(assets / "tokenizers" / "qwen2.5-math"), args.add_pad_token, "qwen2.5-math")
+    tokenizer = AutoTokenizer.from_pretrained(assets / "tokenizers" / "qwen2.5-math")
+    tokenizer = grpo.ensure_pad_token(tokenizer, args.add_pad_token, "qwen2.5-math")
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
     assert args.max_prompt_length + args.max_completion_length <= 4096
     instruction = "Please reason step by step, and put your final answer within \\boxed{}."
     for name in ("math500_test.jsonl", "math_test_1000.jsonl"):
         ds = load_dataset("json", data_files=str(assets / "math" / name), split="train")
-        strict = grpo.Args(**{**dataclasses.asdict(args), "drop_overlong": False})  # every real row must fit, none dropped
+        strict = grpo.Args(**{**dataclasses.asdict(args), "drop_overlong": False})  # every real row must fit
         rows = grpo.prepare_questions(ds, tokenizer, strict, "test")
         assert len(rows) == len(ds)
         for row in rows:

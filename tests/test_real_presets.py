@@ -45,26 +45,13 @@ def _split(path: Path):
 
 
 @needs_assets
-def test_every_real_tldr_response_ends_in_exactly_one_eos(pythia_tokenizer):
+def test_every_real_dpo_response_ends_in_exactly_one_eos(pythia_tokenizer):
+    """sft.py's and reward_model.py's are checked against N+'s own counts in tests/test_sft.py, test_reward_model.py."""
     tok, eos = pythia_tokenizer, pythia_tokenizer.eos_token_id
-    args = sft.PRESETS["tldr-pythia-1b"][1]
-    rows = _split(ASSETS / "tldr" / "sft" / "train.jsonl")
-    # the real dataset's longest reference is 53 tokens, EOS included (N+): it must fit --max-response-length 53
-    longest = " " + " ".join(["word"] * 52)
-    assert len(tok(longest + "<|endoftext|>")["input_ids"]) == 53
-    rows = rows.add_item({**rows[0], "reference_response": longest + "<|endoftext|>"})
-    examples = sft.tokenize_split(rows, tok, args, "train")
-    assert len(examples[-1]["response_ids"]) == 53
-    for e in examples:
-        assert e["response_ids"][-1] == eos and e["response_ids"].count(eos) == 1
-    for mod in (reward_model, dpo):
-        rows = mod.tokenize_pairs(
-            _split(ASSETS / "tldr" / "preference" / "train.jsonl"), tok, mod.PRESETS["tldr-pythia-1b"][1], "train"
-        )
-        for item in rows:
-            for key in ("chosen", "rejected"):
-                response = item[key] if mod is dpo else item[key][-20:]
-                assert item[key][-1] == eos and response.count(eos) == 1, (mod.__name__, key)
+    args = dpo.PRESETS["tldr-pythia-1b"][1]
+    for item in dpo.tokenize_pairs(_split(ASSETS / "tldr" / "preference" / "train.jsonl"), tok, args, "train"):
+        for key in ("chosen", "rejected"):
+            assert item[key][-1] == eos and item[key].count(eos) == 1, key
 
 
 @needs_assets

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,9 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
 import reward_model as rm
+from benchmark.real_check import default_assets
 
-REAL = Path(os.environ.get("CLEAN_RLHF_REAL_ASSETS", Path(__file__).resolve().parents[2] / "shared" / "real-assets"))
+REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets
 needs_real = pytest.mark.skipif(not (REAL / "tldr" / "preference").is_dir(), reason=f"no real assets at {REAL}")
 
 

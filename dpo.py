@@ -13,8 +13,13 @@ batch 64, one epoch over the 92,832 OpenAI preference pairs).
     difference of log pi - log pi_ref, the losses (`--loss-type`) are
       sigmoid: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)   (DPO; eps = label smoothing is
                conservative DPO, Mitchell 2023, "A note on DPO with noisy preferences")
-      ipo:     (h - 1 / (2 beta))^2   (Azar et al. 2023, arXiv:2310.12036, on summed logprobs; TRL averages per token)
+      ipo:     (h - 1 / (2 beta))^2   (Azar et al. 2023, arXiv:2310.12036); by default (`--ipo-average`) h is taken
+               on per-token averaged logprobs (sum / response tokens, policy and reference alike), as TRL does and as
+               the IPO authors confirmed produced the paper's results; `--no-ipo-average` takes it on summed logprobs
+               (beta does not carry over between the two)
       hinge:   max(0, 1 - beta h)     (SLiC, Zhao et al. 2023, arXiv:2305.10425)
+    The loss of an optimizer step is the mean over the pairs of its whole batch (every micro-batch of the gradient
+    accumulation, every process; online: the untied pairs), so the gradient does not depend on how the batch is split.
   * The reference logprobs of the frozen SFT model are computed once before training and cached with the
     pairs (`--precompute-ref-logprobs`, default), so the reference model is not in memory while training.
   * Implicit reward accuracy counts a pair as 1 when r_chosen > r_rejected, 0 when smaller and 1/2 on an
@@ -26,7 +31,8 @@ Feedback", arXiv:2402.04792), the RLHF algorithm "Asynchronous RLHF" (Noukhovitc
 found most robust to off-policy data. Each step samples two responses per prompt from the current policy
 (temperature 0.7, truncated after the first EOS; a response without EOS gets `penalty_reward_value`, N+),
 labels them with the reward model or the tiny world's gold judge (`--judge rm|gold`), and takes a DPO step
-on (higher, lower); tied pairs carry no preference and are left out of the loss (`objective/tie_rate`).
+on (higher, lower); tied pairs carry no preference and are left out of the loss (`objective/tie_rate`), whose mean
+is over the untied pairs of the whole batch (their number differs between micro-batches and processes).
 With `--async`, generation of batch t+1 runs in a separate thread with its own copy of the policy while the
 learner trains on batch t (Noukhovitch et al.'s one-step off-policy "Cleanba" setup): the copy is synced
 after every step, so every batch after the first was sampled by the policy of one step earlier
@@ -136,6 +142,9 @@ class Args:
     # ---- DPO ----
     loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
     """`sigmoid` (DPO, with label smoothing = cDPO), `ipo` (Azar et al. 2023), `hinge` (SLiC)"""
+    ipo_average: bool = True
+    """(ipo) the log-ratios on per-token averaged logprobs (TRL; what the IPO results used) or, False, on summed
+    logprobs; beta does not carry over between the two"""
     beta: float = 0.05
     """KL strength beta (N+ TL;DR DPO: 0.05)"""
     label_smoothing: float = 0.0
@@ -326,6 +335,23 @@ def shard_length(n: int, accelerator: Accelerator) -> int:
     ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
     per_process, extra = divmod(n, accelerator.num_processes)
     return per_process + (accelerator.process_index < extra)
+
+
+def global_count(count: float, accelerator: Accelerator) -> float:
+    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
+    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
+    if accelerator.num_processes == 1:
+        return float(count)
+    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
+
+
+def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
+    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
+    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
+    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
+    gradient is that of the global mean however the batch is split into micro-batches and processes."""
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
+    accelerator.backward(loss_sum * scale)
 
 
 def zero3(accelerator: Accelerator) -> bool:
@@ -673,6 +699,48 @@ def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return sequence_logprobs(logits, batch["input_ids"], batch["loss_mask"]).chunk(2)
 
 
+def response_lengths(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Response tokens (EOS included) of each chosen and of each rejected sequence of a pair batch, padded or packed:
+    the tokens `forward_logprobs` sums over."""
+    mask = batch["mask"] if "allowed" in batch else batch["loss_mask"][:, 1:]
+    return mask.sum(-1).float().chunk(2)
+
+
+def pair_weights(batch: dict) -> torch.Tensor:
+    """1 for each pair of the batch that enters the loss; 0 for a tied online pair (`valid` False: no preference)."""
+    if "valid" in batch:
+        return batch["valid"].float()
+    return torch.ones_like(response_lengths(batch)[0])
+
+
+def pair_losses(batch: dict, chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor,
+                ref_rejected: torch.Tensor, args: Args) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`dpo_loss` of the summed sequence logprobs of `batch`'s pairs; for IPO with `ipo_average` every logprob, policy
+    and reference (cached or not) alike, is first divided by its response's token count (TRL's per-token average)."""
+    if args.loss_type == "ipo" and args.ipo_average:
+        len_c, len_r = response_lengths(batch)
+        chosen, rejected = chosen / len_c, rejected / len_r
+        ref_chosen, ref_rejected = ref_chosen / len_c, ref_rejected / len_r
+    return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta, args.loss_type, args.label_smoothing)
+
+
+def micro_batch_loss(policy, ref_policy, batch: dict, args: Args, autocast=nullcontext) -> tuple[torch.Tensor, dict]:
+    """One micro-batch of `main`'s DPO update: the losses of its pairs summed over the pairs that count (`pair_weights`;
+    `main` divides by their number in the whole batch, `global_count`, in `backward_share`), and detached statistics:
+    implicit rewards and the summed sequence logprobs. The reference logprobs come cached with the pairs or from
+    `ref_policy` (under `autocast`, the training precision)."""
+    chosen, rejected = forward_logprobs(policy, batch)
+    if "ref_chosen" in batch:
+        ref_c, ref_r = batch["ref_chosen"], batch["ref_rejected"]
+    else:
+        with torch.no_grad(), autocast():
+            ref_c, ref_r = forward_logprobs(ref_policy, batch)
+    losses, r_c, r_r = pair_losses(batch, chosen, rejected, ref_c, ref_r, args)
+    stats = {"r_chosen": r_c, "r_rejected": r_r, "chosen": chosen.detach(), "rejected": rejected.detach(),
+             "ref_chosen": ref_c, "ref_rejected": ref_r}
+    return (losses * pair_weights(batch)).sum(), stats
+
+
 # ----------------------------------------------------------------------------------------------------
 # Data
 # ----------------------------------------------------------------------------------------------------
@@ -844,7 +912,7 @@ def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Arg
                     ref_c, ref_r = batch["ref_chosen"], batch["ref_rejected"]
                 else:
                     ref_c, ref_r = forward_logprobs(ref_policy, batch)
-            losses, rc, rr = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
+            losses, rc, rr = pair_losses(batch, chosen, rejected, ref_c, ref_r, args)
             records.extend(zip(losses.tolist(), rc.tolist(), rr.tolist(), implicit_accuracy(rc, rr).tolist()))
     records = gather_object(records[: shard_length(len(items), accelerator)])  # without the padded rows
     policy.train()
@@ -1039,29 +1107,27 @@ def main(args: Args) -> dict:
         else:
             micro = [next(iterator) for _ in range(args.gradient_accumulation_steps)]
 
-        # ---- DPO update ----
+        # ---- DPO update: the mean over the (untied) pairs of the whole batch, all micro-batches and processes ----
         train_start, running = time.time(), []
+        total = global_count(sum(pair_weights(mb).sum().item() for mb in micro), accelerator)
+        share = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
         for mb in micro:
             with accelerator.accumulate(policy):
-                chosen, rejected = forward_logprobs(policy, mb)
-                if "ref_chosen" in mb:
-                    ref_c, ref_r = mb["ref_chosen"], mb["ref_rejected"]
-                else:
-                    with torch.no_grad(), accelerator.autocast():
-                        ref_c, ref_r = forward_logprobs(ref_policy, mb)
-                losses, r_c, r_r = dpo_loss(chosen, rejected, ref_c, ref_r, args.beta, args.loss_type, args.label_smoothing)
-                valid = mb.get("valid", torch.ones_like(losses, dtype=torch.bool)).float()
-                loss = (losses * valid).sum() / valid.sum().clamp(min=1)  # tied online pairs carry no preference
-                if not torch.isfinite(loss):
-                    raise RuntimeError(f"non-finite DPO loss {loss.item()} at step {step}; lower --learning-rate or check the data")
-                accelerator.backward(loss)
+                loss_sum, out = micro_batch_loss(policy, ref_policy, mb, args, accelerator.autocast)
+                if not torch.isfinite(loss_sum):
+                    raise RuntimeError(f"non-finite DPO loss {loss_sum.item()} at step {step}; lower --learning-rate "
+                                       "or check the data")
+                backward_share(accelerator, loss_sum, total)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            running.append(torch.stack([loss.detach(), r_c.mean(), r_r.mean(), implicit_accuracy(r_c, r_r).mean(), (r_c - r_r).mean(),
-                                        chosen.detach().mean(), rejected.detach().mean(),
-                                        ((chosen.detach() - ref_c) + (rejected.detach() - ref_r)).mean() / 2]))
+            r_c, r_r, chosen, rejected = out["r_chosen"], out["r_rejected"], out["chosen"], out["rejected"]
+            # loss_sum * share, averaged over the micro-batches and processes below, is the batch mean of the gradient
+            running.append(torch.stack([loss_sum.detach() * share, r_c.mean(), r_r.mean(),
+                                        implicit_accuracy(r_c, r_r).mean(), (r_c - r_r).mean(), chosen.mean(),
+                                        rejected.mean(),
+                                        ((chosen - out["ref_chosen"]) + (rejected - out["ref_rejected"])).mean() / 2]))
         scheduler.step()
         train_sec = time.time() - train_start  # the update only (not the synchronous sampling below)
         if online and not executor and step < total_steps:  # synchronous online: sample the next batch with the new weights

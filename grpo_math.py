@@ -16,20 +16,25 @@ Each batch of samples is optimised for `num_iterations` (mu) passes of `num_mini
     by a constant, the generation budget `max_completion_length`.
   * `dapo` ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale", Yu et al. 2025, arXiv:2503.14476):
     token-level normalisation (sum over all tokens of the mini-batch / their number) and, by default, the rest of
-    DAPO: clip-higher (epsilon_low 0.2, epsilon_high 0.28, so unlikely tokens with positive advantage can grow),
-    dynamic sampling (a group whose rewards are all equal has zero advantage: drop it and sample more questions
-    until the batch is full) and the soft overlong punishment (a penalty growing linearly from 0 to -1 over the last
-    `overlong_buffer` tokens before the limit; DAPO: 4096 of 20480). Overlong filtering (truncated completions
-    masked out of the loss) is DAPO's alternative, `--overlong-filtering`.
+    DAPO: no KL term (beta 0, no reference model), clip-higher (epsilon_low 0.2, epsilon_high 0.28, so unlikely
+    tokens with positive advantage can grow), dynamic sampling (a group whose completions are all right or all wrong
+    is dropped and more questions are sampled until the batch is full; DAPO eq. 11 counts right answers, so the
+    filter reads the success reward alone, not the overlong penalty or the other rewards) and the soft overlong
+    punishment (a penalty growing linearly from 0 to -1 over the last `overlong_buffer` tokens before the limit;
+    DAPO: 4096 of 20480). Overlong filtering (truncated completions masked out of the loss) is DAPO's alternative,
+    `--overlong-filtering`.
 
 Rewards. Success (1 if the final answer is right, else 0): GSM8K answers are the number after the last `####`
 (commas and `$` stripped), compared numerically; MATH answers are the last `\\boxed{}`, graded with math-verify
 (`verify(parse(gold), parse(pred))`, gold first; an exception or timeout gives 0). Optional: a format reward; a
 learned outcome reward model; a process reward model (PRM) scoring every step (line), refined as in "On Designing
 Effective RL Reward at Training Time for LLM Reasoning" (Gao et al. 2024, arXiv:2410.15115): Clip,
-r_k -> alpha * min(r_k - eta, 0), so no step earns a positive reward and more steps can only cost; Delta,
-r_k -> r_k - r_{k+1}, so the sum telescopes. GRPO rewards whole sequences, so the refined step rewards enter as their
-sum, added to the success reward (our choice; DeepSeekMath's process-supervision variant is not implemented).
+r_k -> alpha * min(r_k - eta, 0), so no step earns a positive reward and more steps can only cost; Delta drops the
+last step's reward (the success reward judges the final answer), keeps r_{K-1} and gives every earlier step
+r_k - r_{k+1}, so the sum from step k telescopes to r_k. GRPO rewards whole sequences, so the refined step rewards
+enter as their sum, added to the success reward (our choice; DeepSeekMath's process-supervision variant is not
+implemented); under Delta that sum is alpha * r_1, the first step's score, for K >= 2 steps and 0 for one step
+(clip_delta: alpha * min(r_1 - eta, 0)).
 
 Details: prompts left-padded for sampling, completions truncated after their first EOS and right-padded; position
 ids follow the attention mask whenever a model scores padded sequences, so padding never changes a number; logprobs
@@ -156,7 +161,8 @@ class Args:
     prm_coef: float = 1.0
     """weight alpha of the process rewards (Gao et al. 2024)"""
     prm_refine: Literal["none", "clip", "delta", "clip_delta"] = "clip"
-    """Gao et al. 2024: `clip` alpha*min(r - eta, 0) per step; `delta` r_k - r_{k+1}; `clip_delta` both; `none` raw"""
+    """Gao et al. 2024: `clip` alpha*min(r - eta, 0) per step; `delta` r_k - r_{k+1}, r_{K-1} for step K-1 and 0 for the
+    last step (the success reward judges it); `clip_delta` clip, then delta; `none` alpha * r"""
     prm_clip_eta: float = 0.5
     """threshold eta of Clip, in units of the PRM's probability that a step is right"""
 
@@ -173,8 +179,9 @@ class Args:
     """generation budget in tokens, EOS included; also Dr. GRPO's normalising constant and DAPO's L_max"""
     temperature: float = 1.0
     """sampling temperature, also applied to the logits of the logprobs (and of the pass@k samples)"""
-    beta: float = 0.04
-    """weight of the k3 KL(policy || reference) loss term (DeepSeekMath: 0.04); 0 loads no reference model"""
+    beta: float | None = None
+    """weight of the k3 KL(policy || reference) loss term; default 0.04 (DeepSeekMath), 0 for dapo (DAPO removes the KL
+    term); 0 loads no reference model"""
     epsilon_low: float = 0.2
     """lower clip of the ratio, 1 - epsilon_low (PPO / GRPO / DAPO: 0.2)"""
     epsilon_high: float | None = None
@@ -190,7 +197,8 @@ class Args:
     micro_batch_size: int = 32
     """completions per forward/backward (gradient accumulation inside a mini-batch)"""
     dynamic_sampling: bool | None = None
-    """drop groups whose rewards are all equal and sample more questions to refill (DAPO); default: on for dapo"""
+    """drop groups whose completions are all right or all wrong (success reward) and sample more questions to refill
+    (DAPO); default: on for dapo"""
     max_sampling_rounds: int = 4
     """(dynamic sampling) sampling rounds per step at most; then the batch is topped up with dropped groups"""
     overlong_filtering: bool = False
@@ -229,8 +237,9 @@ class Args:
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do.
 PRESETS = {
     "gsm8k-qwen2.5-0.5b": ("GRPO on GSM8K, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
-        # DeepSeekMath section 4.2: lr 1e-6, beta 0.04, one policy update per batch of 1024 completions; G=64
-        # there, 8 here (TRL's default, affordable for 0.5B): 8 GPUs x 16 questions x 8 = 1024 completions.
+        # DeepSeekMath section 4.2: lr 1e-6, beta 0.04 (the default: beta None, so `--loss-type dapo` gets DAPO's 0),
+        # one policy update per batch of 1024 completions; G=64 there, 8 here (TRL's default, affordable for 0.5B):
+        # 8 GPUs x 16 questions x 8 = 1024 completions.
         # Lengths (Qwen2.5-Instruct tokenizer and chat template, default system prompt): the longest rendered prompt
         # is 256 tokens over GSM8K train (7,473 rows) and 232 over test (1,319), within max_prompt_length 512.
         exp_name="grpo_gsm8k_qwen2.5-0.5b", model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
@@ -238,7 +247,7 @@ PRESETS = {
         prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
         use_chat_template=True, reference_template="{answer}", answer_format="gsm8k", loss_type="grpo",
         num_generations=8, questions_per_device=16, total_steps=200, max_completion_length=512, temperature=1.0,
-        beta=0.04, learning_rate=1e-6, micro_batch_size=16, eval_every=20, num_eval_examples=1319)),
+        beta=None, learning_rate=1e-6, micro_batch_size=16, eval_every=20, num_eval_examples=1319)),
     "math-qwen2.5-math-1.5b": ("Dr. GRPO on MATH, Qwen2.5-Math-1.5B base, MATH-500 eval (8 GPUs)", Args(
         # Dr. GRPO's Oat-Zero recipe (github.com/sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh): lr 1e-6
         # constant, beta 0, G=8, temperature 1, 128 questions per step (16 per GPU), 3000-token budget, mini-batches
@@ -266,8 +275,8 @@ PRESETS = {
         # samples, right 33% of the time against 10%: GRPO teaches it to show its work (0.49 over 3 seeds). lr 1e-4 without
         # warm-up wrecks the policy in one step (Adam's first update is lr * sign(g) for every weight), hence the warm-up.
         max_prompt_length=96, max_completion_length=80, loss_type="grpo", num_generations=8, questions_per_device=16,
-        total_steps=40, temperature=0.7, beta=0.04, learning_rate=5e-5, warmup_steps=20, num_mini_batches=2, micro_batch_size=64,
-        eval_every=10, num_eval_examples=200, pass_k=8)),
+        total_steps=40, temperature=0.7, beta=None, learning_rate=5e-5, warmup_steps=20, num_mini_batches=2,
+        micro_batch_size=64, eval_every=10, num_eval_examples=200, pass_k=8)),
 }
 
 
@@ -616,14 +625,16 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, f
 
 
 def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta: float) -> list[float]:
-    """Gao et al. 2024: make process rewards safe to optimise. Raw PRM rewards are positive for every
-    plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha *
-    min(r - eta, 0), so no step earns a positive reward and padding a solution with steps only costs.
-    `delta`: step k gets r_k - r_{k+1} and the last step r_K, so the sum telescopes to r_1 whatever the number
-    of steps. `clip_delta` clips first, then takes differences."""
+    """Gao et al. 2024 (arXiv:2410.15115): make process rewards safe to optimise. Raw PRM rewards are positive for every
+    plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha * min(r_k - eta, 0),
+    so no step earns a positive reward and padding a solution with steps only costs. `delta`: the last step's reward
+    is dropped (the final answer is judged by the success reward alone), step K-1 keeps r_{K-1} and every earlier step
+    k gets r_k - r_{k+1}, so the return from step k telescopes to r_k whatever the number of steps. `clip_delta`
+    clips first, then takes differences."""
     r = [alpha * x for x in step_rewards] if mode in ("none", "delta") else [alpha * min(x - eta, 0.0) for x in step_rewards]
     if mode in ("delta", "clip_delta"):
-        r = [r[k] - r[k + 1] for k in range(len(r) - 1)] + r[-1:]
+        kept = r[:-1]  # the last step's process reward is dropped
+        r = [kept[k] - kept[k + 1] for k in range(len(kept) - 1)] + kept[-1:] + [0.0] * min(len(r), 1)
     return r
 
 
@@ -680,9 +691,19 @@ def group_advantages(rewards: torch.Tensor, scale: bool, eps: float = 1e-4) -> t
 
 
 def groups_with_signal(rewards: torch.Tensor) -> torch.Tensor:
-    """DAPO's dynamic-sampling filter: True for groups whose rewards are not all equal. A group of equal rewards has
+    """True for the rows of a (num_questions, G) matrix whose values are not all equal. A group of equal rewards has
     zero advantage everywhere: it adds no policy gradient and only dilutes the batch."""
     return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def groups_to_keep(batch: dict, G: int, dynamic_sampling: bool) -> list[bool]:
+    """Which groups of a sampled batch (G completions per question, in order) enter the loss: all of them, or with
+    DAPO's dynamic sampling those whose accuracy is neither all 0 nor all 1 (DAPO eq. 11:
+    0 < |{o_i : is_equivalent(a, o_i)}| < G), read from the success reward alone: an all-wrong group that differs
+    only in its overlong penalty or format reward is dropped, not trained on a length-only advantage."""
+    if not dynamic_sampling:
+        return [True] * (len(batch["success"]) // G)
+    return groups_with_signal(batch["success"].view(-1, G)).tolist()
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -717,6 +738,16 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
     if loss_type == "dapo":
         return (per_token * mask).sum() / (mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
     raise ValueError(f"unknown loss_type {loss_type}")
+
+
+def dapo_num_tokens(local_tokens: float, accelerator: Accelerator) -> float:
+    """DAPO's `num_tokens` for `aggregate_loss` on this process: the loss tokens of the mini-batch of every process
+    divided by the number of processes. DDP averages the processes' gradients, so each process's token sum over
+    (all tokens / processes), averaged, is the token sum of all processes over all their tokens, however the tokens are
+    spread. grpo and dr_grpo divide by `num_sequences`, this process's mini-batch size, equal on every process, so
+    DDP's average is already their mean over every sequence."""
+    total = accelerator.reduce(torch.tensor(float(local_tokens), device=accelerator.device), "sum")
+    return total.item() / accelerator.num_processes
 
 
 def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, capacity: int) -> dict:
@@ -781,6 +812,25 @@ def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
     return token_logp, entropy
+
+
+def micro_batch_loss(model, packed: dict, advantages: torch.Tensor, mask: torch.Tensor,
+                     old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, args: Args,
+                     num_sequences: int, num_tokens: float) -> dict:
+    """The loss of one micro-batch as `main` backpropagates it: the clipped surrogate of the `pack`ed completions
+    (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient) plus beta * k3 KL to `ref_logprobs` (None: no
+    KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens`, so the
+    micro-batches' losses sum to the mini-batch's. Also the detached pieces `main` logs: `surrogate` (the loss without
+    the KL term), `clipped`, `ratio`, `kl` and `entropy`, per token."""
+    logprobs, entropy = completion_logprobs(model, packed, args.temperature)
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    per_token, clipped = clipped_surrogate(logprobs, old, advantages, args.epsilon_low, args.epsilon_high)
+    kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
+    agg = dict(loss_type=args.loss_type, max_completion_length=args.max_completion_length, num_sequences=num_sequences,
+               num_tokens=num_tokens)
+    return {"loss": aggregate_loss(per_token + args.beta * kl, mask, **agg),
+            "surrogate": aggregate_loss(per_token.detach(), mask, **agg), "clipped": clipped,
+            "ratio": torch.exp(logprobs.detach() - old), "kl": kl.detach(), "entropy": entropy}
 
 
 def majority_vote(answers: list[str | None]) -> str | None:
@@ -1031,6 +1081,8 @@ def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accel
 def resolve_variant(args: Args) -> None:
     """Fill the defaults that depend on --loss-type (each can still be set by hand) and check the arithmetic."""
     dapo = args.loss_type == "dapo"
+    if args.beta is None:
+        args.beta = 0.0 if dapo else 0.04  # DAPO drops the KL term; DeepSeekMath's 0.04 otherwise
     if args.scale_rewards is None:
         args.scale_rewards = args.loss_type != "dr_grpo"
     if args.epsilon_high is None:
@@ -1154,21 +1206,21 @@ def main(args: Args) -> dict:
     episode, progress = 0, tqdm(range(1, args.total_steps + 1), disable=not accelerator.is_main_process, desc=f"grpo ({args.loss_type})")
     for step in progress:
         t_step = time.time()
-        # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with reward variance
-        # and samples more questions until this process has Q of them ----
+        # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with some right and some
+        # wrong completions and samples more questions until this process has Q of them ----
         model.eval()
         sampled, kept, dropped, rounds = [], [], [], 0
         while (need := questions_needed(Q - len(kept))) > 0:
             batch = sample_and_score([next(stream) for _ in range(need)])
             sampled.append(batch)
             rounds += 1
-            signal = groups_with_signal(batch["reward"].view(-1, G)).tolist() if args.dynamic_sampling else [True] * (len(batch["texts"]) // G)
+            signal = groups_to_keep(batch, G, args.dynamic_sampling)
             kept += [select_groups(batch, [g]) for g, s in enumerate(signal) if s]
             dropped += [select_groups(batch, [g]) for g, s in enumerate(signal) if not s]
             kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
             if rounds >= args.max_sampling_rounds and len(kept) < Q:
-                # every process must run the same number of optimizer steps (DDP): top the batch up with zero-advantage
-                # groups (they add only the KL term) instead of sampling forever
+                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
+                # (all right or all wrong) instead of sampling forever
                 kept += dropped[: Q - len(kept)]
         everything, batch = concat(sampled), concat(kept)
         model.train()
@@ -1212,34 +1264,31 @@ def main(args: Args) -> dict:
             order = torch.randperm(B, device=device)
             for mb_start in range(0, B, mini_size):
                 mini = order[mb_start : mb_start + mini_size]
-                # DAPO normalises by the tokens of the whole mini-batch of every process; DDP then averages the
-                # processes' gradients, hence the division by the process count
-                num_tokens = accelerator.reduce(loss_mask[mini].sum().float(), "sum").item() / accelerator.num_processes
-                agg = dict(loss_type=args.loss_type, max_completion_length=args.max_completion_length, num_sequences=mini_size, num_tokens=num_tokens)
+                # DAPO normalises by the tokens of the whole mini-batch of every process (dapo_num_tokens)
+                num_tokens = dapo_num_tokens(loss_mask[mini].sum().item(), accelerator)
                 update_loss = torch.zeros((), device=device)
                 for micro_start in range(0, mini_size, args.micro_batch_size):
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
                     with accelerator.accumulate(model):
                         packed, c_end = micro(idx)
-                        cm = completion_mask[idx, :c_end]
-                        logprobs, entropy = completion_logprobs(model, packed, args.temperature)
-                        old = old_logprobs[idx, :c_end] if off_policy else logprobs.detach()
-                        per_token, clipped = clipped_surrogate(logprobs, old, advantages[idx], args.epsilon_low, args.epsilon_high)
-                        kl = k3_kl(logprobs, ref_logprobs[idx, :c_end]) if ref_policy is not None else torch.zeros_like(logprobs)
-                        mask = loss_mask[idx, :c_end]
-                        loss = aggregate_loss(per_token + args.beta * kl, mask, **agg)
-                        if not torch.isfinite(loss):
-                            raise RuntimeError(f"non-finite GRPO loss {loss.item()} at step {step}; lower --learning-rate or check the rewards")
+                        cm, mask = completion_mask[idx, :c_end], loss_mask[idx, :c_end]
+                        old = old_logprobs[idx, :c_end] if off_policy else None
+                        ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
+                        out = micro_batch_loss(model, packed, advantages[idx], mask, old, ref, args, mini_size,
+                                               num_tokens)
+                        if not torch.isfinite(out["loss"]):
+                            raise RuntimeError(f"non-finite GRPO loss {out['loss'].item()} at step {step}; lower "
+                                               "--learning-rate or check the rewards")
                         # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
                         # (DeepSpeed: its engine) divides every backward by the accumulation steps: undo that
-                        accelerator.backward(loss * accelerator.gradient_accumulation_steps)
-                    update_loss += aggregate_loss(per_token.detach(), mask, **agg)  # the surrogate alone, without the KL term
-                    stats["clipped"].append((clipped & mask.bool()).sum().float())
+                        accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)
+                    update_loss += out["surrogate"]
+                    stats["clipped"].append((out["clipped"] & mask.bool()).sum().float())
                     stats["tokens"].append(mask.sum().float())
-                    stats["ratio"].append((torch.exp(logprobs.detach() - old) * mask).sum())
+                    stats["ratio"].append((out["ratio"] * mask).sum())
                     if iteration == 0:
-                        stats["kl"].append((kl.detach() * cm).sum())
-                        stats["entropy"].append((entropy * cm).sum())
+                        stats["kl"].append((out["kl"] * cm).sum())
+                        stats["entropy"].append((out["entropy"] * cm).sum())
                 stats["loss"].append(update_loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
                 stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))

@@ -12,10 +12,15 @@ reference policy (the SFT model) and the reward model. One update:
   1. Rollout. Left-padded queries; sample `response_length` tokens at `temperature`. Logprobs are recomputed
      with a forward pass (not taken from `generate`), with the logits divided by the same temperature, so that
      rollout and training logprobs agree (N+ detail); in float32, where our sampling loop's logprobs equal the
-     forward pass's to 1e-5 (tested), they are kept from the sampler (`--sampler-logprobs`). Responses are truncated after the first EOS (or stop token).
-  2. Reward. score = reward model at the last non-pad token of query + truncated response; responses without
-     EOS get `penalty_reward_value` instead (N+: -1). Per-token reward: `-kl_coef * (logp - ref_logp)` on every
-     response token, plus the score at the EOS position. Values are masked from one position after EOS.
+     forward pass's to 1e-5 (tested), they are kept from the sampler (`--sampler-logprobs`). Sampling stops at EOS
+     and responses are truncated after it (`--stop-token none`: every response is `response_length` tokens, kept whole).
+  2. Reward. score = reward model (head + its normalisation bias) at the last non-pad token of query + truncated
+     response; responses without EOS get `penalty_reward_value` instead (N+: -1). Per-token reward: `-kl_coef *
+     (logp - ref_logp)` on every response token, plus the score one position after the EOS (N+; at the last token
+     when there is no room: EOS at the last of `response_length` columns, or no EOS). Values are trained up to and
+     including that position and masked from two after EOS (N+'s `padding_mask_p1`). The value there is read from
+     the EOS token's hidden state, the state the reward model scored, and the value model starts as the reward model
+     with its bias, so it starts out predicting the score: delta at EOS+1 = score - V(EOS+1).
   3. Advantages. GAE (gamma 1, lambda 0.95) on the per-token rewards; advantages whitened over the valid tokens.
   4. Optimise. `num_ppo_epochs` passes over shuffled minibatches: clipped policy loss and clipped value loss
      (`vf_coef` 0.1), one AdamW optimizer over policy and value, learning rate annealed linearly to 0.
@@ -135,8 +140,10 @@ class Args:
     prm_coef: float = 1.0
     """(math) weight alpha of the process rewards"""
     prm_refine: Literal["none", "clip", "delta", "clip_delta"] = "none"
-    """(math) Gao et al. 2024: `clip` makes step rewards alpha*min(r - eta, 0) (never positive); `delta` gives
-    step k the reward r_k - r_{k+1} (the sum telescopes, so more steps cannot earn more); `none` is raw r_k"""
+    """(math) Gao et al. 2024, alpha = prm_coef scaling every mode: `clip` makes step rewards alpha*min(r - eta, 0)
+    (never positive); `delta` drops the last step's reward (the answer is judged by the success reward alone), gives
+    step K-1 its r_{K-1} and every earlier step k r_k - r_{k+1}, so the return from step k is r_k (a one-step
+    solution gets 0); `clip_delta` clips, then takes differences; `none` is alpha * r_k"""
     prm_clip_eta: float = 0.5
     """(math) threshold eta of the Clip refinement, in units of the PRM's probability that a step is right"""
     non_eos_penalty: bool = True
@@ -144,7 +151,9 @@ class Args:
     penalty_reward_value: float = -1.0
     """score of a response that never ends (N+: -1)"""
     stop_token: Literal["eos", "none"] = "eos"
-    """truncate responses after the first EOS"""
+    """`eos`: a response ends at its first EOS (sampling stops there, the rest is padding); `none`: every response is
+    `response_length` sampled tokens, kept whole, EOS included (as N+ samples with min_new_tokens); the score then
+    sits on the last token. Evaluation (greedy `generate`) stops at EOS either way"""
 
     # ---- PPO ----
     total_episodes: int = 1_000_000
@@ -517,11 +526,14 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
 
 
 def per_token_rewards(kl: torch.Tensor, scores: torch.Tensor, sequence_lengths: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The RL reward of every response token: -kl_coef * kl, plus the score at the last real token (the EOS,
-    index `sequence_lengths`). Returns (rewards, non_score_reward)."""
+    """The RL reward of every response position: -kl_coef * kl, plus the score one position after the last real
+    token (index `sequence_lengths`, the EOS), or at that token when it is in the last column (N+: `actual_end`). The
+    value at EOS+1 is read from the EOS token's hidden state, the state the reward model scored, so the value model
+    learns the score there. Returns (rewards, non_score_reward)."""
     non_score_reward = -kl_coef * kl
     rewards = non_score_reward.clone()
-    rewards[torch.arange(len(rewards), device=rewards.device), sequence_lengths] += scores
+    actual_end = torch.where(sequence_lengths + 1 < rewards.size(1), sequence_lengths + 1, sequence_lengths)
+    rewards[torch.arange(len(rewards), device=rewards.device), actual_end] += scores
     return rewards, non_score_reward
 
 
@@ -539,35 +551,42 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: 
     return advantages, advantages + values
 
 
-def policy_loss(new_logprobs, old_logprobs, advantages, mask, cliprange: float) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped surrogate, as a loss: mean over valid tokens of max(-A r, -A clip(r, 1-eps, 1+eps))."""
+def policy_loss(new_logprobs, old_logprobs, advantages, mask, cliprange: float,
+                count: float | None = None) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
+    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which `backward_share`
+    divides by the valid tokens of the whole minibatch). The statistics are means over these valid tokens."""
     log_ratio = new_logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     losses = -advantages * ratio
     losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = masked_mean(torch.max(losses, losses_clipped), mask)
+    loss = (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
     stats = {"clipfrac": masked_mean((losses_clipped > losses).float(), mask), "approxkl": 0.5 * masked_mean(log_ratio**2, mask),
              "ratio": masked_mean(ratio, mask)}
     return loss, stats
 
 
-def value_loss(vpred, old_values, returns, mask, cliprange_value: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped value loss: 0.5 * mean over valid tokens of max((v - R)^2, (clip(v, v_old +- eps) - R)^2).
-    Returns (loss, clip fraction)."""
+def value_loss(vpred, old_values, returns, mask, cliprange_value: float,
+               count: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2) summed over the valid positions and
+    divided by `count` (default: their number, the mean). Returns (loss, clip fraction over these positions)."""
     vpred_clipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
     losses, losses_clipped = (vpred - returns) ** 2, (vpred_clipped - returns) ** 2
-    return 0.5 * masked_mean(torch.max(losses, losses_clipped), mask), masked_mean((losses_clipped > losses).float(), mask)
+    loss = 0.5 * (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
+    return loss, masked_mean((losses_clipped > losses).float(), mask)
 
 
 def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta: float) -> list[float]:
-    """Gao et al. 2024: make process rewards safe to optimise. Raw PRM rewards are positive for every
-    plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha *
-    min(r - eta, 0), so no step earns a positive reward and padding a solution with steps only costs.
-    `delta`: step k gets r_k - r_{k+1} and the last step r_K, so the sum telescopes to r_1 whatever the number
-    of steps. `clip_delta` clips first, then takes differences."""
+    """Gao et al. 2024 (arXiv:2410.15115): make process rewards safe to optimise. Raw PRM rewards are positive for every
+    plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha * min(r_k - eta, 0),
+    so no step earns a positive reward and padding a solution with steps only costs. `delta`: the last step's reward
+    is dropped (the final answer is judged by the success reward alone), step K-1 keeps r_{K-1} and every earlier step
+    k gets r_k - r_{k+1}, so the return from step k telescopes to r_k whatever the number of steps. `clip_delta`
+    clips first, then takes differences."""
     r = [alpha * x for x in step_rewards] if mode in ("none", "delta") else [alpha * min(x - eta, 0.0) for x in step_rewards]
     if mode in ("delta", "clip_delta"):
-        r = [r[k] - r[k + 1] for k in range(len(r) - 1)] + r[-1:]
+        kept = r[:-1]  # the last step's process reward is dropped
+        r = [kept[k] - kept[k + 1] for k in range(len(kept) - 1)] + kept[-1:] + [0.0] * min(len(r), 1)
     return r
 
 
@@ -629,7 +648,9 @@ class PolicyAndValue(nn.Module):
     def forward(self, input_ids, position_ids, index, with_policy: bool = True, with_value: bool = True):
         """Logits (None without the policy) and values (None without the value model) at the positions `index` of a
         `pack`ed row. The LM head and the value head run on those positions only (the response), not on the prompts;
-        so does the last layer's MLP (`last_mlp_only_at`); the rest of the bodies on every token."""
+        so does the last layer's MLP (`last_mlp_only_at`); the rest of the bodies on every token. A value is the head's
+        output plus the config's `reward_bias` (0 for a fresh head): the critic starts as the reward model as it scores,
+        normalisation included (N+'s critic is the normalised reward model)."""
         logits, needed = None, index.unique()
         if with_policy:
             policy_body = getattr(self.policy, self.policy.base_model_prefix)
@@ -641,7 +662,8 @@ class PolicyAndValue(nn.Module):
         value_body = getattr(self.value_model, self.value_model.base_model_prefix)
         with last_mlp_only_at(value_body, needed):
             hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
-        return logits, self.value_model.score(hidden[0, index]).squeeze(-1)
+        bias = getattr(self.value_model.config, "reward_bias", 0.0)
+        return logits, self.value_model.score(hidden[0, index]).squeeze(-1) + bias
 
 
 def packed_hidden(model, packed: dict, at: torch.Tensor) -> torch.Tensor:
@@ -1021,6 +1043,23 @@ def shard_length(n: int, accelerator: Accelerator) -> int:
     return per_process + (accelerator.process_index < extra)
 
 
+def global_count(count: float, accelerator: Accelerator) -> float:
+    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
+    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
+    if accelerator.num_processes == 1:
+        return float(count)
+    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
+
+
+def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
+    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
+    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
+    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
+    gradient is that of the global mean however the batch is split into micro-batches and processes."""
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
+    accelerator.backward(loss_sum * scale)
+
+
 def zero3(accelerator: Accelerator) -> bool:
     """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
     (sampling loops and `generate` must keep stepping until every rank is done)."""
@@ -1095,6 +1134,44 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
 # ----------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------
+
+
+def ppo_micro_batch(model, accelerator: Accelerator, queries: list[list[int]], responses: list[list[int]],
+                    rollout: dict, counts: tuple[float, float], args: Args, separate_backward: bool,
+                    pad_id: int) -> dict:
+    """Forward and backward passes of one micro-batch of a PPO minibatch. `queries` / `responses`: its token lists (the
+    responses truncated after EOS); `rollout`: its rows of the rollout's (n, W) tensors `logprobs`, `values`, `returns`,
+    `advantages`, `padding_mask` (tokens past the last real one) and `padding_mask_p1` (values past EOS+1); `counts`:
+    the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). The policy
+    loss is the mean over the minibatch's valid tokens and the value loss the mean over its valid value positions: each
+    micro-batch adds its sum / count (`backward_share`), so the gradient does not depend on how the minibatch is split
+    into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
+    when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
+    then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
+    packed = {k: v.to(accelerator.device) for k, v in pack(queries, responses, pad_id).items()}
+    # the longest response of this micro-batch + 1 (the value one past EOS is trained); every later position is masked
+    width = min(rollout["values"].shape[1], packed["targets"].shape[1])
+    mask, mask_p1 = rollout["padding_mask"][:, :width], rollout["padding_mask_p1"][:, :width]
+    inputs = {k: packed[k] for k in ("input_ids", "position_ids", "index")}
+    new_logits, vpred = model(**inputs, with_value=not separate_backward)
+    new_logprobs = response_logprobs(new_logits[:, :width], packed["targets"][:, :width], args.temperature)
+    new_logprobs = new_logprobs.masked_fill(mask, INVALID_LOGPROB)
+    pg_sum, pg_stats = policy_loss(new_logprobs, rollout["logprobs"][:, :width], rollout["advantages"][:, :width],
+                                   ~mask, args.cliprange, count=1.0)
+    if separate_backward:
+        # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
+        # are freed before the value model's forward pass makes its own
+        backward_share(accelerator, pg_sum, counts[0])
+        _, vpred = model(**inputs, with_policy=False)
+    vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
+    vf_sum, vf_clipfrac = value_loss(vpred, rollout["values"][:, :width], rollout["returns"][:, :width], ~mask_p1,
+                                     args.cliprange_value, count=1.0)
+    if separate_backward:
+        backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
+    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
+        backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
+    return {"pg_loss": pg_sum.detach() / (~mask).sum(), "vf_loss": vf_sum.detach() / (~mask_p1).sum(),
+            "vf_clipfrac": vf_clipfrac, **{k: v.detach() for k, v in pg_stats.items()}}
 
 
 def main(args: Args) -> dict:
@@ -1207,12 +1284,14 @@ def main(args: Args) -> dict:
         with torch.no_grad():
             queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back; they are kept as they are
-            # (not padded back to the full length), so no tensor below spends time on all-pad columns.
+            # When every sample stops early, fewer than response_length columns come back (R); they are kept as they
+            # are (not padded back to the full length), so no tensor below spends time on all-pad columns.
+            # --stop-token none: an EOS id no token has, so every row decodes response_length tokens (N+:
+            # min_new_tokens)
             with padded_attention(unwrapped.policy):
                 responses, sampled_logprobs, sampled_entropy = sample_responses(
-                    unwrapped.policy, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
-                    args.response_length, args.temperature, synced=synced)
+                    unwrapped.policy, queries, qmask, tokenizer.eos_token_id if args.stop_token == "eos" else -1,
+                    tokenizer.pad_token_id, args.response_length, args.temperature, synced=synced)
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
             if (sequence_lengths < 0).any():
@@ -1223,10 +1302,14 @@ def main(args: Args) -> dict:
             query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
             response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
             packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id).items()}
+            # W: rewards, values and masks get one column more than the longest response when there is room in
+            # response_length, so that the score lands one past EOS (`per_token_rewards`) as in N+'s full-width tensors
             R, C = responses.shape[1], packed["targets"].shape[1] - 1
-            width = min(R, C + 1)  # the longest response, and one more column for the value after EOS when there is room
+            W = min(R + 1, args.response_length)
+            width = min(W, C + 1)  # the columns the forward passes give: up to the last token of the longest response
             logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=not use_sampler_logprobs)
-            logprobs, values, entropy, ref_logprobs = sampled_logprobs, torch.zeros_like(sampled_logprobs), sampled_entropy, torch.zeros_like(sampled_logprobs)
+            logprobs, entropy = F.pad(sampled_logprobs, (0, W - R)), F.pad(sampled_entropy, (0, W - R))
+            values, ref_logprobs = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
             values[:, :width] = packed_values[:, :width].float()
             if not use_sampler_logprobs:
                 logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
@@ -1250,9 +1333,9 @@ def main(args: Args) -> dict:
                 step_rewards, n_steps = process_rewards(prm, tokenizer, [r["prompt_ids"] for r in rows], postprocessed.cpu(), args)
                 step_rewards = step_rewards.to(device)
 
-            # mask: logprobs past the last real token; values from one position after it (N+: the value at the
-            # EOS position is still trained, the ones after are not)
-            response_idxs = torch.arange(responses.shape[1], device=device).repeat(responses.shape[0], 1)
+            # masks: logprobs past the last real token (the EOS); values from two positions after it (N+'s
+            # padding_mask_p1): the value at EOS+1, where the score is, is trained, the ones after are not
+            response_idxs = torch.arange(W, device=device).repeat(responses.shape[0], 1)
             padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
             padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
@@ -1263,7 +1346,7 @@ def main(args: Args) -> dict:
             kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
             rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
             if step_rewards is not None:
-                rewards = rewards + step_rewards.masked_fill(padding_mask, 0)
+                rewards = rewards + F.pad(step_rewards, (0, W - R)).masked_fill(padding_mask, 0)
             if args.whiten_rewards:
                 rewards = masked_whiten(rewards, ~padding_mask_p1, shift_mean=False).masked_fill(padding_mask_p1, 0)
             advantages, returns = compute_gae(rewards, values, args.gamma, args.lam)
@@ -1274,39 +1357,30 @@ def main(args: Args) -> dict:
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.per_device_batch_size, device=device)
             for mb_start in range(0, args.per_device_batch_size, mini_batch_size):
+                mini = order[mb_start : mb_start + mini_batch_size]
+                # the losses are means over the whole minibatch of every process (`ppo_micro_batch`)
+                counts = (global_count((~padding_mask[mini]).sum().item(), accelerator),
+                          global_count((~padding_mask_p1[mini]).sum().item(), accelerator))
                 for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
                     with accelerator.accumulate(model):
                         mb = order[micro_start : micro_start + micro_batch_size]
                         mb_list = mb.tolist()
-                        mb_packed = {k: v.to(device) for k, v in pack([query_tokens[i] for i in mb_list], [response_tokens[i] for i in mb_list],
-                                                                       tokenizer.pad_token_id).items()}
-                        # the longest response of this micro-batch + 1 (the value one past EOS is still trained); every
-                        # position beyond was masked out of the losses
-                        width = min(R, mb_packed["targets"].shape[1])
-                        mb_mask, mb_mask_p1 = padding_mask[mb, :width], padding_mask_p1[mb, :width]
-                        inputs = {k: mb_packed[k] for k in ("input_ids", "position_ids", "index")}
-                        new_logits, vpred = model(**inputs, with_value=not separate_backward)
-                        new_logprobs = response_logprobs(new_logits[:, :width], mb_packed["targets"][:, :width], args.temperature)
-                        new_logprobs = new_logprobs.masked_fill(mb_mask, INVALID_LOGPROB)
-                        pg_loss, pg_stats = policy_loss(new_logprobs, logprobs[mb, :width], advantages[mb, :width], ~mb_mask, args.cliprange)
-                        if separate_backward:
-                            # the two models share no parameter, so the gradients are those of the summed loss; the
-                            # policy's activations are freed before the value model's forward pass makes its own
-                            accelerator.backward(pg_loss)
-                            _, vpred = model(**inputs, with_policy=False)
-                        vpred = vpred[:, :width].float().masked_fill(mb_mask_p1, 0)
-                        vf_loss, vf_clipfrac = value_loss(vpred, values[mb, :width], returns[mb, :width], ~mb_mask_p1, args.cliprange_value)
-                        loss = pg_loss + args.vf_coef * vf_loss
-                        if not torch.isfinite(loss):  # before the optimizer step, so no parameter has moved yet
-                            raise RuntimeError(f"non-finite PPO loss at update {update}: policy {pg_loss.item()}, value {vf_loss.item()}")
-                        accelerator.backward(args.vf_coef * vf_loss if separate_backward else loss)
+                        rollout = {"logprobs": logprobs[mb], "values": values[mb], "returns": returns[mb],
+                                   "advantages": advantages[mb], "padding_mask": padding_mask[mb],
+                                   "padding_mask_p1": padding_mask_p1[mb]}
+                        mb_stats = ppo_micro_batch(model, accelerator, [query_tokens[i] for i in mb_list],
+                                                   [response_tokens[i] for i in mb_list], rollout, counts, args,
+                                                   separate_backward, tokenizer.pad_token_id)
+                        # before the optimizer step, so no parameter has moved yet
+                        if not torch.isfinite(mb_stats["pg_loss"] + mb_stats["vf_loss"]):
+                            raise RuntimeError(f"non-finite PPO loss at update {update}: policy "
+                                               f"{mb_stats['pg_loss'].item()}, value {mb_stats['vf_loss'].item()}")
                         if accelerator.sync_gradients:
                             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         optimizer.step()
                         optimizer.zero_grad()
-                    for k, v in (("approxkl", pg_stats["approxkl"]), ("clipfrac", pg_stats["clipfrac"]), ("pg_loss", pg_loss),
-                                 ("vf_loss", vf_loss), ("vf_clipfrac", vf_clipfrac), ("ratio", pg_stats["ratio"])):
-                        stats[k].append(v.detach())
+                    for k in stats:
+                        stats[k].append(mb_stats[k])
 
         # ---- logging ----
         episode = update * batch_size

@@ -2,25 +2,30 @@
 
 Implements "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning Large Language
 Models" (Li et al. 2023, arXiv:2310.10505). ReMax drops PPO's value model: for every prompt x the policy samples ONE
-response y ~ pi(.|x) and also decodes the greedy response y_bar = argmax; the advantage of the sample is
-  A = R(x, y) - r(x, y_bar),
-REINFORCE with the greedy reward as a baseline. The greedy response does not depend on the sample, so the baseline
-keeps the gradient unbiased, and it tracks how good the current policy is on this very prompt, which cuts the
-variance (the paper's Proposition). R(x, y) = score(x, y) - beta * sum_t KL_t, the KL penalty summed over the
-sampled response's tokens (as in PPO-RLHF); the baseline is the greedy response's score (the paper's r(x, y_bar)).
-The loss is -A * sum_t log pi(y_t | x, y_<t), normalised by the number of response tokens in the batch, and every
-batch is used for ONE gradient step (on-policy, no ratio, no clipping). Compared with PPO there is no value model to
+response y ~ pi(.|x) and also decodes the greedy response y_bar = argmax: REINFORCE with the greedy response's reward
+r(x, y_bar) as a baseline. The greedy response does not depend on the sample, so the baseline keeps the gradient
+unbiased, and it tracks how good the current policy is on this very prompt, which cuts the variance (the paper's
+Proposition). As the official implementation (github.com/liziniu/ReMax, step3_rlhf_finetuning/remax_trainer.py,
+`compute_returns` with gamma = 1), every token t of the sampled response gets the advantage
+  A_t = clip(r(x, y) - r(x, y_bar), -c, c) - beta * KL_t,    KL_t = log pi(y_t | x, y_<t) - log pi_ref(y_t | x, y_<t),
+the reward difference clipped at c = `--reward-clip` (the official clip_reward_value, 5) plus the KL penalty of that
+token alone (the official loop keeps only the current token's term, not a sum over the response; KL_t is k1 there,
+`--kl-estimator` here). r is the score after the non-EOS penalty below, applied to the sample and the greedy response
+alike before the difference (the official code has no such penalty; kept from N+ so a response that never ends scores
+low). The loss is -sum_t A_t log pi(y_t | x, y_<t) over every valid response token of the batch divided by their number
+(the official token mean, `actor_loss_fn`), counted over all micro-batches and processes, and every batch is used for
+ONE gradient step (on-policy, no ratio, no clipping of the ratio). Compared with PPO there is no value model to
 hold, train or keep optimizer state for (the paper: about 46% less GPU memory than PPO at 7B, 1.6x faster); the
 price is one extra greedy generation per prompt. `benchmark/memory_speed_family.py` measures both against
 ppo_rlhf.py.
 
 Everything else is ppo_rlhf.py's (the N+ details of Huang et al. 2024, arXiv:2403.17031): left-padded prompts,
 logprobs of the logits divided by the sampling temperature (recomputed by a forward pass, or, in float32 where the
-two agree to 1e-5, kept from the sampler: --sampler-logprobs), responses truncated after
-their first EOS, responses without EOS scored `penalty_reward_value` (-1), position ids from the attention mask,
-dropout off. The reward is a learned reward model (TL;DR) or the verifiable math reward (1 if the final answer is
-right, else 0). Evaluation: greedy responses, gold judge and win rate (tiny-tldr) or answer accuracy (math), before
-the first update and after the last.
+two agree to 1e-5, kept from the sampler: --sampler-logprobs), responses truncated after their first EOS
+(`--stop-token none`: decoded to `response_length` tokens, kept whole), responses without EOS scored
+`penalty_reward_value` (-1), position ids from the attention mask, dropout off. The reward is a learned reward
+model (TL;DR) or the verifiable math reward (1 if the final answer is right, else 0). Evaluation: greedy responses,
+gold judge and win rate (tiny-tldr) or answer accuracy (math), before the first update and after the last.
 
 Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch (it also keeps
 the sampled tokens' logprobs, `--sampler-logprobs`), and the forward passes run on packed query + response
@@ -128,7 +133,9 @@ class Args:
     penalty_reward_value: float = -1.0
     """score of a response that never ends (N+: -1)"""
     stop_token: Literal["eos", "none"] = "eos"
-    """truncate responses after the first EOS"""
+    """`eos`: a response ends at its first EOS (sampling stops there); `none`: every sampled response and greedy
+    baseline is decoded to `response_length` tokens and kept whole, EOS or not (N+'s option). Evaluation's greedy
+    `generate` stops at EOS either way"""
 
     # ---- ReMax ----
     total_episodes: int = 1_000_000
@@ -150,7 +157,9 @@ class Args:
     temperature: float = 0.7
     """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
     kl_coef: float = 0.05
-    """beta of the KL penalty in the sequence reward (N+: 0.05)"""
+    """beta of the per-token KL penalty -beta * KL_t in each token's advantage (N+: 0.05)"""
+    reward_clip: float = 5.0
+    """clip the reward difference r(x, y) - r(x, y_bar) to [-c, c] (the official clip_reward_value, 5); 0: no clip"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
 
@@ -608,21 +617,38 @@ def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask
 
 
 def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
-    """The RL reward of a whole response: score - beta * summed KL."""
+    """The KL-penalised reward of a whole response, score - beta * summed KL (logged as objective/rlhf_reward; the
+    advantage takes the KL token by token, `remax_advantages`)."""
     return scores - kl_coef * seq_kl
 
 
-def remax_advantages(sample_rewards: torch.Tensor, greedy_rewards: torch.Tensor) -> torch.Tensor:
-    """ReMax: the advantage of the sampled response is its reward minus the reward of the greedy response to the
-    same prompt, A = R(x, y) - r(x, y_bar)."""
-    return sample_rewards - greedy_rewards
+def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor, token_kl: torch.Tensor, kl_coef: float,
+                     reward_clip: float) -> torch.Tensor:
+    """ReMax's per-token advantages (B, T), as the official `compute_returns` with gamma = 1:
+    A_t = clip(r(x, y) - r(x, y_bar), -c, c) - beta * KL_t, the sampled response's score minus the greedy response's
+    score to the same prompt, clipped at c = `reward_clip` (0: no clip), plus the KL penalty of token t alone.
+    `token_kl` (B, T) is the per-token KL estimate, 0 at padding."""
+    diff = scores - greedy_scores
+    if reward_clip > 0:
+        diff = diff.clamp(-reward_clip, reward_clip)
+    return diff.unsqueeze(1) - kl_coef * token_kl
 
 
 def remax_loss(new_logprobs: torch.Tensor, advantages: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
-    """REINFORCE: -A_i * log pi(y_i,t | x_i, y_i,<t) summed over every valid response token of the batch and divided
-    by their number, so each response's gradient is A_i * grad log pi(y_i | x_i), scaled by one constant."""
-    valid = ~padding_mask
-    return -(advantages.unsqueeze(1) * new_logprobs * valid).sum() / valid.sum()
+    """REINFORCE with per-token advantages: -sum_t A_t * log pi(y_t | x, y_<t) over the valid response tokens, summed,
+    not averaged: main divides it by the valid tokens of the whole batch (`backward_share`), the official token mean."""
+    return -(advantages * new_logprobs).masked_fill(padding_mask, 0).sum()
+
+
+def remax_micro_batch_loss(model, queries: list[list[int]], responses: list[list[int]], advantages: torch.Tensor,
+                           pad_id: int, capacity: int, temperature: float) -> torch.Tensor:
+    """One micro-batch's summed ReMax loss: the responses' logprobs under the policy (one packed forward pass), then
+    `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens."""
+    new_logprobs = packed_logprobs(model, pack(queries, responses, pad_id, capacity), temperature)
+    width = new_logprobs.shape[1]  # the longest response of this micro-batch
+    lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
+    padding_mask = torch.arange(width, device=new_logprobs.device)[None] >= lengths[:, None]
+    return remax_loss(new_logprobs, advantages[:, :width], padding_mask)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -753,6 +779,23 @@ def shard_length(n: int, accelerator: Accelerator) -> int:
     ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
     per_process, extra = divmod(n, accelerator.num_processes)
     return per_process + (accelerator.process_index < extra)
+
+
+def global_count(count: float, accelerator: Accelerator) -> float:
+    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
+    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
+    if accelerator.num_processes == 1:
+        return float(count)
+    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
+
+
+def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
+    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
+    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
+    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
+    gradient is that of the global mean however the batch is split into micro-batches and processes."""
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
+    accelerator.backward(loss_sum * scale)
 
 
 def zero3(accelerator: Accelerator) -> bool:
@@ -912,9 +955,10 @@ def main(args: Args) -> dict:
             queries, qmask = queries.to(device), qmask.to(device)
             # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
             # time on all-pad columns (as in ppo_rlhf.py).
-            responses, logprobs, entropy = sample_responses(unwrapped, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            stop_id = tokenizer.eos_token_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
+            responses, logprobs, entropy = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
                                                             args.response_length, args.temperature, synced=synced)
-            greedy = sample_responses(unwrapped, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            greedy = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
                                       args.response_length, 0.0, synced=synced)[0]
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
@@ -944,29 +988,31 @@ def main(args: Args) -> dict:
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
 
-            # ---- 3. sequence-level reward of the sample, minus the greedy response's reward ----
+            # ---- 3. per-token advantages: the clipped score difference to the greedy response, minus beta * KL_t ----
+            token_kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
             seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator)
             rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
-            advantages = remax_advantages(rlhf_reward, greedy_scores)
+            advantages = remax_advantages(scores, greedy_scores, token_kl, args.kl_coef, args.reward_clip)
+            valid = ~padding_mask
+            clipped = ((scores - greedy_scores).abs() > args.reward_clip) & (args.reward_clip > 0)
 
-        # ---- 4. one REINFORCE step on the batch ----
+        # ---- 4. one REINFORCE step on the batch: the token mean over every micro-batch and process ----
+        total_tokens = global_count(valid.sum().item(), accelerator)
         pg_losses = []
         for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
             with accelerator.accumulate(model):
-                mb = slice(micro_start, micro_start + micro_batch_size)
-                mb_list = list(range(args.per_device_batch_size))[mb]
-                mb_packed = pack([query_tokens[i] for i in mb_list], [response_tokens[i] for i in mb_list], tokenizer.pad_token_id, capacity)
-                new_logprobs = packed_logprobs(model, mb_packed, args.temperature)
-                width = new_logprobs.shape[1]  # the longest response of this micro-batch
-                pg_loss = remax_loss(new_logprobs, advantages[mb], padding_mask[mb, :width])
-                if not torch.isfinite(pg_loss):
-                    raise RuntimeError(f"non-finite ReMax loss at update {update}: {pg_loss.item()}")
-                accelerator.backward(pg_loss)
+                mb = list(range(micro_start, micro_start + micro_batch_size))
+                mb_queries, mb_responses = [query_tokens[i] for i in mb], [response_tokens[i] for i in mb]
+                loss_sum = remax_micro_batch_loss(model, mb_queries, mb_responses, advantages[mb],
+                                                  tokenizer.pad_token_id, capacity, args.temperature)
+                if not torch.isfinite(loss_sum):
+                    raise RuntimeError(f"non-finite ReMax loss at update {update}: {loss_sum.item()}")
+                backward_share(accelerator, loss_sum, total_tokens)
                 if accelerator.sync_gradients:
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 optimizer.step()
                 optimizer.zero_grad()
-            pg_losses.append(pg_loss.detach())
+            pg_losses.append(loss_sum.detach())
 
         # ---- logging ----
         episode = update * batch_size
@@ -975,9 +1021,11 @@ def main(args: Args) -> dict:
             logged = {
                 "objective/reward": g(scores), "objective/kl": g(seq_kl), "objective/entropy": g((entropy * ~padding_mask).sum(1)),
                 "objective/non_score_reward": g(-args.kl_coef * seq_kl), "objective/rlhf_reward": g(rlhf_reward),
-                "objective/greedy_reward": g(greedy_scores), "objective/advantage": g(advantages), "objective/advantage_std": g(advantages.std()),
+                "objective/greedy_reward": g(greedy_scores), "objective/advantage": g(advantages[valid]),
+                "objective/advantage_std": g(advantages[valid].std()),
+                "objective/reward_clipfrac": g(clipped),
                 "objective/completion_length": g((sequence_lengths + 1).float()), "objective/eos_rate": g(contain_eos.float()),
-                "loss/policy_avg": g(torch.stack(pg_losses)),
+                "loss/policy_avg": g(torch.stack(pg_losses).sum() / valid.sum()),
                 "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()), "objective/kl_coef": args.kl_coef,
                 "lr": optimizer.param_groups[0]["lr"], "perf/episodes_per_sec": episode / (time.time() - start_time),
                 "perf/peak_mem_gb": peak_mem_gb(device),

@@ -6,7 +6,8 @@ Study on TL;DR Summarization" (Huang et al. 2024, arXiv:2403.17031). A scalar he
 the reward at the last non-pad token of `prompt + response + EOS` (one EOS: appended unless the response already
 ends with it, as the N+ responses, which end with the text `<|endoftext|>`, do), trained with the Bradley-Terry loss
 `-log sigmoid(r_chosen - r_rejected)`; optionally with a margin (Touvron et al. 2023, Llama 2) and the
-reward-centering term `coef * (r_chosen + r_rejected)^2` (Eisenstein et al. 2023, "Helping or Herding?").
+reward-centering term `coef * (r_chosen + r_rejected)^2` (Eisenstein et al. 2023, "Helping or Herding?"), averaged
+over the pairs of the whole batch of an optimizer step (every micro-batch and process).
 N+ details kept here:
   * The RM starts from the SFT model; the head `Linear(hidden, 1)` is initialised from N(0, 1/sqrt(hidden+1)).
   * The reward is read at the last non-pad token, located from the attention mask, and position ids come
@@ -23,7 +24,9 @@ N+ details kept here:
 Process (`--objective process`): a PRM scoring every reasoning step, as used in "On Designing Effective RL
 Reward at Training Time for LLM Reasoning" (Gao et al. 2024) and trained like Math-Shepherd (Wang et al.
 2024) on per-step binary labels: each step is followed by a separator token, the head's logit at that
-token is the step's score, and the loss is binary cross-entropy against the step's correctness label.
+token is the step's score, and the loss is binary cross-entropy against the step's correctness label, averaged over
+the labelled steps of the whole batch of an optimizer step (every micro-batch and process), so a solution weighs by
+its number of steps (a token-level mean, as in TRL's PRMTrainer, which trains the PRM as token classification).
 
 The saved format, which every consumer (ppo_rlhf.py, grpo_math.py, ...) reads without importing this file:
   * the directory loads with `AutoModelForSequenceClassification.from_pretrained(path)` (num_labels = 1);
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -50,6 +54,7 @@ import resource
 import socket
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -394,19 +399,21 @@ def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 
 
 def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, margin: torch.Tensor | None = None,
-                       center_coef: float = 0.0) -> torch.Tensor:
-    """-log sigmoid(r_c - r_r - margin), averaged over pairs, plus center_coef * mean((r_c + r_r)^2)."""
+                       center_coef: float = 0.0, reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
+    """-log sigmoid(r_c - r_r - margin) + center_coef * (r_c + r_r)^2 per pair, averaged (or summed) over pairs."""
     diff = r_chosen - r_rejected - (margin if margin is not None else 0.0)
-    loss = -F.logsigmoid(diff).mean()
+    losses = -F.logsigmoid(diff)
     if center_coef:
-        loss = loss + center_coef * ((r_chosen + r_rejected) ** 2).mean()
-    return loss
+        losses = losses + center_coef * (r_chosen + r_rejected) ** 2
+    return losses.sum() if reduction == "sum" else losses.mean()
 
 
-def process_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Binary cross-entropy between the step logits and the step labels; label -100 marks non-step tokens."""
+def process_loss(logits: torch.Tensor, labels: torch.Tensor,
+                 reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
+    """Binary cross-entropy between the step logits and the step labels, averaged (or summed) over the labelled steps;
+    label -100 marks non-step tokens."""
     mask = labels != -100
-    return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].float())
+    return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].float(), reduction=reduction)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -606,17 +613,26 @@ def collate(batch: list[dict], pad_id: int, objective: str, pack: bool = False) 
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def compute_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
+def loss_units(batch: dict, objective: str) -> int:
+    """What the training loss averages over in `batch`: its pairs (outcome) or its labelled steps (process)."""
+    return len(batch["margin"]) if objective == "outcome" else int((batch["labels"] != -100).sum())
+
+
+def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
+    """One micro-batch of `main`: the loss summed over its pairs (outcome) or labelled steps (process) (`main`
+    divides by their number in the whole batch, `global_count`, in `backward_share`), and the detached rewards or
+    step logits."""
     if args.objective == "outcome":
         if "allowed" in batch:  # packed by `pack_pairs`
             rewards = packed_rewards(model, batch)
         else:
             rewards = outcome_reward(model, batch["input_ids"], batch["attention_mask"])
         r_chosen, r_rejected = rewards.chunk(2)
-        loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"], args.center_rewards_coef)
+        loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"], args.center_rewards_coef, reduction="sum")
         return loss, {"r_chosen": r_chosen.detach(), "r_rejected": r_rejected.detach()}
     logits = token_scores(model, batch["input_ids"], batch["attention_mask"])
-    return process_loss(logits, batch["labels"]), {"logits": logits.detach(), "labels": batch["labels"]}
+    loss = process_loss(logits, batch["labels"], reduction="sum")
+    return loss, {"logits": logits.detach(), "labels": batch["labels"]}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -680,7 +696,7 @@ def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Ac
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             chunk = shard[start : start + args.per_device_eval_batch_size]
             batch = {k: v.to(accelerator.device) for k, v in collate(chunk, tokenizer.pad_token_id, args.objective, args.pack_pairs).items()}
-            loss, out = compute_loss(unwrapped, batch, args)
+            _, out = micro_batch_loss(unwrapped, batch, args)
             if args.objective == "outcome":
                 for e, rc, rr in zip(chunk, out["r_chosen"].tolist(), out["r_rejected"].tolist()):
                     records.append({"loss": -F.logsigmoid(torch.tensor(rc - rr - e["margin"])).item(), "r_chosen": rc,
@@ -750,6 +766,32 @@ def shard_length(n: int, accelerator: Accelerator) -> int:
     return per_process + (accelerator.process_index < extra)
 
 
+def global_count(count: float, accelerator: Accelerator) -> float:
+    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
+    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
+    if accelerator.num_processes == 1:
+        return float(count)
+    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
+
+
+def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
+    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
+    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
+    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
+    gradient is that of the global mean however the batch is split into micro-batches and processes."""
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
+    accelerator.backward(loss_sum * scale)
+
+
+def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
+    """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
+    last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
+    are drawn before its first backward pass, so its loss can be averaged over all of them."""
+    batches = iter(loader)
+    while micro := list(itertools.islice(batches, gradient_accumulation_steps)):
+        yield micro
+
+
 def lr_lambda(schedule: str, warmup: int, total: int):
     def f(step: int) -> float:
         if step < warmup:
@@ -767,7 +809,8 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=True)  # real epochs
+    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
@@ -824,7 +867,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
     configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    # the loader's last, possibly partial, accumulation steps the optimizer too (sync_with_dataloader)
+    # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
     total_steps = math.ceil(len(loader) / args.gradient_accumulation_steps) * args.num_train_epochs
     if total_steps == 0:
         raise SystemExit(f"error: {len(train)} training rows make no full batch")
@@ -833,32 +876,39 @@ def main(args: Args) -> dict:
     logger = RunLogger(args, accelerator)
     accelerator.print(f"run {args.run_name}: {args.objective} reward model, {len(train)} training rows, {total_steps} steps")
 
-    step, running, t_last, metrics = 0, defaultdict(list), time.time(), {}
+    step, running, losses, n_micro, n_steps, t_last, metrics = 0, defaultdict(list), [], 0, 0, time.time(), {}
     progress = tqdm(total=total_steps, disable=not accelerator.is_main_process, desc=f"{args.objective} rm")
     for epoch in range(args.num_train_epochs):
-        for batch in loader:
-            with accelerator.accumulate(model):
-                loss, out = compute_loss(model, batch, args)
-                if not torch.isfinite(loss):
-                    raise RuntimeError(f"non-finite reward-model loss {loss.item()} at step {step}; lower --learning-rate or check the data")
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            running["train/loss"].append(loss.detach())
-            if args.objective == "outcome":
-                running["train/accuracy"].append((out["r_chosen"] > out["r_rejected"]).float().mean())
-                running["train/reward_margin"].append((out["r_chosen"] - out["r_rejected"]).mean())
-            if not accelerator.sync_gradients:
-                continue
+        for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            # the loss is the mean over the pairs (outcome) or labelled steps (process) of the whole step: every
+            # micro-batch and process (a process's solutions hold different numbers of steps)
+            total = global_count(sum(loss_units(b, args.objective) for b in micro), accelerator)
+            # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
+            accelerator.step = args.gradient_accumulation_steps - len(micro)
+            for batch in micro:
+                with accelerator.accumulate(model):
+                    loss_sum, out = micro_batch_loss(model, batch, args)
+                    if not torch.isfinite(loss_sum):
+                        raise RuntimeError(f"non-finite reward-model loss {loss_sum.item()} at step {step}; lower "
+                                           "--learning-rate or check the data")
+                    backward_share(accelerator, loss_sum, total)
+                    if accelerator.sync_gradients:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                losses.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
+                if args.objective == "outcome":
+                    running["train/accuracy"].append((out["r_chosen"] > out["r_rejected"]).float().mean())
+                    running["train/reward_margin"].append((out["r_chosen"] - out["r_rejected"]).mean())
+            n_micro, n_steps = n_micro + len(micro), n_steps + 1
             scheduler.step()
             step += 1
             progress.update(1)
             if step % args.log_every == 0 or step == total_steps:
                 now = time.time()
                 logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in running.items()}
-                n_micro = len(running["train/loss"])
+                # the mean over the logged steps of each step's mean (every micro-batch and process)
+                logged["train/loss"] = accelerator.gather(torch.stack(losses).sum()[None]).sum().item() / n_steps
                 logged.update({"lr": scheduler.get_last_lr()[0], "epoch": epoch,
                                "perf/episodes_per_sec": batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last),
                                "perf/peak_mem_gb": peak_mem_gb(accelerator.device)})
@@ -866,7 +916,7 @@ def main(args: Args) -> dict:
                     logged["train/grad_norm"] = float(grad_norm)
                 logger.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
-                running, t_last = defaultdict(list), now
+                running, losses, n_micro, n_steps, t_last = defaultdict(list), [], 0, 0, now
             if step % args.eval_every == 0 or step == total_steps:
                 metrics = evaluate(model, evals, tokenizer, args, accelerator)
                 logger.log(metrics, step, step * batch_episodes)

@@ -11,7 +11,9 @@ samples of the same prompt:
     log pi(y_t) - log pi_ref(y_t) over its tokens (the KL penalty is part of the reward, as in PPO-RLHF);
   * its advantage is R_i minus the mean reward of the k - 1 OTHER samples, b_i = (sum_j R_j - R_i) / (k - 1),
     which does not depend on y_i, so the gradient stays unbiased (with k = 1 there is no baseline);
-  * loss = -A_i * log pi(y_i | x), log pi(y_i | x) summed over the response tokens (the response is one action).
+  * loss = -A_i * log pi(y_i | x), log pi(y_i | x) summed over the response tokens (the response is one action),
+    averaged over the responses of the batch (each micro-batch's mean; all micro-batches hold as many responses, so
+    gradient accumulation and the processes' average give the same mean, `rloo_micro_batch_loss`).
 Options: `--normalize-advantage` whitens the advantages over the batch; `--num-ppo-epochs` > 1 or
 `--num-mini-batches` > 1 reuse a batch for several updates with PPO's clipped surrogate on the SEQUENCE-level
 ratio pi(y|x) / pi_old(y|x) (TRL's RLOOTrainer); with the defaults (one epoch, one minibatch) the ratio is 1 and
@@ -19,11 +21,11 @@ the loss is exactly REINFORCE. The paper reports k = 2 and k = 4; the default is
 
 Everything else is ppo_rlhf.py's (the N+ details of Huang et al. 2024, arXiv:2403.17031): left-padded prompts,
 logprobs of the logits divided by the sampling temperature (recomputed by a forward pass, or, in float32 where the
-two agree to 1e-5, kept from the sampler: --sampler-logprobs), responses truncated after
-their first EOS, responses without EOS scored `penalty_reward_value` (-1), position ids from the attention mask,
-dropout off. The reward is a learned reward model (TL;DR) or the verifiable math reward (1 if the final answer is
-right, else 0). Evaluation: greedy responses, gold judge and win rate (tiny-tldr) or answer accuracy (math), before
-the first update and after the last.
+two agree to 1e-5, kept from the sampler: --sampler-logprobs), responses truncated after their first EOS
+(`--stop-token none`: decoded to `response_length` tokens, kept whole), responses without EOS scored
+`penalty_reward_value` (-1), position ids from the attention mask, dropout off. The reward is a learned reward
+model (TL;DR) or the verifiable math reward (1 if the final answer is right, else 0). Evaluation: greedy responses,
+gold judge and win rate (tiny-tldr) or answer accuracy (math), before the first update and after the last.
 
 Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch (it also keeps
 the sampled tokens' logprobs, `--sampler-logprobs`), and the forward passes run on packed query + response
@@ -131,7 +133,9 @@ class Args:
     penalty_reward_value: float = -1.0
     """score of a response that never ends (N+: -1)"""
     stop_token: Literal["eos", "none"] = "eos"
-    """truncate responses after the first EOS"""
+    """`eos`: a response ends at its first EOS (sampling stops there); `none`: every sampled response is decoded to
+    `response_length` tokens and kept whole, EOS or not (N+'s option). Evaluation's greedy `generate` stops at EOS
+    either way"""
 
     # ---- RLOO ----
     total_episodes: int = 1_000_000
@@ -677,6 +681,18 @@ def reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange: fl
     return loss, stats
 
 
+def rloo_micro_batch_loss(model, queries: list[list[int]], responses: list[list[int]], old_seq_logprobs: torch.Tensor,
+                          advantages: torch.Tensor, pad_id: int, capacity: int, temperature: float,
+                          cliprange: float) -> tuple[torch.Tensor, dict]:
+    """One micro-batch's RLOO loss, a mean over its responses: log pi(y | x) of each response under the policy (one
+    packed forward pass, summed over the response's own tokens), then `reinforce_loss`."""
+    new_logprobs = packed_logprobs(model, pack(queries, responses, pad_id, capacity), temperature)
+    lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
+    padding_mask = torch.arange(new_logprobs.shape[1], device=new_logprobs.device)[None] >= lengths[:, None]
+    new_seq_logprobs = sequence_logprobs(new_logprobs, padding_mask)
+    return reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Data, rewards and evaluation (copied from ppo_rlhf.py)
 # ----------------------------------------------------------------------------------------------------
@@ -968,7 +984,8 @@ def main(args: Args) -> dict:
             queries, qmask = queries.to(device), qmask.to(device)
             # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
             # time on all-pad columns (as in ppo_rlhf.py).
-            responses, logprobs, entropy = sample_responses(unwrapped, queries, qmask, tokenizer.eos_token_id, tokenizer.pad_token_id,
+            stop_id = tokenizer.eos_token_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
+            responses, logprobs, entropy = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
                                                             args.response_length, args.temperature, synced=synced)
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
@@ -1012,13 +1029,15 @@ def main(args: Args) -> dict:
                     with accelerator.accumulate(model):
                         mb = order[micro_start : micro_start + micro_batch_size]
                         mb_list = mb.tolist()
-                        mb_packed = pack([query_tokens[i] for i in mb_list], [response_tokens[i] for i in mb_list], tokenizer.pad_token_id, capacity)
-                        new_logprobs = packed_logprobs(model, mb_packed, args.temperature)
-                        width = new_logprobs.shape[1]  # the longest response of this micro-batch
-                        new_seq_logprobs = sequence_logprobs(new_logprobs, padding_mask[mb, :width])
-                        pg_loss, pg_stats = reinforce_loss(new_seq_logprobs, old_seq_logprobs[mb], advantages[mb], args.cliprange)
+                        mb_queries = [query_tokens[i] for i in mb_list]
+                        mb_responses = [response_tokens[i] for i in mb_list]
+                        pg_loss, pg_stats = rloo_micro_batch_loss(model, mb_queries, mb_responses, old_seq_logprobs[mb],
+                                                                  advantages[mb], tokenizer.pad_token_id, capacity,
+                                                                  args.temperature, args.cliprange)
                         if not torch.isfinite(pg_loss):
                             raise RuntimeError(f"non-finite RLOO loss at update {update}: {pg_loss.item()}")
+                        # a mean over this micro-batch's responses: every micro-batch holds micro_batch_size of them, so
+                        # accelerate's 1 / accumulation steps and DDP's process average make it the mini-batch's mean
                         accelerator.backward(pg_loss)
                         if accelerator.sync_gradients:
                             accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)

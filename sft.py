@@ -7,7 +7,9 @@ starting policy of the math track.
 
 Details that matter (N+ paper, sections 3-5):
   * The loss is next-token cross-entropy on the response tokens only: prompt and pad positions get label
-    -100. It is averaged over the response tokens of the batch (not over sequences).
+    -100. It is averaged over the response tokens of the whole batch of an optimizer step (every micro-batch of the
+    gradient accumulation, every process; not over sequences, nor per micro-batch), as TRL does with
+    `num_items_in_batch`: the micro-batches of a step are counted before its first backward pass.
   * Every response ends with exactly one EOS, so the model learns to stop: EOS is appended unless the response
     already ends with it (the N+ TL;DR responses end with the text `<|endoftext|>`, Pythia's EOS). PAD must be a
     different token from EOS, or EOS would be masked out with the padding and the model would never learn to stop
@@ -32,6 +34,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -39,6 +42,7 @@ import re
 import resource
 import socket
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -410,13 +414,26 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, mask
 
 
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the positions whose label is not -100 (response tokens and EOS).
-    Position t predicts label t+1, hence the shift."""
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
+    """Next-token cross-entropy averaged (or summed) over the positions whose label is not -100 (response tokens and
+    EOS). Position t predicts label t+1, hence the shift."""
     logits, labels = logits[:, :-1].float(), labels[:, 1:]
     mask = labels != -100
     nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.clamp(min=0).reshape(-1), reduction="none")
-    return (nll.view_as(labels) * mask).sum() / mask.sum().clamp(min=1)
+    total = (nll.view_as(labels) * mask).sum()
+    return total if reduction == "sum" else total / mask.sum().clamp(min=1)
+
+
+def response_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens `sft_loss` counts in a collated batch: those with a label (response tokens and EOS)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One micro-batch of `main`: the cross-entropy summed over its response tokens (`main` divides by the response
+    tokens of the whole batch, `global_count`, in `backward_share`)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return sft_loss(logits, batch["labels"], reduction="sum")
 
 
 def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.Tensor:
@@ -588,6 +605,32 @@ def shard_length(n: int, accelerator: Accelerator) -> int:
     return per_process + (accelerator.process_index < extra)
 
 
+def global_count(count: float, accelerator: Accelerator) -> float:
+    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
+    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
+    if accelerator.num_processes == 1:
+        return float(count)
+    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
+
+
+def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
+    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
+    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
+    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
+    gradient is that of the global mean however the batch is split into micro-batches and processes."""
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
+    accelerator.backward(loss_sum * scale)
+
+
+def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
+    """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
+    last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
+    are drawn before its first backward pass, so its loss can be averaged over all of them."""
+    batches = iter(loader)
+    while micro := list(itertools.islice(batches, gradient_accumulation_steps)):
+        yield micro
+
+
 def lr_lambda(schedule: str, warmup: int, total: int):
     def f(step: int) -> float:
         if step < warmup:
@@ -605,7 +648,8 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=True)  # real epochs
+    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
@@ -626,7 +670,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
     configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    # the loader's last, possibly partial, accumulation steps the optimizer too (sync_with_dataloader)
+    # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
     steps_per_epoch = math.ceil(len(loader) / args.gradient_accumulation_steps)
     total_steps = steps_per_epoch * args.num_train_epochs
     if total_steps == 0:
@@ -637,30 +681,35 @@ def main(args: Args) -> dict:
     logger = RunLogger(args, accelerator)
     accelerator.print(f"run {args.run_name}: {len(train)} training rows, {total_steps} optimizer steps of {batch_episodes} sequences")
 
-    step, running, t_last, metrics = 0, [], time.time(), {}
+    step, running, n_micro, n_steps, t_last, metrics = 0, [], 0, 0, time.time(), {}
     progress = tqdm(total=total_steps, disable=not accelerator.is_main_process, desc="sft")
     for epoch in range(args.num_train_epochs):
-        for batch in loader:
-            with accelerator.accumulate(model):
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                loss = sft_loss(logits, batch["labels"])
-                if not torch.isfinite(loss):
-                    raise RuntimeError(f"non-finite SFT loss {loss.item()} at step {step}; lower --learning-rate or check the data")
-                accelerator.backward(loss)
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
-            running.append(loss.detach())
-            if not accelerator.sync_gradients:
-                continue
+        for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            # the loss is the mean over the response tokens of the whole step: every micro-batch and process
+            total = global_count(sum(response_tokens(b) for b in micro), accelerator)
+            # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
+            accelerator.step = args.gradient_accumulation_steps - len(micro)
+            for batch in micro:
+                with accelerator.accumulate(model):
+                    loss_sum = micro_batch_loss(model, batch)
+                    if not torch.isfinite(loss_sum):
+                        raise RuntimeError(f"non-finite SFT loss {loss_sum.item()} at step {step}; lower "
+                                           "--learning-rate or check the data")
+                    backward_share(accelerator, loss_sum, total)
+                    if accelerator.sync_gradients:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                running.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
+            n_micro, n_steps = n_micro + len(micro), n_steps + 1
             scheduler.step()
             step += 1
             progress.update(1)
             if step % args.log_every == 0 or step == total_steps:
                 now = time.time()
-                mean_loss = accelerator.gather(torch.stack(running).mean()[None]).mean().item()
-                episodes_per_sec = batch_episodes * len(running) / args.gradient_accumulation_steps / (now - t_last)
+                # the mean over the logged steps of each step's token mean (every micro-batch and process)
+                mean_loss = accelerator.gather(torch.stack(running).sum()[None]).sum().item() / n_steps
+                episodes_per_sec = batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last)
                 logged = {"train/loss": mean_loss, "lr": scheduler.get_last_lr()[0], "epoch": epoch,
                           "perf/episodes_per_sec": episodes_per_sec,
                           "perf/peak_mem_gb": peak_mem_gb(accelerator.device)}
@@ -668,7 +717,7 @@ def main(args: Args) -> dict:
                     logged["train/grad_norm"] = float(grad_norm)
                 logger.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{mean_loss:.3f}")
-                running, t_last = [], now
+                running, n_micro, n_steps, t_last = [], 0, 0, now
             if step % args.eval_every == 0 or step == total_steps:
                 metrics, records = evaluate(model, tokenizer, evals, args, accelerator)
                 logger.log(metrics, step, step * batch_episodes)

@@ -16,13 +16,17 @@ COPIED = ["gold_judge", "extract_gsm8k_answer", "extract_boxed_answer", "numbers
 ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 RL = ["ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verify) in every script that grades answers
+GLOBAL_MEAN = ["sft", "reward_model", "ppo_rlhf", "remax", "dpo"]  # RLOO and GRPO keep their own (equal-size) means
 BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_responses": ["rloo", "ppo_rlhf"],
                    "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"],
                    # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
                    "make_accelerator": ALL, "zero3": ALL, "save_model": ALL, "ensure_pad_token": ALL,
                    "shard_length": ALL, "configure_deepspeed": ALL, "prepare_frozen": RL,
                    "end_with_eos": ["sft", "reward_model", "dpo"],
-                   "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH}
+                   "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH,
+                   # one mean over the whole mini-batch of every process (tests/test_invariance.py)
+                   "global_count": GLOBAL_MEAN, "backward_share": GLOBAL_MEAN, "step_micro_batches": ["sft", "reward_model"],
+                   "refine_step_rewards": ["ppo_rlhf", "grpo_math"]}
 
 
 def _definitions(path: Path) -> dict[str, str]:

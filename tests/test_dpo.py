@@ -54,6 +54,58 @@ def test_ipo_and_hinge_losses_by_hand():
         dpo.dpo_loss(PC, PR, RC, RR, BETA, "nope")
 
 
+def test_ipo_on_averaged_and_on_summed_logprobs_by_hand():
+    """IPO (Azar et al. 2023): loss = (h - 1/(2 beta))^2 with h = (log pi(y_c|x) - log pi(y_r|x)) - (log ref(y_c|x) -
+    log ref(y_r|x)). `ipo_average` (TRL; what the IPO results used) takes each log pi as the mean of its response's
+    token logprobs, policy and reference alike; False takes their sum. One pair, beta = 0.5, so 1/(2 beta) = 1:
+      policy chosen    [-1.0, -3.0]             sum -4, mean -2
+      policy rejected  [-0.5, -0.5, -1.0, -2.0] sum -4, mean -1
+      ref chosen       [-1.5, -1.5]             sum -3, mean -1.5
+      ref rejected     [-1.0, -1.0, -1.0, -1.0] sum -4, mean -1
+    averaged: h = (-2 + 1) - (-1.5 + 1) = -0.5, loss = (-0.5 - 1)^2 = 2.25
+    summed:   h = (-4 + 4) - (-3 + 4)   = -1,   loss = (-1 - 1)^2   = 4"""
+    tokens = {"pc": [-1.0, -3.0], "pr": [-0.5, -0.5, -1.0, -2.0], "rc": [-1.5, -1.5], "rr": [-1.0, -1.0, -1.0, -1.0]}
+    # a padded batch of one pair: 2 prompt tokens, then the response (loss_mask marks it), chosen row first
+    loss_mask = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1]])
+    batch = {"loss_mask": loss_mask}
+    pc, pr, rc, rr = (torch.tensor([sum(tokens[k])]) for k in ("pc", "pr", "rc", "rr"))
+    assert [t.tolist() for t in dpo.response_lengths(batch)] == [[2.0], [4.0]]
+    averaged, r_c, _ = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="ipo", beta=BETA))
+    assert averaged.tolist() == pytest.approx([2.25])
+    assert r_c.tolist() == pytest.approx([BETA * (-2.0 + 1.5)])  # the implicit reward on the averaged logprobs too
+    summed, _, _ = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="ipo", beta=BETA, ipo_average=False))
+    assert summed.tolist() == pytest.approx([4.0])
+    # the average is IPO's alone: sigmoid DPO keeps the summed logprobs
+    sigmoid, _, _ = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="sigmoid", beta=BETA))
+    assert sigmoid.tolist() == pytest.approx([softplus(-BETA * -1.0)])
+
+
+def test_ipo_average_divides_live_and_cached_reference_logprobs_alike(assets):
+    """Offline (cached reference logprobs, `--precompute-ref-logprobs`), online (`sample_pairs` caches them too) and
+    live reference forward passes all give IPO's per-token h, padded or packed."""
+    path = assets / "models" / "tiny-neox"
+    tok = AutoTokenizer.from_pretrained(path)
+    policy, ref = AutoModelForCausalLM.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    items, args = _pair_items(tok), dpo.Args(loss_type="ipo", beta=0.1)
+    len_c = torch.tensor([float(len(it["chosen"])) for it in items])
+    len_r = torch.tensor([float(len(it["rejected"])) for it in items])
+    for pack in (False, True):
+        batch = dpo.collate_pairs(items, tok.pad_token_id, pack)
+        with torch.no_grad():
+            pc, pr = dpo.forward_logprobs(policy, batch)
+            rc, rr = dpo.forward_logprobs(ref, batch)
+            h = (pc / len_c - pr / len_r) - (rc / len_c - rr / len_r)
+            expected = ((h - 1 / (2 * 0.1)) ** 2).sum()
+            live, _ = dpo.micro_batch_loss(policy, ref, batch, args)
+            cached_items = [{**it, "ref_chosen": c, "ref_rejected": r} for it, c, r in zip(items, rc.tolist(), rr.tolist())]
+            cached, _ = dpo.micro_batch_loss(policy, None, dpo.collate_pairs(cached_items, tok.pad_token_id, pack), args)
+        assert live.item() == pytest.approx(expected.item(), rel=1e-5)
+        assert cached.item() == pytest.approx(expected.item(), rel=1e-5)
+
+
 def test_label_smoothing_is_the_cdpo_formula():
     eps = 0.1
     smoothed, _, _ = dpo.dpo_loss(PC, PR, RC, RR, BETA, "sigmoid", label_smoothing=eps)
@@ -141,6 +193,8 @@ def test_packed_pairs_give_the_padded_logprobs_loss_and_gradients(assets, model_
               {"prompt_ids": items[2]["prompt_ids"], "chosen": [eos], "rejected": items[2]["rejected"]}]
     padded, packed = dpo.collate_pairs(items, tok.pad_token_id), dpo.collate_pairs(items, tok.pad_token_id, pack=True)
     assert packed["input_ids"].numel() < padded["input_ids"].numel()  # no padding, and each prompt once
+    for lengths in (dpo.response_lengths(padded), dpo.response_lengths(packed)):  # what IPO's per-token average divides by
+        assert [t.tolist() for t in lengths] == [[len(it[k]) for it in items] for k in ("chosen", "rejected")]
     results = []
     for batch in (padded, packed):
         policy.zero_grad()

@@ -220,6 +220,28 @@ def test_dapo_defaults_and_explicit_overrides():
         grpo.resolve_variant(grpo.Args(num_generations=1))
 
 
+def test_beta_defaults_to_0_for_dapo_and_0_04_otherwise():
+    # DAPO (Yu et al. 2025, arXiv:2503.14476) removes the KL term; DeepSeekMath's beta is 0.04
+    for loss_type, beta in [("dapo", 0.0), ("grpo", 0.04), ("dr_grpo", 0.04)]:
+        args = grpo.Args(loss_type=loss_type)
+        grpo.resolve_variant(args)
+        assert args.beta == beta, loss_type
+    for loss_type, beta in [("dapo", 0.01), ("grpo", 0.0)]:  # an explicit --beta is kept
+        args = grpo.Args(loss_type=loss_type, beta=beta)
+        grpo.resolve_variant(args)
+        assert args.beta == beta, loss_type
+    # the presets, with `--loss-type dapo` as benchmark/run.py passes it: only the MATH preset pins beta (Oat-Zero's 0)
+    import tyro
+
+    dapo = ["--loss-type", "dapo"]
+    for preset, cli, beta in [("tiny", [], 0.04), ("tiny", dapo, 0.0), ("gsm8k-qwen2.5-0.5b", [], 0.04),
+                              ("gsm8k-qwen2.5-0.5b", dapo, 0.0), ("math-qwen2.5-math-1.5b", [], 0.0),
+                              ("tiny", [*dapo, "--beta", "0.02"], 0.02)]:
+        args = tyro.extras.overridable_config_cli(grpo.PRESETS, args=[preset, *cli])
+        grpo.resolve_variant(args)
+        assert args.beta == beta, (preset, cli)
+
+
 def test_k3_kl_matches_formula_and_is_non_negative():
     logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
     d = math.log(0.25) - math.log(0.5)
@@ -263,6 +285,22 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
     assert ((adv.abs().sum(1) > 0) == grpo.groups_with_signal(rewards)).all()
 
 
+def test_dynamic_sampling_filters_groups_on_accuracy_not_on_the_total_reward():
+    # DAPO eq. 11: a group is kept when 0 < |{o_i : is_equivalent(a, o_i)}| < G, i.e. its accuracy is neither all 0
+    # nor all 1; the overlong penalty (and the format reward) do not count. G = 4, three groups:
+    success = torch.tensor([[0.0, 0.0, 0.0, 0.0],  # all wrong, different lengths: total rewards differ, dropped
+                            [1.0, 0.0, 1.0, 0.0],  # mixed: kept
+                            [1.0, 1.0, 1.0, 1.0]])  # all right, one overlong: dropped
+    overlong = torch.tensor([[0.0, -0.5, -1.0, 0.0], [0.0, 0.0, -0.25, 0.0], [0.0, 0.0, 0.0, -0.5]])
+    fmt = torch.tensor([[0.1, 0.0, 0.0, 0.1], [0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.0]])
+    parts = {"success": success.view(-1), "format": fmt.view(-1), "overlong": overlong.view(-1)}
+    batch = {**parts, "reward": sum(parts.values())}  # as sample_and_score builds it
+    assert grpo.groups_to_keep(batch, 4, dynamic_sampling=True) == [False, True, False]
+    assert grpo.groups_to_keep(batch, 4, dynamic_sampling=False) == [True, True, True]
+    # the dropped all-wrong group would otherwise train on a length-only advantage
+    assert grpo.group_advantages(batch["reward"].view(-1, 4), True)[0].abs().sum() > 0
+
+
 def test_soft_overlong_penalty_values():
     lengths = torch.tensor([10, 15, 16, 18, 20])
     # DAPO eq. 13 with L_max = 20 and a 5-token buffer: 0 up to 15 tokens, then linear to -1 at 20
@@ -274,14 +312,28 @@ def test_soft_overlong_penalty_values():
 
 
 def test_clip_and_delta_on_a_three_step_example():
-    r = [0.9, 0.3, 0.6]
-    assert grpo.refine_step_rewards(r, "none", 1.0, 0.5) == pytest.approx([0.9, 0.3, 0.6])
-    assert grpo.refine_step_rewards(r, "clip", 1.0, 0.5) == pytest.approx([0.0, -0.2, 0.0])  # min(r - 0.5, 0)
-    assert grpo.refine_step_rewards(r, "clip", 2.0, 0.5) == pytest.approx([0.0, -0.4, 0.0])
+    # Gao et al. 2024 (arXiv:2410.15115) on K = 3 steps, (r_1, r_2, r_3) = (0.9, 0.3, 0.2), alpha 1, eta 0.5.
+    # Clip: r'_k = alpha * min(r_k - eta, 0).
+    # Delta drops the last step's process reward (the success reward judges the final answer):
+    #   r'_k = r_k - r_{k+1} for k < K-1, r'_{K-1} = r_{K-1}, r'_K = 0, so sum_{t >= k} r'_t = r_k for k <= K-1.
+    r = [0.9, 0.3, 0.2]
+    assert grpo.refine_step_rewards(r, "none", 1.0, 0.5) == pytest.approx([0.9, 0.3, 0.2])
+    assert grpo.refine_step_rewards(r, "none", 2.0, 0.5) == pytest.approx([1.8, 0.6, 0.4])
+    assert grpo.refine_step_rewards(r, "clip", 1.0, 0.5) == pytest.approx([0.0, -0.2, -0.3])  # min(r - 0.5, 0)
+    assert grpo.refine_step_rewards(r, "clip", 2.0, 0.5) == pytest.approx([0.0, -0.4, -0.6])
     delta = grpo.refine_step_rewards(r, "delta", 1.0, 0.5)
-    assert delta == pytest.approx([0.6, -0.3, 0.6])  # r1 - r2, r2 - r3, r3
-    assert sum(delta) == pytest.approx(r[0])  # telescopes: more steps cannot earn more
+    assert delta == pytest.approx([0.6, 0.3, 0.0])  # r_1 - r_2, r_2, 0
+    assert [sum(delta[k:]) for k in range(3)] == pytest.approx([0.9, 0.3, 0.0])  # the return from step k is r_k
+    assert sum(grpo.refine_step_rewards(r, "delta", 2.0, 0.5)) == pytest.approx(1.8)  # GRPO's sum: alpha * r_1
+    # clip_delta: clipped (0, -0.2, -0.3), then delta: (0 - (-0.2), -0.2, 0)
     assert grpo.refine_step_rewards(r, "clip_delta", 1.0, 0.5) == pytest.approx([0.2, -0.2, 0.0])
+    # more steps cannot earn more: the sum is r_1 whatever follows
+    assert sum(grpo.refine_step_rewards(r + [0.95, 0.95], "delta", 1.0, 0.5)) == pytest.approx(0.9)
+    # K = 1: the only step is the final answer, judged by the success reward alone: 0; K = 2: (r_1, 0)
+    for mode in ("delta", "clip_delta"):
+        assert grpo.refine_step_rewards([0.3], mode, 1.0, 0.5) == [0.0]
+    assert grpo.refine_step_rewards([0.8, 0.4], "delta", 1.0, 0.5) == pytest.approx([0.8, 0.0])
+    assert grpo.refine_step_rewards([], "delta", 1.0, 0.5) == []
     # Clip never rewards a step, so padding a solution with plausible steps only costs
     assert sum(grpo.refine_step_rewards(r + [0.99] * 5, "clip", 1.0, 0.5)) <= sum(grpo.refine_step_rewards(r, "clip", 1.0, 0.5))
 
@@ -370,11 +422,13 @@ def test_process_reward_is_the_sum_of_refined_step_probabilities(tiny):
     handle.remove()
     probs = torch.sigmoid(captured["s"][0, positions, 0]).tolist()
     for refine, expected in [("clip", [min(p - 0.5, 0.0) for p in probs]), ("none", probs),
-                             ("delta", [probs[0] - probs[1], probs[1] - probs[2], probs[2]])]:
+                             ("delta", [probs[0] - probs[1], probs[1], 0.0])]:  # Gao et al.: the last step's is dropped
         args = grpo.Args(prm_refine=refine, prm_coef=1.0, prm_clip_eta=0.5)
         per_token, n_steps = grpo.process_rewards(prm, tokenizer, [prompt], responses, args)
         assert n_steps == [3]
         assert per_token.sum(1).item() == pytest.approx(sum(expected), abs=1e-5), refine  # GRPO adds the sum
+        # the last step (ending at EOS) carries the last refined reward: 0 under Delta
+        assert per_token[0, len(completion) - 1].item() == pytest.approx(expected[-1], abs=1e-6)
         assert (per_token[0, len(completion):] == 0).all()  # nothing on the padding
     assert grpo.process_rewards(prm, tokenizer, [prompt], responses, grpo.Args(prm_refine="clip"))[0].sum().item() <= 0.0
     # an outcome model: one score at the last token of prompt + completion, plus the normalisation bias

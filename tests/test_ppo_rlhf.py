@@ -50,16 +50,75 @@ def test_masked_whitening_ignores_padding():
     assert ppo.masked_mean(values, mask).item() == pytest.approx(2.5)
 
 
-def test_per_token_rewards_put_kl_everywhere_and_the_score_at_eos():
+def test_per_token_rewards_put_kl_everywhere_and_the_score_one_after_eos():
+    """N+: rewards = -kl_coef * kl, plus the score at actual_end = EOS + 1 if it is inside the tensor, else at the last
+    real token (a response without EOS fills every column)."""
     logprobs = torch.tensor([[-1.0, -2.0, -0.5, ppo.INVALID_LOGPROB], [-1.0, -1.0, -1.0, -1.0]])
     ref_logprobs = torch.tensor([[-1.5, -1.0, -0.5, ppo.INVALID_LOGPROB], [-2.0, -1.0, -1.0, -0.5]])
     sequence_lengths = torch.tensor([2, 3])  # row 0 ends with EOS at index 2; row 1 has no EOS
     kl = ppo.kl_penalty(logprobs, ref_logprobs, "k1")
     kl = kl.masked_fill(torch.tensor([[False, False, False, True], [False] * 4]), 0)
     rewards, non_score = ppo.per_token_rewards(kl, torch.tensor([2.0, -1.0]), sequence_lengths, kl_coef=0.1)
-    expected = torch.tensor([[-0.1 * 0.5, -0.1 * -1.0, 0.0 + 2.0, 0.0], [-0.1 * 1.0, 0.0, 0.0, -0.1 * -0.5 - 1.0]])
+    expected = torch.tensor([[-0.1 * 0.5, -0.1 * -1.0, 0.0, 0.0 + 2.0], [-0.1 * 1.0, 0.0, 0.0, -0.1 * -0.5 - 1.0]])
     torch.testing.assert_close(rewards, expected)
     torch.testing.assert_close(non_score, torch.tensor([[-0.05, 0.1, 0.0, 0.0], [-0.1, 0.0, 0.0, 0.05]]))
+    # EOS in the last column: no room after it, so the score stays on the EOS
+    last, _ = ppo.per_token_rewards(torch.zeros(1, 3), torch.tensor([5.0]), torch.tensor([2]), kl_coef=0.1)
+    assert last.tolist() == [[0.0, 0.0, 5.0]]
+
+
+def terminal_example(whiten_rewards: bool):
+    """Main's steps 2-3 on a 2-row rollout, width 5 (= response_length): masks, per-token rewards, optional reward
+    whitening, GAE. Row 0 ends with EOS at index 2; row 1 has no EOS (truncated, penalty score -1)."""
+    sequence_lengths = torch.tensor([2, 4])
+    response_idxs = torch.arange(5).repeat(2, 1)
+    padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+    padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
+    kl = torch.tensor([[0.2, -0.1, 0.3, 7.0, 7.0], [0.1, 0.0, -0.2, 0.4, 0.1]]).masked_fill(padding_mask, 0)
+    # row 0: V(EOS+1) = 1.9 is the value read at the EOS token's hidden state; 9.0 past it is masked out
+    values = torch.tensor([[0.5, 0.4, 0.3, 1.9, 9.0], [0.2, 0.1, 0.0, -0.3, -0.5]]).masked_fill(padding_mask_p1, 0)
+    rewards, _ = ppo.per_token_rewards(kl, torch.tensor([2.0, -1.0]), sequence_lengths, kl_coef=0.1)
+    if whiten_rewards:
+        rewards = ppo.masked_whiten(rewards, ~padding_mask_p1, shift_mean=False).masked_fill(padding_mask_p1, 0)
+    advantages, returns = ppo.compute_gae(rewards, values, gamma=1.0, lam=0.95)
+    return rewards, values, advantages, returns, padding_mask_p1
+
+
+def test_rewards_values_and_advantages_at_and_after_eos_by_hand():
+    """N+ terminal handling, gamma 1, lambda 0.95. r_t = -0.1 kl_t, plus the score at EOS+1 (row 0: index 3) or at
+    the last token when there is no room (row 1, no EOS: index 4). Values are kept up to EOS+1 and 0 after.
+    delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lambda A_{t+1}, returns R_t = A_t + V_t; so at EOS+1
+    delta = score - V(EOS+1) and the value there is trained towards the score; past EOS+1 everything is 0."""
+    rewards, values, adv, ret, _ = terminal_example(whiten_rewards=False)
+    lam = 0.95
+    expected_rewards = [[-0.02, 0.01, -0.03, 2.0, 0.0], [-0.01, 0.0, 0.02, -0.04, -0.01 - 1.0]]
+    torch.testing.assert_close(rewards, torch.tensor(expected_rewards))
+    torch.testing.assert_close(values, torch.tensor([[0.5, 0.4, 0.3, 1.9, 0.0], [0.2, 0.1, 0.0, -0.3, -0.5]]))
+    # row 0 (EOS at 2, score 2.0 at 3)
+    a4 = 0.0  # past EOS+1: r = 0, V = 0
+    a3 = (2.0 + 0.0 - 1.9) + lam * a4  # EOS+1: score - V(EOS+1)
+    a2 = (-0.03 + 1.9 - 0.3) + lam * a3  # EOS: its next value is V(EOS+1)
+    a1 = (0.01 + 0.3 - 0.4) + lam * a2
+    a0 = (-0.02 + 0.4 - 0.5) + lam * a1
+    # row 1 (no EOS: penalty -1 at the last token, 4, where the next value is 0)
+    b4 = -1.01 + 0.0 - (-0.5)
+    b3 = (-0.04 + -0.5 - (-0.3)) + lam * b4
+    b2 = (0.02 + -0.3 - 0.0) + lam * b3
+    b1 = (0.0 + 0.0 - 0.1) + lam * b2
+    b0 = (-0.01 + 0.1 - 0.2) + lam * b1
+    torch.testing.assert_close(adv, torch.tensor([[a0, a1, a2, a3, a4], [b0, b1, b2, b3, b4]]))
+    assert [a3, a2] == pytest.approx([0.1, 1.665]) and b0 == pytest.approx(-1.0788681875)
+    torch.testing.assert_close(ret, adv + values)
+    assert ret[0, 3].item() == pytest.approx(2.0) and ret[0, 4].item() == 0.0  # the value target at EOS+1 is the score
+
+
+def test_whitened_rewards_include_the_score_position_and_stay_zero_past_eos_plus_one():
+    """--whiten-rewards (N+): (r - mean) / std + mean over the positions up to EOS+1 (the score's included), 0 after."""
+    rewards, _, _, _, padding_mask_p1 = terminal_example(whiten_rewards=True)
+    valid = torch.tensor([-0.02, 0.01, -0.03, 2.0, -0.01, 0.0, 0.02, -0.04, -1.01])  # row 0 up to EOS+1, then row 1
+    expected = (valid - valid.mean()) / valid.std(unbiased=True) + valid.mean()
+    torch.testing.assert_close(rewards[~padding_mask_p1], expected, atol=1e-5, rtol=1e-5)
+    assert rewards[0, 4].item() == 0.0 and padding_mask_p1.tolist() == [[False] * 4 + [True], [False] * 5]
 
 
 def test_k3_estimator_matches_formula_and_is_non_negative():
@@ -81,6 +140,9 @@ def test_clipped_policy_loss_by_hand():
     assert stats["clipfrac"].item() == pytest.approx(2 / 3)
     masked, _ = ppo.policy_loss(new, old, adv, torch.tensor([[True, False, True]]), cliprange=0.2)
     assert masked.item() == pytest.approx((-1.2 - 3.3) / 2, rel=1e-5)
+    # with `count`: the sum over the valid tokens / count (the minibatch's valid tokens, see ppo_micro_batch)
+    summed, _ = ppo.policy_loss(new, old, adv, torch.tensor([[True, False, True]]), cliprange=0.2, count=10.0)
+    assert summed.item() == pytest.approx((-1.2 - 3.3) / 10, rel=1e-5)
 
 
 def test_clipped_value_loss_by_hand():
@@ -89,19 +151,33 @@ def test_clipped_value_loss_by_hand():
     # token 0: unclipped (1-2)^2 = 1, clipped (0.7-2)^2 = 1.69 -> 1.69; token 1: both (0-1)^2 = 1
     assert loss.item() == pytest.approx(0.5 * (1.69 + 1.0) / 2, rel=1e-5)
     assert clipfrac.item() == pytest.approx(0.5)
+    summed, _ = ppo.value_loss(vpred, old, ret, torch.tensor([[True, True]]), cliprange_value=0.2, count=1.0)
+    assert summed.item() == pytest.approx(0.5 * (1.69 + 1.0), rel=1e-5)
 
 
 def test_clip_and_delta_on_a_three_step_example():
+    """Gao et al. 2024 (arXiv:2410.15115), K steps, alpha scaling every mode:
+    clip: r'_k = alpha * min(r_k - eta, 0);
+    delta: r'_k = r_k - r_{k+1} for k < K-1, r'_{K-1} = r_{K-1}, r'_K = 0 (the last step's process reward is dropped,
+    the answer is judged by the success reward alone), so sum_{t >= k} r'_t = r_k for k <= K-1;
+    clip_delta: clip, then delta."""
     r = [0.9, 0.6, 0.8]
-    assert ppo.refine_step_rewards(r, "none", 1.0, 0.5) == pytest.approx([0.9, 0.6, 0.8])
-    # Clip: alpha * min(r - eta, 0): no step earns a positive reward
+    assert ppo.refine_step_rewards(r, "none", 2.0, 0.5) == pytest.approx([1.8, 1.2, 1.6])
     assert ppo.refine_step_rewards(r, "clip", 2.0, 0.7) == pytest.approx([0.0, 2.0 * -0.1, 0.0])
-    # Delta: r_k - r_{k+1}, last step keeps r_K; the sum telescopes to r_1
+    # delta, K = 3: r'_1 = r_1 - r_2 = 0.3, r'_2 = r_2 = 0.6, r'_3 = 0
     delta = ppo.refine_step_rewards(r, "delta", 1.0, 0.5)
-    assert delta == pytest.approx([0.3, -0.2, 0.8]) and sum(delta) == pytest.approx(0.9)
-    clip_delta = ppo.refine_step_rewards(r, "clip_delta", 1.0, 0.7)
-    assert clip_delta == pytest.approx([0.1, -0.1, 0.0]) and sum(clip_delta) == pytest.approx(0.0)
-    # more steps cannot earn more under delta: appending good steps leaves the sum at r_1
+    assert delta == pytest.approx([0.3, 0.6, 0.0])
+    assert [sum(delta[k:]) for k in range(2)] == pytest.approx([0.9, 0.6])  # the return from step k is r_k
+    assert ppo.refine_step_rewards(r, "delta", 2.0, 0.5) == pytest.approx([0.6, 1.2, 0.0])
+    # clip_delta, eta 0.7: clipped c = [min(0.2, 0), min(-0.1, 0), min(0.1, 0)] = [0, -0.1, 0]; then c_1 - c_2 = 0.1,
+    # c_2 = -0.1, 0
+    assert ppo.refine_step_rewards(r, "clip_delta", 1.0, 0.7) == pytest.approx([0.1, -0.1, 0.0])
+    # K = 1: the only step is the answer, judged by the success reward alone; K = 2: [r_1, 0]; K = 0: nothing
+    assert ppo.refine_step_rewards([0.9], "delta", 1.0, 0.5) == [0.0]
+    assert ppo.refine_step_rewards([0.3], "clip_delta", 1.0, 0.5) == [0.0]
+    assert ppo.refine_step_rewards([0.9, 0.6], "delta", 1.0, 0.5) == pytest.approx([0.9, 0.0])
+    assert ppo.refine_step_rewards([], "delta", 1.0, 0.5) == []
+    # more steps cannot earn more under delta: the return from the first step is r_1 whatever follows
     assert sum(ppo.refine_step_rewards(r + [0.95, 0.95], "delta", 1.0, 0.5)) == pytest.approx(0.9)
 
 
@@ -343,3 +419,92 @@ def test_separate_backward_trains_exactly_as_one_backward(assets, tmp_path, monk
     assert any(not torch.equal(weights_sep[k], initial[k]) for k in initial)
     for k in weights_one:
         torch.testing.assert_close(weights_sep[k], weights_one[k], rtol=1e-5, atol=1e-6)
+
+
+def test_value_at_eos_plus_one_starts_at_the_reward_models_score(assets):
+    """N+'s critic is the normalised reward model: a value is the value head plus config.reward_bias, so at
+    initialisation (value model = reward model) the value one past EOS, read at the EOS token's hidden state, equals
+    the reward model's score (head + bias) of the same query + response."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    path = assets / "models" / "tiny-llama"
+    reward_model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
+    reward_model.config.reward_bias = 3.0
+    value_model = ppo.use_packed_attention(copy.deepcopy(reward_model))
+    policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(path).eval())
+    model, eos = ppo.PolicyAndValue(policy, value_model), policy.config.eos_token_id
+    queries, responses = [[5, 6, 7, 8], [10, 11]], [[20, 21, eos], [30, 31, 32, 33, eos]]
+    packed = ppo.pack(queries, responses, pad_id=1)
+    with torch.no_grad():
+        _, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=False)
+        for i, (q, r) in enumerate(zip(queries, responses)):
+            ids = torch.tensor([q + r])
+            score = ppo.outcome_reward(reward_model, ids, torch.ones_like(ids))[0]
+            assert values[i, len(r)].item() == pytest.approx(score.item(), abs=1e-5)  # index len(r) = EOS + 1
+            assert abs(score.item() - 3.0) < 1.0  # the bias is most of it: without it the two would differ by 3
+
+
+@pytest.fixture
+def eager_to_stop(assets, tmp_path):
+    """tiny-neox whose output embedding favours EOS (about 2 in 3 tokens at temperature 1): responses end early."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox")
+    with torch.no_grad():  # final hidden state + 10 e_0, EOS logit + 7
+        model.gpt_neox.final_layer_norm.bias[0] = 10.0
+        model.get_output_embeddings().weight[model.config.eos_token_id, 0] = 0.7
+    model.save_pretrained(tmp_path / "eager")
+    AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox").save_pretrained(tmp_path / "eager")
+    return tmp_path / "eager"
+
+
+@pytest.mark.parametrize("stop_token", ["none", "eos"])
+def test_stop_token_and_the_column_for_the_score_after_eos(eager_to_stop, assets, tmp_path, monkeypatch, stop_token):
+    """`--stop-token none` samples and keeps response_length tokens in every row (EOS included, as N+ with
+    min_new_tokens): the logged completion length is response_length. `eos`: responses end at EOS, the longest after
+    R < response_length tokens, and rewards / values get R + 1 columns, so the longest response's value at EOS+1 (read
+    at its EOS) is filled in and the score lands there; everything past EOS+1 is 0."""
+    import json
+
+    seen = {}
+    gae = ppo.compute_gae
+
+    def recording(rewards, values, gamma, lam):
+        seen["rewards"], seen["values"] = rewards.clone(), values.clone()
+        return gae(rewards, values, gamma, lam)
+
+    rewards_of = ppo.per_token_rewards
+
+    def recording_lengths(kl, scores, sequence_lengths, kl_coef):
+        seen["sequence_lengths"] = sequence_lengths.clone()
+        return rewards_of(kl, scores, sequence_lengths, kl_coef)
+
+    monkeypatch.setattr(ppo, "compute_gae", recording)
+    monkeypatch.setattr(ppo, "per_token_rewards", recording_lengths)
+    monkeypatch.setattr(ppo, "success_reward", lambda *a: 1.0)  # every score 1, to see where it lands
+    args = ppo.Args(exp_name="stop", run_name=f"stop_{stop_token}", output_dir=str(tmp_path), seed=3, num_threads=1,
+                    sft_model_path=str(eager_to_stop), reward_model_path=None, reward_source="math",
+                    dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"), eval_split="test",
+                    prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}",
+                    max_prompt_length=96, response_length=10, temperature=1.0, total_episodes=8,
+                    per_device_batch_size=8, num_mini_batches=1, num_ppo_epochs=1, eval_every=100, num_eval_examples=2,
+                    save_model=False, stop_token=stop_token, non_eos_penalty=False)
+    ppo.main(args)
+    row = next(json.loads(line) for line in (tmp_path / f"stop_{stop_token}" / "metrics.jsonl").read_text().splitlines()
+               if "objective/completion_length" in json.loads(line))
+    rewards, values = seen["rewards"], seen["values"]
+    if stop_token == "none":
+        assert row["objective/completion_length"] == 10 and rewards.shape[1] == 10
+        assert row["val/num_eos_tokens"] > 1  # EOS were sampled and kept inside the responses
+        torch.testing.assert_close(rewards[:, 9], torch.ones(8), atol=1e-5, rtol=0)  # the score on the last token
+        return
+    last = seen["sequence_lengths"]  # the index of each row's EOS
+    R = int(last.max()) + 1  # the longest response
+    assert R < 10 and rewards.shape[1] == values.shape[1] == R + 1 and row["objective/completion_length"] < 10
+    assert (values[last == R - 1, R] != 0).all()  # the longest responses' value at EOS+1
+    for i, s in enumerate(last.tolist()):
+        assert rewards[i, s + 1].item() == pytest.approx(1.0, abs=1e-5)  # the score one past EOS (KL there is 0)
+        assert (rewards[i, s + 2 :] == 0).all() and (values[i, s + 2 :] == 0).all()

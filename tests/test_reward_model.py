@@ -78,7 +78,8 @@ def test_packed_pairs_give_the_padded_rewards_loss_and_gradients(assets, model_n
     results = []
     for b in (padded, packed):
         model.zero_grad()
-        loss, out = rm.compute_loss(model, b, args)
+        loss, out = rm.micro_batch_loss(model, b, args)
+        loss = loss / rm.loss_units(b, "outcome")  # the mean over the pairs
         loss.backward()
         results.append((loss.detach(), out["r_chosen"], out["r_rejected"], torch.cat([p.grad.flatten() for p in model.parameters()])))
     for a, b in zip(*results):
@@ -133,6 +134,39 @@ def test_normalisation_makes_mean_reference_reward_zero(assets, tmp_path):
     with torch.no_grad():
         rewards = rm.outcome_reward(model.eval(), ids, mask)
     assert abs(rewards.mean().item()) < 1e-4
+
+
+@pytest.mark.parametrize("objective", ["outcome", "process"])
+def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(assets, tmp_path, objective):
+    """The same 4 examples in one optimizer step as one micro-batch of 4, as 2 accumulated micro-batches of 2, and as
+    2 micro-batches of 2 in a step of accumulation 4 that the epoch's end cuts short give the same logged loss and
+    weights: the loss is the mean over the whole step's pairs, (1/N) sum_i -log sigmoid(r_c,i - r_r,i) (outcome), or
+    over its labelled steps, (1/S) sum_s BCE(score_s, label_s) (process; solutions hold different numbers of steps).
+    Adam's first update is lr * g / (|g| + eps): with eps = 1 it follows the gradient's size, not only its sign.
+    (Before: per-micro-batch means, and a short last step scaled by its share of 4.)"""
+    from safetensors.torch import load_file
+
+    if objective == "outcome":
+        data = dict(sft_model_path=str(assets / "models" / "tiny-neox"), dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
+                    max_length=160, normalize=False)
+    else:
+        data = dict(objective="process", sft_model_path=str(assets / "models" / "tiny-llama"), max_length=192,
+                    dataset_name_or_path=str(assets / "tiny-math" / "prm"), eval_split="test",
+                    prompt_template="Question: {prompt}\nAnswer:\n", normalize=False)
+    results = []
+    for batch_size, accumulation in [(4, 1), (2, 2), (2, 4)]:
+        name = f"b{batch_size}x{accumulation}"
+        args = rm.Args(**data, max_train_samples=4, per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
+                       learning_rate=0.1, adam_eps=1.0, max_grad_norm=1e9, num_eval_examples=4, eval_every=100, log_every=1,
+                       output_dir=str(tmp_path), run_name=name, num_threads=1)
+        rm.main(args)
+        (train,) = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+        results.append((train["train/loss"], load_file(tmp_path / name / "model" / "model.safetensors")))
+    (loss, weights), others = results[0], results[1:]
+    for other_loss, other_weights in others:
+        assert other_loss == pytest.approx(loss, rel=1e-5)
+        for k in weights:
+            torch.testing.assert_close(other_weights[k], weights[k], atol=1e-6, rtol=1e-5)
 
 
 def test_lookup_reads_dotted_paths():

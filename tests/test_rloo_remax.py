@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import ppo_rlhf
 import remax
@@ -49,12 +49,22 @@ def test_leave_one_out_baseline_on_a_hand_example_with_k4():
         rloo.rloo_advantages(torch.ones(6), k=4)
 
 
-def test_remax_advantage_is_sample_reward_minus_greedy_reward():
-    sample_scores, greedy_scores = torch.tensor([1.0, 0.0, 0.5, -1.0]), torch.tensor([0.5, 0.0, 1.0, 1.0])
-    seq_kl = torch.tensor([2.0, 0.0, -1.0, 0.0])
-    rewards = remax.sequence_rewards(sample_scores, seq_kl, kl_coef=0.1)
-    torch.testing.assert_close(rewards, torch.tensor([0.8, 0.0, 0.6, -1.0]))
-    torch.testing.assert_close(remax.remax_advantages(rewards, greedy_scores), torch.tensor([0.3, 0.0, -0.4, -2.0]))
+def test_remax_advantage_is_the_clipped_reward_difference_minus_the_tokens_own_kl():
+    """The official ReMax (remax_trainer.py `compute_returns`, gamma = 1, clip_reward_value = 5):
+    A_t = clip(r(x, y) - r(x, y_bar), -5, 5) - beta * KL_t, KL_t of token t alone (not summed over the response)."""
+    scores, greedy_scores = torch.tensor([2.0, 0.5]), torch.tensor([-4.0, 1.0])
+    token_kl = torch.tensor([[0.2, -0.4, 1.0], [0.3, -1.0, 0.0]])  # response 1 has two tokens (0 at the padding)
+    adv = remax.remax_advantages(scores, greedy_scores, token_kl, kl_coef=0.1, reward_clip=5.0)
+    expected = torch.tensor([
+        [5.0 - 0.1 * 0.2, 5.0 - 0.1 * -0.4, 5.0 - 0.1 * 1.0],  # clip(2 - (-4) = 6, -5, 5) = 5: 4.98, 5.04, 4.90
+        [-0.5 - 0.1 * 0.3, -0.5 - 0.1 * -1.0, -0.5],  # 0.5 - 1 = -0.5, inside the clip: -0.53, -0.40, (-0.50 padding)
+    ])
+    torch.testing.assert_close(adv, expected)
+    # reward_clip 0: no clip, 6 - 0.1 * KL_t
+    unclipped = remax.remax_advantages(scores, greedy_scores, token_kl, 0.1, 0.0)
+    torch.testing.assert_close(unclipped[0], torch.tensor([5.98, 6.04, 5.9]))
+    # the sequence reward, logged as objective/rlhf_reward, keeps the summed KL: 2 - 0.1 * (0.2 - 0.4 + 1.0) = 1.92
+    torch.testing.assert_close(remax.sequence_rewards(scores, token_kl.sum(1), 0.1), torch.tensor([1.92, 0.57]))
 
 
 @pytest.mark.parametrize("mod", [rloo, remax], ids=["rloo", "remax"])
@@ -92,9 +102,10 @@ def test_reinforce_loss_by_hand():
 def test_remax_loss_by_hand():
     lp = torch.tensor([[-1.0, -2.0, rloo.INVALID_LOGPROB], [-0.5, -0.5, -0.5]])
     pm = torch.tensor([[False, False, True], [False, False, False]])
-    adv = torch.tensor([2.0, -1.0])
-    # -(2 * (-1 - 2) + (-1) * (-1.5)) / 5 valid tokens
-    assert remax.remax_loss(lp, adv, pm).item() == pytest.approx(-(2.0 * -3.0 + -1.0 * -1.5) / 5)
+    adv = torch.tensor([[2.0, 1.0, 7.0], [-1.0, -1.0, -2.0]])
+    # -sum_t A_t log pi_t over the 5 valid tokens, summed (main divides by the batch's valid tokens, backward_share):
+    # -(2 * -1 + 1 * -2 + (-1) * -0.5 + (-1) * -0.5 + (-2) * -0.5) = -(-2 - 2 + 0.5 + 0.5 + 1) = 2
+    assert remax.remax_loss(lp, adv, pm).item() == pytest.approx(2.0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -141,7 +152,7 @@ def test_rloo_gradient_is_zero_when_all_rewards_of_a_prompt_are_equal(assets, no
 def test_remax_gradient_is_zero_when_sample_and_greedy_rewards_agree(assets):
     model, logprobs, padding_mask = _policy_logprobs(assets)
     scores = torch.tensor([0.3, -1.0, 2.0, 0.0, 0.3, 0.3, 1.0, 1.0])
-    adv = remax.remax_advantages(remax.sequence_rewards(scores, torch.zeros(8), 0.05), scores)
+    adv = remax.remax_advantages(scores, scores, torch.zeros_like(logprobs), 0.05, 5.0)
     remax.remax_loss(logprobs, adv, padding_mask).backward()
     assert all(p.grad.abs().max().item() == 0.0 for p in model.parameters() if p.grad is not None)
 
@@ -209,6 +220,35 @@ def test_remax_on_tiny_tldr_with_a_reward_model(assets, tmp_path):
     assert all("eval/win_rate" in r and "eval/score" in r for r in rows if "eval/gold_reward" in r)
     train = [r for r in rows if "objective/greedy_reward" in r]
     assert len(train) == 2 and all(math.isfinite(r["objective/advantage"]) for r in train)
+
+
+def _eos_first_model(assets, tmp_path) -> Path:
+    """tiny-neox with its final layer norm's bias pushed along EOS's output embedding (EOS logit + 60, the others about
+    +-5): EOS is by far the likeliest token at every position, so with --stop-token eos every response ends at once."""
+    model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox")
+    w = model.get_output_embeddings().weight[model.config.eos_token_id].detach()
+    with torch.no_grad():
+        model.gpt_neox.final_layer_norm.bias += 60.0 * w / w.norm() ** 2
+    out = tmp_path / "eos-first"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox").save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("script, extra", [("rloo.py", ["--per-device-batch-size", "4", "--rloo-k", "2"]),
+                                           ("remax.py", ["--per-device-batch-size", "4"])])
+def test_stop_token_none_decodes_every_response_to_the_full_length(assets, tmp_path, script, extra):
+    """--stop-token none: the sampler (and ReMax's greedy baseline) never stops at EOS and nothing is truncated, so
+    every response holds response_length tokens although EOS is nearly every token."""
+    model = str(_eos_first_model(assets, tmp_path))
+    cmd = [sys.executable, str(REPO / script), *_math_args(assets, tmp_path, "none"), "--sft-model-path", model,
+           "--total-episodes", "4", "--stop-token", "none", "--num-eval-examples", "3", "--no-save-model", *extra]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    train = [r for r in _rows(tmp_path / "runs" / "none" / "metrics.jsonl") if "loss/policy_avg" in r]
+    assert len(train) == 1
+    assert train[0]["objective/completion_length"] == 12.0  # --response-length 12
+    assert train[0]["objective/eos_rate"] == 1.0 and train[0]["val/num_eos_tokens"] > 6  # EOS inside, not an end
 
 
 def test_rloo_rejects_a_batch_that_is_not_whole_groups(assets, tmp_path):

@@ -108,6 +108,32 @@ def test_short_run_writes_run_directory(assets, tmp_path):
     assert (run / "model" / "model.safetensors").exists() and not list((run / "model").glob("*.bin"))
 
 
+def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(assets, tmp_path):
+    """The same 4 sequences in one optimizer step as one micro-batch of 4, as 2 accumulated micro-batches of 2, and as
+    2 micro-batches of 2 in a step of accumulation 4 that the epoch's end cuts short: the loss is the mean over the
+    response tokens of the whole step, sum_i sum_t -log p(y_it) / sum_i |y_i|, so the logged loss and the weights after
+    the step are equal. Adam's first update is lr * g / (|g| + eps): with eps = 1 it follows the gradient's size, not
+    only its sign. (Before: the mean of per-micro-batch means, and a short last step scaled by its share of 4.)"""
+    from safetensors.torch import load_file
+
+    results = []
+    for batch_size, accumulation in [(4, 1), (2, 2), (2, 4)]:
+        name = f"b{batch_size}x{accumulation}"
+        args = _args(assets, output_dir=str(tmp_path), run_name=name, max_train_samples=4, per_device_train_batch_size=batch_size,
+                     gradient_accumulation_steps=accumulation, learning_rate=0.1, adam_eps=1.0, max_grad_norm=1e9,
+                     num_eval_examples=1, eval_every=100, log_every=1, num_threads=1)
+        sft.main(args)
+        (train,) = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+        results.append((train["train/loss"], load_file(tmp_path / name / "model" / "model.safetensors")))
+    (loss, weights), others = results[0], results[1:]
+    start = load_file(assets / "models" / "tiny-neox" / "model.safetensors")
+    assert any(not torch.equal(weights[k], start[k]) for k in start)  # the step moved the weights
+    for other_loss, other_weights in others:
+        assert other_loss == pytest.approx(loss, rel=1e-5)
+        for k in weights:
+            torch.testing.assert_close(other_weights[k], weights[k], atol=1e-6, rtol=1e-5)
+
+
 def test_chat_template_wraps_the_prompt_as_a_user_turn(assets):
     args = _args(assets, use_chat_template=True, prompt_template="{question}", response_template="{answer}")
     tok = sft.load_tokenizer(args)

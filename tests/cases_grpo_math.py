@@ -1,0 +1,105 @@
+"""Loss-aggregation invariance cases for grpo_math.py (issue 20): GRPO, Dr. GRPO and DAPO, each one micro-batch as
+`main` runs it (`pack`, then `micro_batch_loss`: `completion_logprobs`, `clipped_surrogate`, `k3_kl`, `aggregate_loss`,
+then `accelerator.backward(loss * gradient_accumulation_steps)`), against each paper's aggregate over the whole batch.
+
+How `main` normalises: grpo and dr_grpo divide by `num_sequences` = this process's mini-batch size (equal on every
+process; DDP then averages the processes), so `global_count` is this process's count; dapo divides by
+`dapo_num_tokens`, the loss tokens of every process / the number of processes."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import grpo_math as grpo
+from invariance import Case
+
+PAD, CAPACITY, MAX_COMPLETION_LENGTH, TEMPERATURE = 0, 20, 16, 0.7
+# (prompt length, completion length, advantage): the first half's completions hold 12 tokens, the second half's 22
+SHAPES = [(3, 2, 1.2), (4, 7, -0.7), (5, 3, 0.4), (3, 9, -1.1), (6, 1, 0.9), (4, 12, -0.3)]
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=50, attention_dropout=0.0)
+    return LlamaForCausalLM(config).float().train()  # sdpa: the block-diagonal mask comes from the position ids
+
+
+def plain_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """The completion's logprobs under logits / T from one unpacked forward pass of prompt + completion alone."""
+    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float() / TEMPERATURE
+    return logits.log_softmax(-1).gather(1, torch.tensor(completion)[:, None]).squeeze(1)
+
+
+def make_items() -> list[dict]:
+    """Token ids, advantages, and old / reference logprobs near the model's own (noise of 0.3 nats, so some ratios
+    fall outside the clip range and some KL terms are large)."""
+    g = torch.Generator().manual_seed(1)
+    model, items = make_model(), []
+    for p, c, adv in SHAPES:
+        prompt = torch.randint(1, 50, (p,), generator=g).tolist()
+        completion = torch.randint(1, 50, (c,), generator=g).tolist()
+        with torch.no_grad():
+            lp = plain_logprobs(model, prompt, completion)
+        items.append({"prompt": prompt, "completion": completion, "advantage": adv,
+                      "old": lp + 0.3 * torch.randn(c, generator=g), "ref": lp + 0.3 * torch.randn(c, generator=g)})
+    return items
+
+
+def padded(items: list[dict], key: str, width: int) -> torch.Tensor:
+    out = torch.zeros(len(items), width)
+    for i, it in enumerate(items):
+        out[i, : len(it[key])] = it[key]
+    return out
+
+
+def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -> Case:
+    by_tokens = args.loss_type == "dapo"
+
+    def reference(model, items):
+        """Per token (DeepSeekMath eq. 3, DAPO eq. 8): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+        + beta * (exp(ref - logp) - (ref - logp) - 1), r = exp(logp - old); then grpo: mean over sequences of each
+        sequence's token mean; dr_grpo: token sum / (sequences * max_completion_length); dapo: token sum / tokens."""
+        losses = []
+        for it in items:
+            lp = plain_logprobs(model, it["prompt"], it["completion"])
+            ratio = torch.exp(lp - (it["old"] if off_policy else lp.detach()))
+            a = it["advantage"]
+            surrogate = -torch.min(ratio * a, ratio.clamp(1 - args.epsilon_low, 1 + args.epsilon_high) * a)
+            d = it["ref"] - lp
+            losses.append(surrogate + args.beta * (torch.exp(d) - d - 1))
+        if args.loss_type == "grpo":
+            return torch.stack([x.mean() for x in losses]).mean()
+        if args.loss_type == "dr_grpo":
+            return torch.cat(losses).sum() / (len(losses) * MAX_COMPLETION_LENGTH)
+        return torch.cat(losses).sum() / sum(len(x) for x in losses)
+
+    def count(items):  # main: dapo counts loss tokens, grpo / dr_grpo sequences (its mini-batch size)
+        return float(sum(len(it["completion"]) for it in items)) if by_tokens else float(len(items))
+
+    def global_count(accelerator, count):
+        return grpo.dapo_num_tokens(count, accelerator) if by_tokens else count
+
+    def step(accelerator, model, items, total):
+        packed = grpo.pack([it["prompt"] for it in items], [it["completion"] for it in items], PAD, CAPACITY)
+        width = packed["mask"].shape[1]
+        old = padded(items, "old", width) if off_policy else None
+        ref = padded(items, "ref", width) if args.beta > 0 else None
+        advantages = torch.tensor([it["advantage"] for it in items])
+        sequences, tokens = (None, total) if by_tokens else (int(total), None)  # the one aggregate_loss reads
+        out = grpo.micro_batch_loss(model, packed, advantages, packed["mask"], old, ref, args, sequences, tokens)
+        accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)  # as in main
+
+    return Case(name, make_model, items, reference, count, step, global_count, micro_splits=(1, 3, 2))
+
+
+def cases() -> list[Case]:
+    items = make_items()
+    common = {"temperature": TEMPERATURE, "max_completion_length": MAX_COMPLETION_LENGTH, "epsilon_low": 0.2}
+    return [
+        make_case("grpo_math/grpo", grpo.Args(loss_type="grpo", beta=0.04, epsilon_high=0.2, **common), True, items),
+        make_case("grpo_math/dr_grpo", grpo.Args(loss_type="dr_grpo", beta=0.04, epsilon_high=0.2, **common), False,
+                  items),
+        make_case("grpo_math/dapo", grpo.Args(loss_type="dapo", beta=0.0, epsilon_high=0.28, **common), True, items),
+    ]

@@ -282,21 +282,42 @@ def require_hub(name: str, what: str, flag: str) -> None:
     )
 
 
-def load_split(name_or_path: str, split: str, config: str | None = None) -> Dataset:
-    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
+    that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
+    it; `flag` is the option named when the path is none of these."""
     path = Path(name_or_path)
     fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-    if path.is_file():
-        return load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
             ds = load_from_disk(str(path))
             return ds[split] if isinstance(ds, DatasetDict) else ds
-        for suffix, kind in fmt.items():
-            if (path / f"{split}{suffix}").exists():
-                return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
-        raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
-    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
+        files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
+        if not files:
+            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                             f"{split}.parquet or a save_to_disk folder")
+        path = files[0]
+    if path.is_file():
+        if path.stat().st_size == 0:
+            raise SystemExit(f"error: {path} ({flag}) is empty")
+        if path.suffix == ".jsonl":  # name the first line that is not a JSON object (a truncated file's last one)
+            with open(path) as f:
+                for number, line in enumerate(f, 1):
+                    try:
+                        assert not line.strip() or isinstance(json.loads(line), dict)
+                    except (ValueError, AssertionError):
+                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
+                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+        try:
+            ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+        except Exception as e:  # datasets reports a bad file from deep inside its builders
+            reason = " ".join(str(e).split())[:200]
+            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                             "check that the file is complete, one JSON object a line for .jsonl") from None
+        if len(ds) == 0:
+            raise SystemExit(f"error: {path} ({flag}) holds no rows")
+        return ds
+    require_hub(name_or_path, "dataset", flag)
     return load_dataset(name_or_path, config, split=split)
 
 

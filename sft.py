@@ -40,7 +40,10 @@ import math
 import os
 import re
 import resource
+import shutil
+import signal
 import socket
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -66,9 +69,16 @@ class Args:
     seed: int = 1
     """seed of the experiment (model init of added tokens, data order, sampling)"""
     run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
+    see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    save_every: int = 0
+    """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    resume: bool = False
+    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
+    overwrite: bool = False
+    """delete `runs/<run_name>` if it holds a run, and start over"""
     track: bool = False
     """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
     wandb_project: str = "clean-rlhf"
@@ -225,22 +235,43 @@ def require_hub(name: str, what: str, flag: str) -> None:
     )
 
 
-def load_split(name_or_path: str, split: str) -> Dataset:
-    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub."""
+def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
+    that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
+    it; `flag` is the option named when the path is none of these."""
     path = Path(name_or_path)
     fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-    if path.is_file():
-        return load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
             ds = load_from_disk(str(path))
             return ds[split] if isinstance(ds, DatasetDict) else ds
-        for suffix, kind in fmt.items():
-            if (path / f"{split}{suffix}").exists():
-                return load_dataset(kind, data_files=str(path / f"{split}{suffix}"), split="train")
-        raise SystemExit(f"error: no split '{split}' in {path}: expected {split}.jsonl, {split}.json, {split}.parquet or a save_to_disk folder")
-    require_hub(name_or_path, "dataset", "--dataset-name-or-path")
-    return load_dataset(name_or_path, split=split)
+        files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
+        if not files:
+            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                             f"{split}.parquet or a save_to_disk folder")
+        path = files[0]
+    if path.is_file():
+        if path.stat().st_size == 0:
+            raise SystemExit(f"error: {path} ({flag}) is empty")
+        if path.suffix == ".jsonl":  # name the first line that is not a JSON object (a truncated file's last one)
+            with open(path) as f:
+                for number, line in enumerate(f, 1):
+                    try:
+                        assert not line.strip() or isinstance(json.loads(line), dict)
+                    except (ValueError, AssertionError):
+                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
+                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+        try:
+            ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+        except Exception as e:  # datasets reports a bad file from deep inside its builders
+            reason = " ".join(str(e).split())[:200]
+            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                             "check that the file is complete, one JSON object a line for .jsonl") from None
+        if len(ds) == 0:
+            raise SystemExit(f"error: {path} ({flag}) holds no rows")
+        return ds
+    require_hub(name_or_path, "dataset", flag)
+    return load_dataset(name_or_path, config, split=split)
 
 
 def load_tokenizer(args: Args):
@@ -508,43 +539,6 @@ def numbers_equal(predicted: str | None, gold: str) -> bool:
 # ----------------------------------------------------------------------------------------------------
 
 
-class RunLogger:
-    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
-    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
-
-    def __init__(self, args: Args, accelerator: Accelerator):
-        self.enabled = accelerator.is_main_process
-        self.dir = Path(args.output_dir) / args.run_name
-        self.start = time.time()
-        self.wandb = None
-        if not self.enabled:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-        self.file = open(self.dir / "metrics.jsonl", "w")
-        if args.track:
-            import wandb
-
-            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                    config=dataclasses.asdict(args), dir=str(self.dir))
-
-    def log(self, metrics: dict, step: int, episode: int) -> None:
-        if not self.enabled:
-            return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.wandb is not None:
-                self.wandb.finish()
-
-
 def peak_mem_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -631,6 +625,14 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
         yield micro
 
 
+def sft_loop_state(step: int, n_running: int, n_micro: int, n_steps: int, running: list, metrics: dict,
+                   batch_episodes: int) -> dict:
+    """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and
+    every process's running losses since the last log (the first `n_running`), gathered so the main process saves them."""
+    return {"step": step, "episode": step * batch_episodes, "n_micro": n_micro, "n_steps": n_steps, "metrics": metrics,
+            "running": gather_object([[v.item() for v in running[:n_running]]])}
+
+
 def lr_lambda(schedule: str, warmup: int, total: int):
     def f(step: int) -> float:
         if step < warmup:
@@ -640,6 +642,215 @@ def lr_lambda(schedule: str, warmup: int, total: int):
             return 0.5 * (1.0 + math.cos(math.pi * progress))
         return 1.0 - progress if schedule == "linear" else 1.0
     return f
+
+
+# ----------------------------------------------------------------------------------------------------
+# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
+# argument checks (copied verbatim between scripts; tests/test_faults.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Run:
+    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
+    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
+    go to wandb too with `--track`.
+
+    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
+    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
+    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
+    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+
+    def __init__(self, args, accelerator: Accelerator):
+        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.state, self.signal, self.wandb, self.file = None, None, None, None
+        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
+            old = self.dir / f"{name}.old"
+            if self.main and old.exists() and not (self.dir / name).exists():
+                old.rename(self.dir / name)
+        accelerator.wait_for_everyone()
+        self.held = self.dir.is_dir() and any(self.dir.iterdir())
+        if args.resume:
+            if (self.dir / "done.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+            if not (self.dir / "checkpoint" / "state.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                                 "(with --overwrite if the directory is in use)")
+            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+        elif self.held and not args.overwrite:
+            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                             "delete it and start over, or another --run-name")
+
+    def begin(self) -> None:
+        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
+        accelerator, args = self.accelerator, self.args
+        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
+        if self.main:
+            if self.held and not args.resume:
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            last = self.state["step"] if self.state else -1
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
+                path = self.dir / name
+                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
+                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+            self.file = open(self.dir / "metrics.jsonl", "a")
+            if args.track:
+                import wandb
+
+                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
+                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
+                id_file.write_text(run_id)
+                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+        self.start = time.time() - (self.state["time"] if self.state else 0.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        accelerator.wait_for_everyone()
+
+    def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = signum
+        if self.main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                  "to stop at once)", file=sys.stderr, flush=True)
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.main:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self.main:
+            with open(self.dir / "samples.jsonl", "a") as f:
+                for r in records:
+                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def any_process(self, flag: bool) -> bool:
+        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return total.item() > 0
+
+    def stop_requested(self) -> bool:
+        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
+        return self.any_process(self.signal is not None)
+
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
+        return not self.any_process(not all(bool(torch.isfinite(v).all()) for v in values if v is not None))
+
+    def checkpoint(self, state: dict) -> Path:
+        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
+        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
+        if self.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
+            (tmp / "state.json").write_text(json.dumps(state) + "\n")
+            replace_dir(tmp, final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def resume(self) -> dict | None:
+        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
+        returns the loop's state; None on a new run."""
+        if self.state is not None:
+            if self.state["num_processes"] != self.accelerator.num_processes:
+                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
+        return self.state
+
+    def stop(self, state: dict, error: str | None = None) -> None:
+        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
+        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+        path = self.checkpoint(state)
+        self.close()
+        how = f"continue with the same command and --resume (checkpoint: {path})"
+        if error:
+            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
+        signum = self.signal or signal.SIGTERM
+        if self.main:
+            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
+        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
+        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        accelerator, args = self.accelerator, self.args
+        if args.save_model:
+            if self.main:
+                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
+            accelerator.wait_for_everyone()
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            if self.main:
+                replace_dir(self.dir / "model.tmp", self.dir / "model")
+        if self.main:
+            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in PRESETS else None
+            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
+            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+        self.close()
+        accelerator.wait_for_everyone()
+        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def check_args(args) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag."""
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SystemExit(f"error: {flag} is {value}; give a finite number")
+        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
+                                    "_episodes", "_k")) or f.name.startswith("num_")
+        if positive and isinstance(value, int) and not isinstance(value, bool) and value < 1 and f.name not in (
+                "save_every", "num_threads", "warmup_steps"):
+            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
+    if not args.learning_rate > 0:
+        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
+    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
+        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
+    if getattr(args, "temperature", 1.0) <= 0:
+        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
+    if args.resume and args.overwrite:
+        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -653,6 +864,8 @@ def main(args: Args) -> dict:
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
 
     tokenizer = load_tokenizer(args)
@@ -677,14 +890,23 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: {len(train)} training rows make no full batch of {args.per_device_train_batch_size} x "
                          f"{args.gradient_accumulation_steps} x {accelerator.num_processes} processes")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
     batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
-    logger = RunLogger(args, accelerator)
+    run.begin()
     accelerator.print(f"run {args.run_name}: {len(train)} training rows, {total_steps} optimizer steps of {batch_episodes} sequences")
 
     step, running, n_micro, n_steps, t_last, metrics = 0, [], 0, 0, time.time(), {}
-    progress = tqdm(total=total_steps, disable=not accelerator.is_main_process, desc="sft")
+    if state := run.resume():  # the loop's counters; the data position is replayed below
+        running = [torch.tensor(v) for v in state["running"][accelerator.process_index]]
+        n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
+    progress = tqdm(total=total_steps, initial=state["step"] if state else 0, disable=not accelerator.is_main_process, desc="sft")
+    grad_norm = None
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
+                step += 1
+                continue
+            before = (step, len(running), n_micro, n_steps)  # for a checkpoint after a non-finite loss
             # the loss is the mean over the response tokens of the whole step: every micro-batch and process
             total = global_count(sum(response_tokens(b) for b in micro), accelerator)
             # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
@@ -692,12 +914,15 @@ def main(args: Args) -> dict:
             for batch in micro:
                 with accelerator.accumulate(model):
                     loss_sum = micro_batch_loss(model, batch)
-                    if not torch.isfinite(loss_sum):
-                        raise RuntimeError(f"non-finite SFT loss {loss_sum.item()} at step {step}; lower "
-                                           "--learning-rate or check the data")
+                    if not run.all_finite(loss_sum):
+                        run.stop(sft_loop_state(*before, running, metrics, batch_episodes),
+                                 f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data")
                     backward_share(accelerator, loss_sum, total)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                        if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                            run.stop(sft_loop_state(*before, running, metrics, batch_episodes),
+                                     f"non-finite gradient norm at step {step + 1}: lower --learning-rate")
                     optimizer.step()
                     optimizer.zero_grad()
                 running.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
@@ -715,23 +940,23 @@ def main(args: Args) -> dict:
                           "perf/peak_mem_gb": peak_mem_gb(accelerator.device)}
                 if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
                     logged["train/grad_norm"] = float(grad_norm)
-                logger.log(logged, step, step * batch_episodes)
+                run.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{mean_loss:.3f}")
                 running, n_micro, n_steps, t_last = [], 0, 0, now
             if step % args.eval_every == 0 or step == total_steps:
                 metrics, records = evaluate(model, tokenizer, evals, args, accelerator)
-                logger.log(metrics, step, step * batch_episodes)
+                run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-                if accelerator.is_main_process:
-                    with open(logger.dir / "samples.jsonl", "a") as f:
-                        for r in records[:8]:
-                            f.write(json.dumps({"step": step, **r}) + "\n")
+                run.log_samples(records[:8], step)
                 t_last = time.time()
+            if run.stop_requested():
+                run.stop(sft_loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
+            if args.save_every and step % args.save_every == 0 and step < total_steps:
+                run.checkpoint(sft_loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
     progress.close()
 
-    if args.save_model:
-        save_model(model, tokenizer, accelerator, logger.dir / "model")
-    logger.close()
+    run.finish(model, tokenizer, {"step": step, "episode": step * batch_episodes, "total_steps": total_steps,
+                                  "total_episodes": total_steps * batch_episodes})
     accelerator.end_training()
     return metrics
 

@@ -26,7 +26,9 @@ BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_resp
                    "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH,
                    # one mean over the whole mini-batch of every process (tests/test_invariance.py)
                    "global_count": GLOBAL_MEAN, "backward_share": GLOBAL_MEAN, "step_micro_batches": ["sft", "reward_model"],
-                   "refine_step_rewards": ["ppo_rlhf", "grpo_math"]}
+                   "refine_step_rewards": ["ppo_rlhf", "grpo_math"],
+                   # loading and durable runs (tests/test_faults.py, tests/test_bad_inputs.py)
+                   "load_split": ALL}
 
 
 def _definitions(path: Path) -> dict[str, str]:

@@ -222,16 +222,18 @@ def in_hub_cache(name: str, repo_type: str) -> bool:
 
 
 def require_hub(name: str, what: str, flag: str) -> None:
-    """Fail fast, naming the missing thing and how to pass a local copy, when `name` is neither a local
-    path, nor in the local Hugging Face cache, nor reachable on the hub."""
+    """Fail fast, in one line naming the missing thing and how to pass a local copy, when `name` is neither a local
+    path, nor in the local Hugging Face cache, nor reachable on the hub. A name that can only be a path (a hub name is
+    `owner/repo`) is reported as a missing path."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise SystemExit(f"error: {flag} {name}: no such file or directory")
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
         return
     raise SystemExit(
-        f"error: the {what} '{name}' is not a local path, is not in the Hugging Face cache, and the hub cannot be "
-        f"reached (no network, or HF_HUB_OFFLINE=1).\n  Download it on a machine with internet "
-        f"(`huggingface-cli download {name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`), "
-        f"then pass the local directory: {flag} DIR\n  For the offline tiny world: `python -m benchmark.assets`, "
-        f"then use a `tiny-*` preset."
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub cannot "
+        f"be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli download "
+        f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
+        f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
     )
 
 

@@ -28,7 +28,7 @@ BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_resp
                    "global_count": GLOBAL_MEAN, "backward_share": GLOBAL_MEAN, "step_micro_batches": ["sft", "reward_model"],
                    "refine_step_rewards": ["ppo_rlhf", "grpo_math"],
                    # loading and durable runs (tests/test_faults.py, tests/test_bad_inputs.py)
-                   "load_split": ALL}
+                   "load_split": ALL, "require_hub": ALL}
 
 
 def _definitions(path: Path) -> dict[str, str]:

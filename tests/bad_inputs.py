@@ -1,0 +1,215 @@
+"""Bad input, tried as a new user would: each case names what is wrong, the scripts it applies to, and what the one-line
+error must say. `tests/test_bad_inputs.py` runs every case against every script it applies to; the per-script cases live
+in `tests/bad_inputs_<script>.py` (a `CASES` list). `python -m tests.bad_inputs` runs them all and writes the table of
+cases and messages to docs/bad_inputs.md."""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tyro
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+
+
+@dataclass
+class World:
+    """Where a case runs: the tiny assets, a scratch directory, and a reward model in reward_model.py's format."""
+
+    assets: Path
+    tmp: Path
+    rm: Path
+
+
+@dataclass
+class BadInput:
+    id: str
+    """short name, the test id"""
+    what: str
+    """the bad input in words, for the docs table"""
+    expect: str
+    """a substring the error line must hold (the flag, file, row or field it names)"""
+    flags: Callable[[str, World], list[str]] = lambda script, w: []
+    """extra command-line flags, given the script and the world (they may write a bad file into `w.tmp`)"""
+    scripts: list[str] = field(default_factory=lambda: list(SCRIPTS))
+    """the scripts it applies to"""
+
+
+# A small valid run of each script on the tiny world: every case adds its bad input to this.
+def base_flags(script: str, w: World) -> list[str]:
+    a, out = w.assets, ["--output-dir", str(w.tmp / "runs"), "--num-threads", "1", "--run-name", "bad"]
+    math_rl = ["tiny-math", "--sft-model-path", str(a / "models" / "tiny-llama"),
+               "--dataset-name-or-path", str(a / "tiny-math" / "gsm8k"), "--response-length", "12",
+               "--num-eval-examples", "4", "--total-episodes", "16"]
+    return {
+        "sft": ["tiny-tldr", "--model-name-or-path", str(a / "models" / "tiny-neox"),
+                "--dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16",
+                "--num-eval-examples", "4"],
+        "reward_model": ["tiny-tldr", "--sft-model-path", str(a / "models" / "tiny-neox"),
+                         "--dataset-name-or-path", str(a / "tiny-tldr" / "preference"),
+                         "--norm-dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16"],
+        "ppo_rlhf": math_rl, "rloo": math_rl, "remax": math_rl,
+        "grpo_math": ["tiny", "--model-name-or-path", str(a / "models" / "tiny-llama"),
+                      "--dataset-name-or-path", str(a / "tiny-math" / "gsm8k"), "--num-eval-examples", "4"],
+        "dpo": ["tiny-tldr", "--sft-model-path", str(a / "models" / "tiny-neox"),
+                "--dataset-name-or-path", str(a / "tiny-tldr" / "preference"),
+                "--prompt-dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16"],
+    }[script] + out
+
+
+TRAIN_DATA = {"sft": ("--dataset-name-or-path", "tiny-tldr/sft"),
+              "reward_model": ("--dataset-name-or-path", "tiny-tldr/preference"),
+              "ppo_rlhf": ("--dataset-name-or-path", "tiny-math/gsm8k"), "rloo": ("--dataset-name-or-path", "tiny-math/gsm8k"),
+              "remax": ("--dataset-name-or-path", "tiny-math/gsm8k"), "grpo_math": ("--dataset-name-or-path", "tiny-math/gsm8k"),
+              "dpo": ("--dataset-name-or-path", "tiny-tldr/preference")}
+BATCH = {"sft": "--per-device-train-batch-size", "reward_model": "--per-device-train-batch-size",
+         "dpo": "--per-device-train-batch-size", "grpo_math": "--micro-batch-size", "ppo_rlhf": "--per-device-batch-size",
+         "rloo": "--per-device-batch-size", "remax": "--per-device-batch-size"}
+
+
+def bad_copy(script: str, w: World, edit: Callable[[str], str], split: str = "train") -> list[str]:
+    """The script's training data with `split`.jsonl rewritten by `edit` (the whole text in, the new text out)."""
+    flag, rel = TRAIN_DATA[script]
+    src, dst = w.assets / rel, w.tmp / "data" / rel
+    if not dst.exists():
+        shutil.copytree(src, dst)
+    (dst / f"{split}.jsonl").write_text(edit((src / f"{split}.jsonl").read_text()))
+    return [flag, str(dst)]
+
+
+def rows_edited(edit_row: Callable[[dict], dict]) -> Callable[[str], str]:
+    """An `edit` for `bad_copy` that rewrites the first row only (the error must name row 0)."""
+    def edit(text: str) -> str:
+        lines = text.splitlines()
+        return "\n".join([json.dumps(edit_row(json.loads(lines[0]))), *lines[1:]]) + "\n"
+    return edit
+
+
+def has_flag(script: str, flag: str) -> bool:
+    import dataclasses
+
+    module = importlib.import_module(script)
+    return flag.lstrip("-").replace("-", "_") in {f.name for f in dataclasses.fields(module.Args)}
+
+
+def scripts_with(flag: str) -> list[str]:
+    return [s for s in SCRIPTS if has_flag(s, flag)]
+
+
+CASES = [
+    BadInput("batch-size-0", "a batch size of 0", "at least 1", lambda s, w: [BATCH[s], "0"]),
+    BadInput("batch-size-negative", "a negative batch size", "at least 1", lambda s, w: [BATCH[s], "-4"]),
+    BadInput("accumulation-0", "--gradient-accumulation-steps 0", "--gradient-accumulation-steps",
+             lambda s, w: ["--gradient-accumulation-steps", "0"], scripts_with("--gradient-accumulation-steps")),
+    BadInput("eval-every-0", "--eval-every 0", "--eval-every", lambda s, w: ["--eval-every", "0"],
+             scripts_with("--eval-every")),
+    BadInput("lr-nan", "--learning-rate nan", "--learning-rate", lambda s, w: ["--learning-rate", "nan"]),
+    BadInput("lr-0", "--learning-rate 0", "--learning-rate", lambda s, w: ["--learning-rate", "0"]),
+    BadInput("max-train-samples-0", "--max-train-samples 0 (was taken as: all rows)", "--max-train-samples",
+             lambda s, w: ["--max-train-samples", "0"], scripts_with("--max-train-samples")),
+    BadInput("warmup-negative", "a negative warm-up ratio", "--warmup-ratio", lambda s, w: ["--warmup-ratio", "-0.1"],
+             scripts_with("--warmup-ratio")),
+    BadInput("temperature-0", "temperature 0 where the algorithm samples", "--temperature",
+             lambda s, w: ["--temperature", "0"], scripts_with("--temperature")),
+    BadInput("save-every-negative", "--save-every -1", "--save-every", lambda s, w: ["--save-every", "-1"]),
+    BadInput("resume-and-overwrite", "--resume with --overwrite", "pass one of them",
+             lambda s, w: ["--resume", "--overwrite"]),
+    BadInput("resume-nothing", "--resume where no run was checkpointed", "holds no checkpoint",
+             lambda s, w: ["--resume"]),
+    BadInput("empty-file", "an empty training file", "is empty",
+             lambda s, w: bad_copy(s, w, lambda text: "")),
+    BadInput("truncated-file", "a training file cut off mid-row", "is not a JSON object",
+             lambda s, w: bad_copy(s, w, lambda text: text[: len(text) // 2])),
+    BadInput("missing-data", "a data path that does not exist (and is no reachable hub name)",
+             "--dataset-name-or-path", lambda s, w: ["--dataset-name-or-path", str(w.tmp / "nowhere")]),
+]
+
+
+def all_cases() -> list[BadInput]:
+    """The shared cases above and every script's own (`tests/bad_inputs_<script>.py`)."""
+    cases = list(CASES)
+    for script in SCRIPTS:
+        try:
+            cases += importlib.import_module(f"tests.bad_inputs_{script}").CASES
+        except ModuleNotFoundError as e:
+            if e.name != f"tests.bad_inputs_{script}":
+                raise
+    return cases
+
+
+def run_case(case: BadInput, script: str, w: World) -> tuple[str, float]:
+    """Runs the script's `main` in this process, as its command line would; returns the error line and the seconds it
+    took. Fails unless it ended in `SystemExit("error: ...")` before the first step (no metrics written)."""
+    module = importlib.import_module(script)
+    argv = [*base_flags(script, w), *case.flags(script, w)]
+    start = time.time()
+    sink = io.StringIO()
+    try:
+        with redirect_stdout(sink), redirect_stderr(sink):
+            args = tyro.extras.overridable_config_cli(module.PRESETS, args=argv)
+            module.main(args)
+    except SystemExit as e:
+        message = str(e.code)
+    else:
+        raise AssertionError(f"{script} {case.id}: ran to the end without an error")
+    finally:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # `Run` installs its handlers in-process
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    elapsed = time.time() - start
+    assert message.startswith("error: "), f"{script} {case.id}: {message!r}"
+    assert "\n" not in message, f"{script} {case.id}: more than one line: {message!r}"
+    assert not (w.tmp / "runs" / "bad" / "metrics.jsonl").exists(), f"{script} {case.id}: failed after training began"
+    return message, elapsed
+
+
+def write_docs(out: Path = REPO / "docs" / "bad_inputs.md") -> None:
+    import tempfile
+
+    from benchmark.assets import build
+
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        build(root / "assets", seed=0)
+        rm = make_reward_model(root / "assets", root / "rm")
+        for case in all_cases():
+            for script in case.scripts:
+                tmp = root / f"{case.id}-{script}"
+                tmp.mkdir()
+                message, elapsed = run_case(case, script, World(root / "assets", tmp, rm))
+                rows.append(f"| `{case.id}` | {case.what} | `{script}.py` | {message.replace('|', '/')} |")
+                message = message.replace(str(root), "...")
+    text = ["# Bad input and its messages", "",
+            "Generated by `python -m tests.bad_inputs` from the cases of `tests/test_bad_inputs.py` (the shared ones in",
+            "`tests/bad_inputs.py`, each script's own in `tests/bad_inputs_<script>.py`). Every case ends before the",
+            "first training step with this one line on stderr and exit code 1; temporary paths are shown as `...`.", "",
+            "| case | bad input | script | message |", "| --- | --- | --- | --- |", *rows, ""]
+    out.write_text("\n".join(text).replace(str(Path(tempfile.gettempdir())), "..."))
+
+
+def make_reward_model(assets: Path, out: Path) -> Path:
+    """A reward model in reward_model.py's format (random head) on the tiny tokenizer."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rm = AutoModelForSequenceClassification.from_pretrained(assets / "models" / "tiny-neox", num_labels=1)
+    rm.config.reward_type, rm.config.reward_bias = "outcome", 0.0
+    rm.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox").save_pretrained(out)
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    write_docs()

@@ -60,7 +60,7 @@ def main() -> None:
     for seed in cli.seeds:
         for mode in ("sync", "async"):
             name = f"{cli.prefix}_{mode}__{seed}"
-            cmd = [sys.executable, str(REPO / "dpo.py"), cli.preset, "--run-name", name, "--seed", str(seed), "--output-dir", cli.output_dir,
+            cmd = [sys.executable, str(REPO / "dpo.py"), cli.preset, "--run-name", name, "--overwrite", "--seed", str(seed), "--output-dir", cli.output_dir,
                    "--num-threads", str(cli.num_threads), "--async" if mode == "async" else "--no-async", *extra]
             print("[run]", " ".join(cmd), flush=True)
             t0 = time.time()

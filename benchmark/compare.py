@@ -3,13 +3,18 @@
 Reads `metrics.jsonl` of any set of run directories (and, when asked with `--wandb-project` and online, wandb
 runs), groups runs by algorithm (the run name without its `__<seed>` suffix), aggregates the seeds of each group,
 and writes:
-  * a PNG with the metric against episodes and against wall-clock time: per group the mean over seeds with a
-    95% bootstrap confidence band;
-  * a markdown table of final values: mean, 95% bootstrap CI of the mean, and the interquartile mean (IQM, the
-    mean of the middle 50% of runs, as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the
-    Statistical Precipice" / rliable).
-A run whose metrics file is missing or has corrupt lines is reported; corrupt lines are skipped, and a run with
-no value of the metric is left out of its group. Works offline, without any account.
+  * a PNG with the metric against episodes and against wall-clock time: per group the mean over seeds, over the x
+    range all its runs cover, with a band that the legend names: the 95% bootstrap confidence band with 3 or more
+    seeds, the min-max of the two seeds with 2, none with 1;
+  * a markdown table of final values: mean, 95% bootstrap CI of the mean (3 or more seeds; with fewer, the seeds'
+    values instead: "0.410, 0.520 (2 seeds)"), and the interquartile mean (IQM, the mean of the middle 50% of runs,
+    as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" / rliable).
+Only runs that completed their budget count: a run directory without the `done.json` its script writes at the end
+(a run stopped by a signal or a crash, or one still running) is left out of the curves and the table with a warning,
+since its last value is not a final one. A wandb run counts when its state is "finished" (wandb cannot tell a run
+stopped by SIGTERM, which exits cleanly, from a completed one). A run whose metrics file is missing or has corrupt
+lines is reported; corrupt lines are skipped, and a run with no value of the metric is left out of its group.
+Works offline, without any account.
 """
 
 from __future__ import annotations
@@ -32,6 +37,9 @@ class Run:
     group: str
     rows: list[dict]
     problems: list[str] = field(default_factory=list)
+    finished: bool = True
+    """whether the run completed its budget: its done.json exists (run directories) or it is "finished" (wandb)"""
+    unfinished_why: str = ""
 
     def curve(self, metric: str, x: str) -> tuple[np.ndarray, np.ndarray]:
         points = [(r[x], r[metric]) for r in self.rows if metric in r and x in r and _finite(r[metric])]
@@ -51,6 +59,10 @@ def group_name(run_name: str) -> str:
 def read_run(run_dir: Path) -> Run:
     """A run's metrics rows; unreadable lines are skipped and reported in `problems`."""
     run = Run(name=run_dir.name, group=group_name(run_dir.name), rows=[])
+    if not (run_dir / "done.json").exists():
+        run.finished = False
+        run.unfinished_why = "no done.json" + (": its DONE is from an older benchmark.run, which did not check the "
+                                               "budget" if (run_dir / "DONE").exists() else "")
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         run.problems.append(f"{run_dir}: no metrics.jsonl")
@@ -77,8 +89,17 @@ def read_wandb_runs(project: str, entity: str | None) -> list[Run]:
     api = wandb.Api()
     runs = []
     for r in api.runs(f"{entity}/{project}" if entity else project):
-        runs.append(Run(name=r.name, group=group_name(r.name), rows=[dict(row) for row in r.scan_history()]))
+        runs.append(Run(name=r.name, group=group_name(r.name), rows=[dict(row) for row in r.scan_history()],
+                        finished=r.state == "finished", unfinished_why=f"wandb state {r.state!r}"))
     return runs
+
+
+def finished_runs(runs: list[Run]) -> list[Run]:
+    """The runs that completed their budget; each other one is named in a warning on stderr."""
+    for r in runs:
+        if not r.finished:
+            print(f"warning: {r.name} did not finish its budget ({r.unfinished_why}); left out", file=sys.stderr)
+    return [r for r in runs if r.finished]
 
 
 def bootstrap_ci(values: np.ndarray, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
@@ -99,15 +120,30 @@ def iqm(values: np.ndarray) -> float:
     return float(values[k : len(values) - k].mean())
 
 
-def aggregate_curves(curves: list[tuple[np.ndarray, np.ndarray]], n_points: int = 50) -> dict[str, np.ndarray]:
-    """Mean and 95% bootstrap band of several curves on a common grid, over the x range all of them cover
-    (each curve is linearly interpolated)."""
+MIN_SEEDS_FOR_CI = 3
+"""below this many seeds an interval is not a 95% CI: the seeds' values are shown instead"""
+
+
+def band_kind(n_seeds: int) -> str | None:
+    """What the band around a mean of `n_seeds` curves is: "95% CI" (bootstrap), "min-max" (2 seeds) or None (1)."""
+    return "95% CI" if n_seeds >= MIN_SEEDS_FOR_CI else "min-max" if n_seeds == 2 else None
+
+
+def aggregate_curves(curves: list[tuple[np.ndarray, np.ndarray]], n_points: int = 50) -> dict:
+    """Mean and band of several curves on a common grid, over the x range all of them cover (each curve is linearly
+    interpolated). `band` says what low and high are (`band_kind`): the 95% bootstrap band of the mean with 3 or
+    more curves, the min and max of 2, the curve itself for 1."""
     lo = max(x[0] for x, _ in curves)
     hi = min(x[-1] for x, _ in curves)
     grid = np.linspace(lo, hi, n_points) if hi > lo else np.array([lo])
     ys = np.stack([np.interp(grid, x, y) for x, y in curves])
-    bands = np.array([bootstrap_ci(ys[:, j]) for j in range(len(grid))])
-    return {"x": grid, "mean": ys.mean(axis=0), "low": bands[:, 0], "high": bands[:, 1]}
+    band = band_kind(len(curves))
+    if band == "95% CI":
+        bands = np.array([bootstrap_ci(ys[:, j]) for j in range(len(grid))])
+        low, high = bands[:, 0], bands[:, 1]
+    else:
+        low, high = ys.min(axis=0), ys.max(axis=0)
+    return {"x": grid, "mean": ys.mean(axis=0), "low": low, "high": high, "band": band, "seeds": len(curves)}
 
 
 def summarize(runs: list[Run], metric: str) -> list[dict]:
@@ -121,35 +157,62 @@ def summarize(runs: list[Run], metric: str) -> list[dict]:
     for group, values in sorted(finals.items()):
         values = np.array(values)
         low, high = bootstrap_ci(values)
-        table.append({"group": group, "seeds": len(values), "mean": float(values.mean()), "low": low, "high": high, "iqm": iqm(values)})
+        table.append({"group": group, "seeds": len(values), "mean": float(values.mean()), "low": low, "high": high,
+                      "iqm": iqm(values), "values": [float(v) for v in values]})
     return table
 
 
+def interval_cell(t: dict) -> str:
+    """The table's interval: `[low, high]` (95% bootstrap CI) from 3 or more seeds; below that the seeds' values."""
+    if t["seeds"] >= MIN_SEEDS_FOR_CI:
+        return f"[{t['low']:.3f}, {t['high']:.3f}]"
+    shown = ", ".join(f"{v:.3f}" for v in sorted(t["values"]))
+    return f"{shown} ({t['seeds']} seeds)" if t["seeds"] > 1 else shown
+
+
 def markdown_table(table: list[dict], metric: str) -> str:
-    lines = [f"| algorithm | seeds | final {metric} (mean) | 95% CI | IQM |", "| --- | --- | --- | --- | --- |"]
+    few = [t["seeds"] < MIN_SEEDS_FOR_CI for t in table]
+    head = "95% CI" if not any(few) else "seed values" if all(few) else f"95% CI (values below {MIN_SEEDS_FOR_CI} seeds)"
+    lines = [f"| algorithm | seeds | final {metric} (mean) | {head} | IQM |", "| --- | --- | --- | --- | --- |"]
     for t in table:
-        lines.append(f"| {t['group']} | {t['seeds']} | {t['mean']:.3f} | [{t['low']:.3f}, {t['high']:.3f}] | {t['iqm']:.3f} |")
+        lines.append(f"| {t['group']} | {t['seeds']} | {t['mean']:.3f} | {interval_cell(t)} | {t['iqm']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
+def group_curves(runs: list[Run], metric: str, x: str) -> dict[str, dict]:
+    """Per group, `aggregate_curves` of its runs' curves of `metric` against `x` (runs without a value left out)."""
+    by_group: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_group[run.group].append(run)
+    out = {}
+    for group, members in sorted(by_group.items()):
+        curves = [c for c in (m.curve(metric, x) for m in members) if len(c[0]) > 0]
+        if curves:
+            out[group] = aggregate_curves(curves)
+    return out
+
+
+def curve_label(group: str, agg: dict) -> str:
+    """`ppo_tiny-tldr (3 seeds, band: 95% bootstrap CI)`, `(2 seeds, band: min-max)`, `(1 seed)`."""
+    n = agg["seeds"]
+    band = {"95% CI": ", band: 95% bootstrap CI", "min-max": ", band: min-max"}.get(agg["band"], "")
+    return f"{group} ({n} seed{'s' if n > 1 else ''}{band})"
+
+
 def plot(runs: list[Run], metric: str, out_png: Path) -> None:
+    """The mean curve of each group against episodes and wall-clock time, with its band (`curve_label`); the caller
+    leaves unfinished runs out (`finished_runs`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    by_group: dict[str, list[Run]] = defaultdict(list)
-    for run in runs:
-        by_group[run.group].append(run)
     for ax, x in zip(axes, ("episode", "time")):
-        for group, members in sorted(by_group.items()):
-            curves = [c for c in (m.curve(metric, x) for m in members) if len(c[0]) > 0]
-            if not curves:
-                continue
-            agg = aggregate_curves(curves)
-            ax.plot(agg["x"], agg["mean"], label=f"{group} ({len(curves)} seeds)")
-            ax.fill_between(agg["x"], agg["low"], agg["high"], alpha=0.2)
+        for group, agg in group_curves(runs, metric, x).items():
+            (line,) = ax.plot(agg["x"], agg["mean"], label=curve_label(group, agg))
+            if agg["band"] is not None:
+                ax.fill_between(agg["x"], agg["low"], agg["high"], alpha=0.2, color=line.get_color())
         ax.set_xlabel("episodes" if x == "episode" else "wall-clock seconds")
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
@@ -168,18 +231,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb-project", default=None, help="also read the runs of this wandb project (online)")
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")
     a = parser.parse_args(argv)
-    runs = [read_run(Path(p)) for p in a.runs]
+    paths = [Path(p) for p in a.runs]
+    for p in paths:  # e.g. the suite's runs/<run_name>.log and .stage.json, which a shell glob of runs/<group>__* takes
+        if p.is_file():
+            print(f"warning: {p} is a file, not a run directory; skipped", file=sys.stderr)
+    runs = [read_run(p) for p in paths if not p.is_file()]
     if a.wandb_project:
         runs += read_wandb_runs(a.wandb_project, a.wandb_entity)
     for run in runs:
         for problem in run.problems:
             print(f"warning: {problem}", file=sys.stderr)
+    runs = finished_runs(runs)
     usable = [r for r in runs if any(a.metric in row for row in r.rows)]
     for r in runs:
         if r not in usable:
             print(f"warning: {r.name} has no value of {a.metric}; left out", file=sys.stderr)
     if not usable:
-        print(f"error: no run has the metric {a.metric}", file=sys.stderr)
+        print(f"error: no finished run has the metric {a.metric}", file=sys.stderr)
         return 1
     table = summarize(usable, a.metric)
     out = Path(a.out)

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name, script in SCRIPTS.items():
         run_name = f"memspeed_{name}_{args.preset}"
-        cmd = [sys.executable, str(REPO / script), args.preset, "--run-name", run_name, "--output-dir", str(out),
+        cmd = [sys.executable, str(REPO / script), args.preset, "--run-name", run_name, "--overwrite", "--output-dir", str(out),
                "--total-episodes", str(args.episodes), "--eval-every", str(10**9), "--num-eval-examples", str(args.num_eval_examples),
                "--no-save-model", *(["--num-threads", str(args.num_threads)] if args.num_threads else []), *extra]
         print("[run]", " ".join(cmd), flush=True)

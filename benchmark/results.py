@@ -1,9 +1,11 @@
 """The README's results tables and plots: `python -m benchmark.results [--runs-dir runs]`.
 
-For each tiny track it reads every RL run of the suite (`runs/<algo>_<track>__<seed>`), and writes
-`runs/results_<track>.md` (a table: the starting SFT policy, then each algorithm's final metrics as mean and
-95% bootstrap CI over seeds, with throughput and peak memory) and `runs/results_<track>.png` (the learning
-curves of the track's main metric against episodes and wall-clock time, mean and 95% band over seeds).
+For each tiny track it reads every RL run of the suite (`runs/<algo>_<track>__<seed>`) that completed its budget
+(a run without done.json is left out with a warning), and writes `runs/results_<track>.md` (a table: the starting
+SFT policy, then each algorithm's final metrics as mean and 95% bootstrap CI over seeds, `0.600 [0.500, 0.700]`,
+with 3 or more seeds; with 2 the two values instead, `0.600 (0.500, 0.700: 2 seeds)`; with throughput and peak
+memory) and `runs/results_<track>.png` (the learning curves of the track's main metric against episodes and
+wall-clock time, mean over seeds with the band the legend names, see `benchmark.compare`).
 The "SFT (start)" row is the evaluation every RL run makes before its first update, so it is measured on
 the same prompts with the same code as the final numbers.
 """
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.compare import bootstrap_ci, plot, read_run
+from benchmark.compare import MIN_SEEDS_FOR_CI, bootstrap_ci, finished_runs, plot, read_run
 
 TRACKS = {
     "tiny-tldr": ["eval/gold_reward", "eval/win_rate"],
@@ -31,6 +33,8 @@ def _cell(values: list[float]) -> str:
     v = np.array(values, dtype=float)
     if len(v) == 1:
         return f"{v[0]:.3f}"
+    if len(v) < MIN_SEEDS_FOR_CI:  # not a 95% CI: the values themselves
+        return f"{v.mean():.3f} (" + ", ".join(f"{x:.3f}" for x in sorted(v)) + f": {len(v)} seeds)"
     low, high = bootstrap_ci(v)
     return f"{v.mean():.3f} [{low:.3f}, {high:.3f}]"
 
@@ -39,7 +43,7 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     metrics = TRACKS[track]
     runs = [read_run(d) for d in sorted(runs_dir.glob(f"*_{track}__*")) if (d / "metrics.jsonl").exists()]
     # SFT / reward-model stages are not RL algorithms
-    runs = [r for r in runs if r.group.split("_")[0] not in ("sft", "rm", "prm")]
+    runs = finished_runs([r for r in runs if r.group.split("_")[0] not in ("sft", "rm", "prm")])
     start: dict[str, list[float]] = defaultdict(list)
     final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
@@ -73,13 +77,13 @@ PRM_GROUPS = ["ppo_tiny-math", "ppo-prm-raw_tiny-math", "ppo-prm-clip-delta_tiny
 
 def prm_table(runs_dir: Path) -> str:
     """Final greedy accuracy, answer length and share of answers that end (EOS) on the test problems, and the steps
-    per sampled answer in the last update, of the three PPO reward settings; mean [95% CI] over seeds. Empty when
-    none of these runs exists."""
+    per sampled answer in the last update, of the three PPO reward settings; mean [95% CI] over seeds (`_cell`), finished
+    runs only. Empty when none of these runs exists."""
     cols = {"accuracy": "eval/accuracy", "completion_length": "eval/completion_length", "eos_rate": "eval/eos_rate",
             "steps per answer (last update)": "objective/num_steps"}
     lines = []
     for group in PRM_GROUPS:
-        runs = [read_run(d) for d in sorted(runs_dir.glob(f"{group}__*")) if (d / "metrics.jsonl").exists()]
+        runs = finished_runs([read_run(d) for d in sorted(runs_dir.glob(f"{group}__*")) if (d / "metrics.jsonl").exists()])
         if not runs:
             continue
         values: dict[str, list[float]] = defaultdict(list)

@@ -6,9 +6,17 @@ Suites:
   tiny-math   SFT -> process reward model on tiny-math
 
 Each stage is one command of an algorithm script, run as a subprocess with its own run directory under
-`runs/`. A stage that fails is reported and the suite goes on with the stages that do not depend on it;
-a stage that already finished (its `runs/<run_name>/DONE` exists) is skipped when the suite is rerun.
-At the end a summary table of each run's final metrics is printed and written to `runs/<suite>_summary.md`.
+`runs/`. A stage that fails is reported and the suite goes on with the stages that do not depend on it.
+When the suite is rerun, a stage is
+  skipped   when the script's `runs/<run_name>/done.json` (written at the end of a run that completed its budget)
+            holds the same command arguments: a `--quick` run does not count as done for the full suite;
+  resumed   (`--resume`) when the run stopped part way (a checkpoint, no done.json) and was started by the same
+            command, as recorded in `runs/<run_name>.stage.json` before each launch;
+  rerun     (`--overwrite`) otherwise when its directory exists: another command, no checkpoint, or a stage it
+            needs was (re)run now.
+`--num-threads`, `--resume` and `--overwrite` do not count as a different command. `--dry-run` prints what would
+be run, with these decisions. At the end a summary table of each run's final metrics is printed and written to
+`runs/<suite>_summary.md`.
 """
 
 from __future__ import annotations
@@ -42,14 +50,15 @@ class Stage:
     quick: list[str] = field(default_factory=list)
     """flags appended with `--quick`: a shorter run that still shows the learning (the tests use it)"""
 
+    def args(self, quick: bool = False) -> list[str]:
+        """The command's arguments after the script path: what the script records as `argv` in its done.json."""
+        return [self.preset, "--run-name", self.run_name, *self.extra, *(self.quick if quick else [])]
+
     def command(self, launcher: list[str], quick: bool = False) -> list[str]:
-        if quick:
-            return Stage(self.run_name, self.script, self.preset, [*self.extra, *self.quick], self.needs,
-                         self.accelerate_config).command(launcher)
         if self.accelerate_config:
             launcher = ["accelerate", "launch", "--config_file", f"benchmark/accelerate_configs/{self.accelerate_config}.yaml"]
-            return [*launcher, self.script, self.preset, "--run-name", self.run_name, *self.extra]
-        return [*launcher, str(REPO / self.script), self.preset, "--run-name", self.run_name, *self.extra]
+            return [*launcher, self.script, *self.args(quick)]
+        return [*launcher, str(REPO / self.script), *self.args(quick)]
 
 
 # `--quick` budgets (the learning tests): about half of each preset's episodes. Measured on the tiny suite, every
@@ -167,12 +176,89 @@ SUITES = {
 }
 
 
+# flags that change how a run is launched, not what it computes: left out when commands are compared
+LAUNCH_FLAGS = {"--resume": 0, "--overwrite": 0, "--num-threads": 1}  # flag: number of values it takes
+
+
+def same_run_args(argv: list[str]) -> list[str]:
+    """`argv` without LAUNCH_FLAGS, for comparing the command of a finished or stopped run with a stage's."""
+    out, i = [], 0
+    while i < len(argv):
+        flag = argv[i].split("=", 1)[0]
+        if flag in LAUNCH_FLAGS:
+            i += 1 + (LAUNCH_FLAGS[flag] if "=" not in argv[i] else 0)
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _difference(was: list[str], now: list[str]) -> str:
+    """The arguments that differ, common start and end left out: `was '--total-episodes 512', now (none)`."""
+    k = 0
+    while k < min(len(was), len(now)) and was[k] == now[k]:
+        k += 1
+    j = 0
+    while j < min(len(was), len(now)) - k and was[len(was) - 1 - j] == now[len(now) - 1 - j]:
+        j += 1
+
+    def show(a: list[str]) -> str:
+        return repr(shlex.join(a[k : len(a) - j])) if a[k : len(a) - j] else "(none)"
+    return f"was {show(was)}, now {show(now)}"
+
+
+def stage_record(runs_dir: Path, run_name: str) -> Path:
+    """Where the suite records the arguments it launched a stage with (outside the run directory, which the script's
+    `--overwrite` deletes and which a new run must find empty)."""
+    return runs_dir / f"{run_name}.stage.json"
+
+
+def decide(runs_dir: Path, run_name: str, args: list[str], rebuilt: list[str] = ()) -> tuple[str, str]:
+    """What the suite does with a stage whose command arguments (after the script path) are `args`, and why:
+    "skip" (done.json with these arguments), "resume" (checkpoint, no done.json, launched with these arguments),
+    "rerun" (the directory exists otherwise: launched with --overwrite) or "run" (no directory). `rebuilt`: the
+    stages it needs that were run in this invocation, so that what it finished earlier was built on older models."""
+    run_dir, args = runs_dir / run_name, same_run_args(args)
+    if not run_dir.exists():
+        return "run", "new run"
+    if rebuilt:
+        return "rerun", f"it needs {', '.join(rebuilt)}, run again now"
+    done = _read_json(run_dir / "done.json")
+    if done is not None:
+        was = same_run_args([str(a) for a in done.get("argv") or []])
+        if was == args:
+            return "skip", "finished earlier with the same command (done.json)"
+        return "rerun", f"its done.json is from another command, the budget or flags differ: {_difference(was, args)}"
+    if (run_dir / "done.json").exists():
+        return "rerun", "its done.json is unreadable"
+    if not any((run_dir / name / "state.json").exists() for name in ("checkpoint", "checkpoint.old")):
+        return "rerun", "it did not finish (no done.json) and has no checkpoint to resume"
+    record = _read_json(stage_record(runs_dir, run_name))
+    if record is None:
+        return "rerun", "it did not finish and there is no record of the command that started it"
+    was = same_run_args([str(a) for a in record.get("argv") or []])
+    if was != args:
+        return "rerun", f"it did not finish, and was started by another command: {_difference(was, args)}"
+    return "resume", "it stopped part way (a checkpoint, no done.json); same command"
+
+
 def final_metrics(run_dir: Path) -> dict:
     """The last value of every metric in a run's metrics.jsonl; unreadable lines are skipped."""
     last: dict = {}
     for row in read_run(run_dir).rows:
         last.update(row)
     return last
+
+
+LAUNCH = {"run": [], "rerun": ["--overwrite"], "resume": ["--resume"]}  # flags appended per decision
 
 
 def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: bool = False,
@@ -196,8 +282,16 @@ def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: 
         stages = [st for st in stages if st.run_name in keep]
     status: dict[str, str] = {}
     if dry_run:
-        for stage in stages:
-            print(shlex.join(stage.command(launcher, quick)))
+        for stage in stages:  # what is needed comes first; "dry-run" marks a stage that would be run now
+            rebuilt = [d for d in stage.needs if status.get(d) == "dry-run"]
+            action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
+            if action == "skip":
+                print(f"# [skip] {stage.run_name}: {why}")
+                status[stage.run_name] = "skipped"
+                continue
+            if action != "run":
+                print(f"# [{action}] {stage.run_name}: {why}")
+            print(shlex.join(stage.command(launcher, quick) + LAUNCH[action]))
             status[stage.run_name] = "dry-run"
         return status
     if suite.startswith("tiny"):
@@ -209,9 +303,18 @@ def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: 
         for stage in list(pending):
             if len(running) >= jobs:
                 break
-            done = runs_dir / stage.run_name / "DONE"
-            if done.exists():
-                print(f"[skip] {stage.run_name}: finished earlier")
+            bad = [d for d in stage.needs if status.get(d) in ("failed", "blocked")]
+            if bad:
+                print(f"[skip] {stage.run_name}: depends on failed {bad}")
+                status[stage.run_name] = "blocked"
+                pending.remove(stage)
+                continue
+            if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
+                continue  # wait for what it needs: whether it was run now decides whether this stage can be kept
+            rebuilt = [d for d in stage.needs if status.get(d) == "ok"]
+            action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
+            if action == "skip":
+                print(f"[skip] {stage.run_name}: {why}")
                 status[stage.run_name] = "skipped"
                 pending.remove(stage)
                 continue
@@ -220,21 +323,22 @@ def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: 
                 status[stage.run_name] = "failed"
                 pending.remove(stage)
                 continue
-            bad = [d for d in stage.needs if status.get(d) in ("failed", "blocked")]
-            if bad:
-                print(f"[skip] {stage.run_name}: depends on failed {bad}")
-                status[stage.run_name] = "blocked"
-                pending.remove(stage)
-                continue
-            if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
-                continue  # wait for what it needs
             cmd = stage.command(launcher, quick)
             if jobs > 1 and not stage.accelerate_config:
                 cmd += ["--num-threads", str(threads)]
+            cmd += LAUNCH[action]
+            if action != "run":
+                print(f"[{action}] {stage.run_name}: {why}")
             print(f"[run] {shlex.join(cmd)}", flush=True)
+            record = stage_record(runs_dir, stage.run_name)
+            record.parent.mkdir(parents=True, exist_ok=True)
+            if action != "resume":  # a resumed run keeps the record of the command that started it
+                record.write_text(json.dumps({"argv": stage.args(quick), "command": cmd}) + "\n")
             log = runs_dir / f"{stage.run_name}.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            f = open(log, "w")
+            f = open(log, "a" if action == "resume" else "w")
+            if action == "resume":
+                f.write(f"\n--- resumed: {shlex.join(cmd)}\n")
+                f.flush()
             env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
             if jobs > 1:
                 env["OMP_NUM_THREADS"] = str(threads)
@@ -248,11 +352,11 @@ def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: 
             f.close()
             del running[name]
             if rc == 0:
-                done = runs_dir / name / "DONE"
-                done.parent.mkdir(parents=True, exist_ok=True)
-                done.write_text(json.dumps({"seconds": round(time.time() - t0, 1), "command": proc.args}) + "\n")
                 status[name] = "ok"
                 print(f"[ok] {name} in {time.time() - t0:.0f}s", flush=True)
+                if not (runs_dir / name / "done.json").exists():
+                    print(f"warning: {name} exited 0 without writing {runs_dir / name / 'done.json'}; it will be run "
+                          "again by the next invocation", flush=True)
             else:
                 status[name] = "failed"
                 print(f"[FAILED] {name} (exit {rc}); last lines of {log}:")

@@ -109,7 +109,7 @@ def ours_command(w: dict, run_name: str) -> list[str]:
     """Our script on its tiny preset, with the flags that make it do exactly `w`; evaluation shrunk to 8 prompts and
     only outside the timed loop, no model saved."""
     py, n = sys.executable, w["batch"] * w["steps"]
-    common = ["--run-name", run_name, "--seed", str(w["seed"]), "--num-threads", "1", "--no-save-model"]
+    common = ["--run-name", run_name, "--overwrite", "--seed", str(w["seed"]), "--num-threads", "1", "--no-save-model"]
     if w["algo"] == "rm":
         return [py, "reward_model.py", "tiny-tldr", *common, "--sft-model-path", w["model"], "--max-train-samples", str(n),
                 "--per-device-train-batch-size", str(w["batch"]), "--learning-rate", str(w["lr"]), "--max-length", str(w["max_length"]),

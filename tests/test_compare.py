@@ -1,4 +1,5 @@
-"""benchmark.compare: aggregation against known values, robustness to bad metrics files, the outputs."""
+"""benchmark.compare: aggregation against known values, robustness to bad metrics files, runs that did not finish
+their budget left out, intervals from fewer than 3 seeds shown as the seeds' values, the outputs."""
 
 from __future__ import annotations
 
@@ -11,17 +12,28 @@ import pytest
 from benchmark import compare, results
 
 
-def _write_run(root: Path, name: str, values: list[float], extra_lines: list[str] = ()) -> Path:
+def _write_run(root: Path, name: str, values: list[float], extra_lines: list[str] = (), done: bool = True,
+               every: int = 100) -> Path:
+    """A run directory: `eval/gold_reward` = values[i] at episode every * i; `done`: it completed its budget."""
     run = root / name
     run.mkdir(parents=True)
-    lines = [json.dumps({"step": i, "episode": 100 * i, "time": 2.0 * i, "eval/gold_reward": v}) for i, v in enumerate(values)]
+    lines = [json.dumps({"step": i, "episode": every * i, "time": 2.0 * i, "eval/gold_reward": v}) for i, v in enumerate(values)]
     (run / "metrics.jsonl").write_text("\n".join(lines + list(extra_lines)) + "\n")
+    if done:
+        (run / "done.json").write_text(json.dumps({"step": len(values) - 1, "argv": ["tiny-tldr"]}))
     return run
 
 
-def _write_rows(root: Path, name: str, rows: list[dict]) -> None:
+def _write_rows(root: Path, name: str, rows: list[dict], done: bool = True) -> None:
     (root / name).mkdir()
     (root / name / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    if done:
+        (root / name / "done.json").write_text(json.dumps({"step": rows[-1]["step"]}))
+
+
+def _means(md: str) -> dict[str, float]:
+    """algorithm -> mean final value, from compare's markdown table."""
+    return {cells[0]: float(cells[2]) for cells in ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:])}
 
 
 def test_known_curves_give_known_mean_and_band():
@@ -75,7 +87,7 @@ def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
     assert compare.main([str(tmp_path / "b__1"), "--out", str(out)]) == 1  # nothing to compare is an error
 
 
-def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
+def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, capsys):
 
     def run(name, start, end, eps, lengths=None):
         rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": start},
@@ -89,13 +101,16 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path):
     run("grpo_tiny-math__2", 0.3, 0.7, 12.0, (5.0, 34.0))
     run("ppo_tiny-math__1", 0.3, 0.4, 5.0)
     run("sft_tiny-math__1", 0.0, 0.3, 99.0)  # not an RL run: left out
+    run("grpo_tiny-math__3", 0.3, 0.0, 1.0)
+    (tmp_path / "grpo_tiny-math__3" / "done.json").unlink()  # stopped part way: left out
     md, runs = results.track_table(tmp_path, "tiny-math")
+    assert "warning: grpo_tiny-math__3 did not finish its budget (no done.json); left out" in capsys.readouterr().err
     lines = md.splitlines()
-    assert lines[2] == "| SFT (start) | 3 runs | 0.300 [0.300, 0.300] | 5.000 [5.000, 5.000] | - | - | - |"
+    assert lines[2] == "| SFT (start) | 3 runs | 0.300 [0.300, 0.300] | 5.000 (5.000, 5.000: 2 seeds) | - | - | - |"
     grpo = next(line for line in lines if line.startswith("| grpo |"))
-    assert grpo.startswith("| grpo | 2 | 0.600 [")  # mean of 0.5 and 0.7 with its bootstrap band
-    assert "| 32.000 [" in grpo  # the secondary metric: mean of 30 and 34
-    assert "| 11.000 [" in grpo and "| 9.000 [" in grpo  # episodes/s and seconds are averaged too
+    assert grpo.startswith("| grpo | 2 | 0.600 (0.500, 0.700: 2 seeds) |")  # 2 seeds: the values, not a 95% CI
+    assert "| 32.000 (30.000, 34.000: 2 seeds) |" in grpo  # the secondary metric: mean of 30 and 34
+    assert "| 11.000 (" in grpo and "| 9.000 (" in grpo  # episodes/s and seconds are averaged too
     assert "| ppo | 1 | 0.400 | - | 5.000 | 1.000 | 9.000 |" in md  # a metric the run never logged is blank
     assert not any(line.startswith("| sft |") for line in lines) and len(runs) == 3
     assert results.main(["--runs-dir", str(tmp_path), "--tracks", "tiny-math"]) == 0
@@ -115,6 +130,72 @@ def test_prm_table_reports_the_last_values_of_each_reward_setting(tmp_path):
     run("ppo-prm-clip-delta_tiny-math__1", 0.5, 30.0, 1.0, 3.5)
     lines = results.prm_table(tmp_path).splitlines()
     assert len(lines) == 4  # header, rule, and the two settings that have runs (no success-only PPO here)
-    assert lines[2].startswith("| ppo-prm-raw | 2 | 0.200 [") and "| 65.000 [" in lines[2] and "| 5.500 [" in lines[2]
+    assert lines[2].startswith("| ppo-prm-raw | 2 | 0.200 (0.100, 0.300: 2 seeds) |") and "| 65.000 (" in lines[2] and "| 5.500 (" in lines[2]
     assert lines[3] == "| ppo-prm-clip-delta | 1 | 0.500 | 30.000 | 1.000 | 3.500 |"
     assert results.prm_table(tmp_path / "nothing") == ""
+
+
+def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tmp_path, monkeypatch, capsys):
+    # PPO is the better algorithm: its two finished seeds end at 0.8, RLOO's three at 0.6. PPO's third seed crashed
+    # early, at 0.1 after 100 episodes: averaged in, it would put PPO (0.567) below RLOO.
+    ppo = [_write_run(tmp_path, f"ppo_tiny-tldr__{s}", [0.3, 0.5, 0.7, 0.8], every=100) for s in (1, 2)]
+    ppo.append(_write_run(tmp_path, "ppo_tiny-tldr__3", [0.3, 0.1], done=False))
+    rloo = [_write_run(tmp_path, f"rloo_tiny-tldr__{s}", [0.3, 0.4, 0.5, 0.55, 0.6], every=80) for s in (1, 2, 3)]
+    with_crash = _means(compare.markdown_table(compare.summarize([compare.read_run(p) for p in ppo + rloo], "eval/gold_reward"), ""))
+    assert with_crash["ppo_tiny-tldr"] < with_crash["rloo_tiny-tldr"], "the case this test is about"
+
+    drawn = {}
+
+    def spy(runs, metric, out_png):
+        for x in ("episode", "time"):
+            drawn[x] = compare.group_curves(runs, metric, x)
+        return plot(runs, metric, out_png)
+
+    plot = compare.plot
+    monkeypatch.setattr(compare, "plot", spy)
+    out = tmp_path / "cmp"
+    (tmp_path / "ppo_tiny-tldr__1.log").write_text("the suite's log, which runs/ppo_tiny-tldr__* takes too\n")
+    assert compare.main([str(p) for p in ppo + rloo] + [str(tmp_path / "ppo_tiny-tldr__1.log"), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: ppo_tiny-tldr__3 did not finish its budget (no done.json); left out" in err
+    assert "ppo_tiny-tldr__1.log is a file, not a run directory; skipped" in err and "__1.log did not" not in err
+    md = out.with_suffix(".md").read_text()
+    means = _means(md)
+    assert means == {"ppo_tiny-tldr": pytest.approx(0.8), "rloo_tiny-tldr": pytest.approx(0.6)}
+    assert "| ppo_tiny-tldr | 2 | 0.800 | 0.800, 0.800 (2 seeds) |" in md and "| rloo_tiny-tldr | 3 | 0.600 | [0.600, 0.600] |" in md
+    # the curves: PPO from its 2 finished runs, over all of their episodes (the crashed run stopped at 100)
+    agg = drawn["episode"]["ppo_tiny-tldr"]
+    assert agg["seeds"] == 2 and agg["x"][0] == 0 and agg["x"][-1] == 300 and agg["mean"][-1] == pytest.approx(0.8)
+    assert compare.curve_label("ppo_tiny-tldr", agg) == "ppo_tiny-tldr (2 seeds, band: min-max)"
+    assert drawn["episode"]["rloo_tiny-tldr"]["x"][-1] == 320 and drawn["time"]["ppo_tiny-tldr"]["x"][-1] == 6.0
+    assert compare.curve_label("rloo_tiny-tldr", drawn["episode"]["rloo_tiny-tldr"]) == "rloo_tiny-tldr (3 seeds, band: 95% bootstrap CI)"
+    # an old suite's DONE marker does not make a run finished, and says why
+    (ppo[2] / "DONE").write_text("{}")
+    compare.finished_runs([compare.read_run(ppo[2])])
+    assert "its DONE is from an older benchmark.run" in capsys.readouterr().err
+    # nothing finished: an error, not an empty table
+    assert compare.main([str(ppo[2]), "--out", str(out)]) == 1
+
+
+def test_one_or_two_seeds_show_the_values_not_a_95_ci(tmp_path):
+    _write_run(tmp_path, "ppo_tiny-tldr__1", [0.3, 0.41])
+    _write_run(tmp_path, "ppo_tiny-tldr__2", [0.3, 0.52])
+    _write_run(tmp_path, "dpo_tiny-tldr__1", [0.3, 0.47])
+    out = tmp_path / "cmp"
+    assert compare.main([str(p) for p in sorted(tmp_path.glob("*__*"))] + ["--out", str(out)]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "95% CI" not in md and "| seed values |" in md.splitlines()[0]
+    assert "| ppo_tiny-tldr | 2 | 0.465 | 0.410, 0.520 (2 seeds) |" in md
+    assert "| dpo_tiny-tldr | 1 | 0.470 | 0.470 |" in md
+    runs = [compare.read_run(p) for p in sorted(tmp_path.glob("*__*"))]
+    curves = compare.group_curves(runs, "eval/gold_reward", "episode")
+    two, one = curves["ppo_tiny-tldr"], curves["dpo_tiny-tldr"]
+    assert two["band"] == "min-max" and two["low"][-1] == pytest.approx(0.41) and two["high"][-1] == pytest.approx(0.52)
+    assert one["band"] is None and compare.curve_label("dpo_tiny-tldr", one) == "dpo_tiny-tldr (1 seed)"
+    assert out.with_suffix(".png").stat().st_size > 1000
+    # with 3 seeds in one group and fewer in another, each cell says what it is
+    _write_run(tmp_path, "ppo_tiny-tldr__3", [0.3, 0.6])
+    table = compare.summarize([compare.read_run(p) for p in sorted(tmp_path.glob("*__*"))], "eval/gold_reward")
+    md = compare.markdown_table(table, "eval/gold_reward")
+    assert "| 95% CI (values below 3 seeds) |" in md.splitlines()[0]
+    assert "| dpo_tiny-tldr | 1 | 0.470 | 0.470 |" in md and "| ppo_tiny-tldr | 3 | 0.510 | [0." in md

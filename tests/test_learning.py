@@ -104,5 +104,5 @@ def test_rerunning_the_suite_skips_finished_runs(suite_dir):
     proc = _suite(suite_dir, timeout=300)
     assert proc.returncode == 0
     assert "[run]" not in proc.stdout and proc.stdout.count("[skip]") >= 4
-    done = json.loads((suite_dir / "runs" / "sft_tiny-tldr__1" / "DONE").read_text())
-    assert done["command"][2] == "tiny-tldr"
+    done = json.loads((suite_dir / "runs" / "sft_tiny-tldr__1" / "done.json").read_text())
+    assert done["argv"][0] == done["preset"] == "tiny-tldr" and done["step"] == done["total_steps"]

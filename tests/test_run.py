@@ -1,9 +1,12 @@
 """benchmark.run: the suites point at presets that exist, failures are reported and the suite goes on,
-dependents of a failed stage are skipped, and a finished stage is not rerun."""
+dependents of a failed stage are skipped, a stage whose done.json holds its command is not rerun, one whose
+done.json holds another command (a `--quick` budget) is rerun with --overwrite, and one stopped part way is
+resumed with --resume."""
 
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -32,24 +35,58 @@ def test_every_stage_names_an_existing_script_and_preset(suite):
         assert set(st.needs) <= set(names[: names.index(st.run_name)]), "a stage only needs earlier stages"
 
 
-def test_real_suites_print_accelerate_commands(capsys):
-    status = run.run_suite("tldr", [1], dry_run=True)
+def test_real_suites_print_accelerate_commands(capsys, tmp_path):
+    status = run.run_suite("tldr", [1], workdir=tmp_path, dry_run=True)
     out = capsys.readouterr().out.splitlines()
     assert len(out) == len(status) and all(v == "dry-run" for v in status.values())
     assert all(line.startswith("accelerate launch --config_file benchmark/accelerate_configs/") for line in out)
     assert any("ppo_rlhf.py tldr-pythia-6.9b" in line and "deepspeed_zero3.yaml" in line for line in out)
-    assert not (REPO / "runs" / "ppo_tldr-pythia-1b__1").exists(), "a dry run runs nothing"
+    assert not (tmp_path / "runs").exists(), "a dry run runs nothing"
+
+
+# A stand-in for an algorithm script that keeps their run-directory contract (sft.py's `Run`): it refuses a directory
+# that holds a run unless given --resume (which needs a checkpoint and no done.json) or --overwrite (which deletes it),
+# and writes done.json with its argv at the end. A run named in $CRASH stops part way: a checkpoint, exit 143 (SIGTERM).
+FAKE_SCRIPT = """
+import json, os, pathlib, shutil, sys
+argv = sys.argv[1:]
+name = argv[argv.index("--run-name") + 1]
+run = pathlib.Path("runs", name)
+if "--resume" in argv:
+    if (run / "done.json").exists() or not (run / "checkpoint" / "state.json").exists():
+        raise SystemExit(f"error: --resume: nothing to resume in {run}")
+elif run.is_dir() and any(run.iterdir()):
+    if "--overwrite" not in argv:
+        raise SystemExit(f"error: {run} already holds a run")
+    shutil.rmtree(run)
+run.mkdir(parents=True, exist_ok=True)
+with open("calls.txt", "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+with open(run / "metrics.jsonl", "a") as f:
+    f.write(json.dumps({"step": 0, "episode": 0, "time": 0, "eval/x": 1.5}) + "\\n")
+if name in os.environ.get("CRASH", "").split():
+    (run / "checkpoint").mkdir(exist_ok=True)
+    (run / "checkpoint" / "state.json").write_text('{"step": 0}')
+    raise SystemExit(143)
+shutil.rmtree(run / "checkpoint", ignore_errors=True)
+(run / "done.json").write_text(json.dumps({"step": 1, "preset": argv[0], "argv": argv, "time": 0.1}))
+"""
+
+
+def _calls(tmp_path: Path) -> list[list[str]]:
+    """The argv of each launch of the fake script, in order (after its preset: run name and flags)."""
+    path = tmp_path / "calls.txt"
+    return [json.loads(line)[1:] for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _fake_suite(tmp_path: Path, monkeypatch):
     ok = tmp_path / "ok.py"
-    ok.write_text("import sys, pathlib\nname = sys.argv[sys.argv.index('--run-name') + 1]\n"
-                  "pathlib.Path('runs', name).mkdir(parents=True, exist_ok=True)\n"
-                  "pathlib.Path('runs', name, 'metrics.jsonl').write_text('{\"step\": 0, \"episode\": 0, \"time\": 0, \"eval/x\": 1.5}\\n')\n"
-                  "open('calls.txt', 'a').write(name + '\\n')\n")
+    ok.write_text(FAKE_SCRIPT)
     (tmp_path / "bad.py").write_text("raise SystemExit('boom')\n")
     stages = [run.Stage("a__1", str(ok), "p"), run.Stage("b__1", str(tmp_path / "bad.py"), "p"),
-              run.Stage("c__1", str(ok), "p", needs=["b__1"]), run.Stage("d__1", str(ok), "p", needs=["a__1"])]
+              run.Stage("c__1", str(ok), "p", needs=["b__1"]), run.Stage("d__1", str(ok), "p", needs=["a__1"]),
+              run.Stage("q__1", str(ok), "p", ["--seed", "1"], quick=["--total-episodes", "8"]),
+              run.Stage("r__1", str(ok), "p", needs=["q__1"])]
     monkeypatch.setitem(run.SUITES, "fake", lambda seeds: stages)
 
 
@@ -57,24 +94,81 @@ def _fake_suite(tmp_path: Path, monkeypatch):
 def test_failed_stage_is_reported_dependents_skipped_and_finished_stages_not_rerun(tmp_path, monkeypatch, capsys, jobs):
     _fake_suite(tmp_path, monkeypatch)
     status = run.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
-    assert status == {"a__1": "ok", "b__1": "failed", "c__1": "blocked", "d__1": "ok"}
+    assert status == {"a__1": "ok", "b__1": "failed", "c__1": "blocked", "d__1": "ok", "q__1": "ok", "r__1": "ok"}
     out = capsys.readouterr().out
     assert "[FAILED] b__1" in out and "boom" in out
-    assert (tmp_path / "runs" / "a__1" / "DONE").exists() and not (tmp_path / "runs" / "b__1" / "DONE").exists()
+    assert not (tmp_path / "runs" / "a__1" / "DONE").exists(), "the suite leaves the end-of-run marker to the script"
     assert "eval/x 1.500" in (tmp_path / "runs" / "fake_summary.md").read_text()
     status = run.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
-    assert status["a__1"] == status["d__1"] == "skipped" and status["b__1"] == "failed"
-    assert (tmp_path / "calls.txt").read_text().split() == ["a__1", "d__1"], "finished stages ran once"
+    assert status["a__1"] == status["d__1"] == status["q__1"] == "skipped" and status["b__1"] == "failed"
+    assert "[skip] a__1: finished earlier with the same command (done.json)" in capsys.readouterr().out
+    assert sorted(c[1] for c in _calls(tmp_path)) == ["a__1", "d__1", "q__1", "r__1"], "finished stages ran once"
 
 
-def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(capsys):
-    status = run.run_suite("tiny", [1], dry_run=True, only=["ppo_tiny-tldr", "grpo_tiny-math"], quick=True)
+def test_a_quick_run_is_rerun_by_the_full_suite_and_what_it_feeds_too(tmp_path, monkeypatch, capsys):
+    _fake_suite(tmp_path, monkeypatch)
+    run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True)
+    assert _calls(tmp_path) == [["--run-name", "q__1", "--seed", "1", "--total-episodes", "8"], ["--run-name", "r__1"]]
+    capsys.readouterr()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], dry_run=True) == {"q__1": "dry-run", "r__1": "dry-run"}
+    out = capsys.readouterr().out
+    assert "# [rerun] q__1: its done.json is from another command, the budget or flags differ: was '--total-episodes 8', now (none)" in out
+    assert out.splitlines()[1].endswith("q__1 --seed 1 --overwrite") and len(_calls(tmp_path)) == 2, "a dry run runs nothing"
+    status = run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
+    assert status == {"q__1": "ok", "r__1": "ok"}
+    out = capsys.readouterr().out
+    assert "[rerun] q__1: its done.json is from another command" in out
+    assert "[rerun] r__1: it needs q__1, run again now" in out  # its done.json holds its command, but an older q__1's model
+    assert _calls(tmp_path)[2:] == [["--run-name", "q__1", "--seed", "1", "--overwrite"], ["--run-name", "r__1", "--overwrite"]]
+    assert json.loads((tmp_path / "runs" / "q__1" / "done.json").read_text())["argv"] == ["p", "--run-name", "q__1", "--seed", "1", "--overwrite"]
+    # the full budget is done: a third invocation, with other threads per job, skips both
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], jobs=2) == {"q__1": "skipped", "r__1": "skipped"}
+    assert len(_calls(tmp_path)) == 4
+
+
+def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, monkeypatch, capsys):
+    _fake_suite(tmp_path, monkeypatch)
+    monkeypatch.setenv("CRASH", "q__1")
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"])["q__1"] == "failed"
+    assert (tmp_path / "runs" / "q__1" / "checkpoint").exists() and not (tmp_path / "runs" / "q__1" / "done.json").exists()
+    monkeypatch.delenv("CRASH")
+    capsys.readouterr()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
+    assert "[resume] q__1: it stopped part way (a checkpoint, no done.json); same command" in capsys.readouterr().out
+    assert _calls(tmp_path) == [["--run-name", "q__1", "--seed", "1"], ["--run-name", "q__1", "--seed", "1", "--resume"]]
+    assert "resumed" in (tmp_path / "runs" / "q__1.log").read_text()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}, "done.json holds the same command"
+    # stopped part way under the quick budget: the full suite starts it over rather than continue the quick run
+    monkeypatch.setenv("CRASH", "q__1")
+    run.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)
+    monkeypatch.delenv("CRASH")
+    capsys.readouterr()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
+    out = capsys.readouterr().out
+    assert "[rerun] q__1: it did not finish, and was started by another command: was '--total-episodes 8', now (none)" in out
+    assert _calls(tmp_path)[-1] == ["--run-name", "q__1", "--seed", "1", "--overwrite"]
+    # a checkpoint without the suite's record of the command (run by hand): started over, not resumed blindly
+    (tmp_path / "runs" / "q__1" / "done.json").unlink()
+    (tmp_path / "runs" / "q__1" / "checkpoint").mkdir()
+    (tmp_path / "runs" / "q__1" / "checkpoint" / "state.json").write_text("{}")
+    run.stage_record(tmp_path / "runs", "q__1").unlink()
+    assert run.decide(tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"]) == (
+        "rerun", "it did not finish and there is no record of the command that started it")
+
+
+def test_launch_flags_do_not_count_as_another_command():
+    assert run.same_run_args(["p", "--run-name", "x", "--num-threads", "1", "--resume", "--seed", "2"]) == ["p", "--run-name", "x", "--seed", "2"]
+    assert run.same_run_args(["p", "--num-threads=4", "--overwrite"]) == ["p"]
+
+
+def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(capsys, tmp_path):
+    status = run.run_suite("tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo_tiny-tldr", "grpo_tiny-math"], quick=True)
     # the two stages and what they need, not PPO on tiny-math nor the other GRPO variants
     assert sorted(status) == ["grpo_tiny-math__1", "ppo_tiny-tldr__1", "rm_tiny-tldr__1", "sft_tiny-math__1", "sft_tiny-tldr__1"]
     out = capsys.readouterr().out
     ppo = next(line for line in out.splitlines() if "--run-name ppo_tiny-tldr__1" in line)
     assert ppo.endswith("--seed 1 --total-episodes 512 --eval-every 8")
     assert "--total-steps 20" in out and "sft.py tiny-tldr --run-name sft_tiny-tldr__1\n" in out  # SFT has no quick budget
-    run.run_suite("tiny", [1], dry_run=True, only=["ppo"])  # an algorithm name keeps it on both tracks, full budgets
+    run.run_suite("tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo"])  # an algorithm name keeps it on both tracks, full budgets
     out = capsys.readouterr().out
     assert "ppo_tiny-math__1" in out and "ppo_tiny-tldr__1" in out and "--total-episodes 512" not in out

@@ -37,7 +37,17 @@ With `--async`, generation of batch t+1 runs in a separate thread with its own c
 learner trains on batch t (Noukhovitch et al.'s one-step off-policy "Cleanba" setup): the copy is synced
 after every step, so every batch after the first was sampled by the policy of one step earlier
 (`async/policy_lag` = 1). On CPU the torch threads are split between learner and generator (`num_threads`
-and `generation_threads`). Sampling order in the thread makes async runs not bitwise reproducible.
+and `generation_threads`). Only the generator thread draws random numbers, one batch after another, so on CPU an
+async run repeats exactly (checked with 1 + 1 and 3 + 1 threads; not checked on a GPU).
+
+Durable runs (`Run`; tests/test_faults_dpo.py): SIGTERM / SIGINT finish the step, write checkpoint/ and exit; the same
+command with `--resume` continues to the metrics and weights of an uninterrupted run, exactly in every mode (checked
+on CPU in float32). The batches drawn so far are replayed from the loader's own generator (no compute); offline,
+the cached reference logprobs are computed again (the same frozen model, batches and precision: the same values).
+Online, a checkpoint holds the batch already sampled for the next step (async: sampled by the weights of the step
+before; a checkpoint waits for it), with its labels and reference logprobs, and the resumed run trains on it, so the
+weights it was sampled by need not be kept. A non-finite loss or gradient norm writes a checkpoint of the step before
+and stops.
 
 Usage:
     python dpo.py tiny-tldr                   # after `python -m benchmark.run tiny-tldr` (SFT and RM)
@@ -54,9 +64,13 @@ import math
 import os
 import re
 import resource
+import shutil
+import signal
 import socket
+import string
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,9 +95,16 @@ class Args:
     seed: int = 1
     """seed of the experiment (data order, sampling)"""
     run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
+    see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    save_every: int = 0
+    """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    resume: bool = False
+    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
+    overwrite: bool = False
+    """delete `runs/<run_name>` if it holds a run, and start over"""
     track: bool = False
     """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
     wandb_project: str = "clean-rlhf"
@@ -137,7 +158,7 @@ class Args:
     drop_overlong: bool = False
     """drop (and count) overlong rows instead of failing"""
     max_train_samples: int | None = None
-    """use only the first N training rows (debugging)"""
+    """use only the first N training rows (pairs offline, prompts online; debugging)"""
 
     # ---- DPO ----
     loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
@@ -214,20 +235,23 @@ class Args:
 # README), so max_prompt_length 512 and max_response_length 170 keep every pair. Batch: 64 pairs per optimizer step,
 # N+ dpo.py's default (8 GPUs x local_micro_batch_size 1 x gradient_accumulation_steps 8, the same for every model size:
 # its sbatches/dpo.sbatch passes no batch flag), split per device as N+ scales PPO and reward_model.py does: half the
-# micro-batch and twice the accumulation per size step.
+# micro-batch and twice the accumulation per size step. They checkpoint ten times a run (`save_every`; their step times
+# are not measured here): offline 92,832 pairs / 64 = 1,450 steps, online 131,072 episodes / 512 = 256 steps.
 PRESETS = {
     "tldr-pythia-1b": ("N+ offline DPO on TL;DR preferences, Pythia 1B (8 GPUs; beta 0.05, lr 3e-6, batch 64)", Args(
-        exp_name="dpo_tldr_pythia-1b", per_device_train_batch_size=8, gradient_accumulation_steps=1, eval_every=200)),
+        exp_name="dpo_tldr_pythia-1b", per_device_train_batch_size=8, gradient_accumulation_steps=1, eval_every=200,
+        save_every=145)),
     "tldr-pythia-2.8b": ("N+ offline DPO on TL;DR preferences, Pythia 2.8B (8 GPUs; batch 64)", Args(
         exp_name="dpo_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
-        per_device_train_batch_size=4, gradient_accumulation_steps=2, eval_every=200)),
+        per_device_train_batch_size=4, gradient_accumulation_steps=2, eval_every=200, save_every=145)),
     "tldr-pythia-6.9b": ("N+ offline DPO on TL;DR preferences, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2; batch 64)", Args(
         exp_name="dpo_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
-        per_device_train_batch_size=2, gradient_accumulation_steps=4, eval_every=200)),
+        per_device_train_batch_size=2, gradient_accumulation_steps=4, eval_every=200, save_every=145)),
     # online: N+ beta / lr / temperature / response length / EOS penalty; batch 512 pairs x 256 steps is our choice
     "tldr-pythia-1b-online": ("online DPO on TL;DR prompts labelled by the N+ reward model, Pythia 1B (8 GPUs)", Args(
         exp_name="online_dpo_tldr_pythia-1b", mode="online", reward_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr",
-        per_device_train_batch_size=16, gradient_accumulation_steps=4, total_episodes=131072, eval_every=50)),
+        per_device_train_batch_size=16, gradient_accumulation_steps=4, total_episodes=131072, eval_every=50,
+        save_every=25)),
     "tiny-tldr": ("tiny-tldr offline DPO on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
         exp_name="dpo_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", dataset_name_or_path="runs/assets/tiny-tldr/preference",
         prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, max_response_length=48, response_length=32,
@@ -327,11 +351,58 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
-    model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local, dtype=getattr(torch, args.dtype), **kwargs)
+    try:
+        model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local,
+                                    dtype=getattr(torch, args.dtype), **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
     for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
+
+
+def load_tokenizer(args: Args):
+    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
+    local = os.path.isdir(args.sft_model_path)
+    if not local:
+        require_hub(args.sft_model_path, "model", "--sft-model-path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code,
+                                                  local_files_only=local)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
+                         f"load (is it a model saved with save_pretrained?): {reason}") from None
+    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
+
+
+def load_reward_model(args: Args, tokenizer):
+    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
+    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
+    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
+    causal LM) loads with a random head: a warning."""
+    path, flag = args.reward_model_path, "--reward-model-path"
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
+    kind = getattr(model.config, "reward_type", "outcome")
+    if kind != "outcome":
+        raise SystemExit(f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
+                         "whole responses: give an outcome reward model (reward_model.py --objective outcome)")
+    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
+        print(f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
+              "head is untrained, so the rewards are noise", file=sys.stderr)
+    try:
+        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
+    except (OSError, ValueError, KeyError, TypeError):
+        rm_vocab = None  # no tokenizer saved with it: nothing to compare
+    if rm_vocab is not None:
+        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
+        if differ:
+            raise SystemExit(f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                             f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer")
+    model.config.pad_token_id = tokenizer.pad_token_id  # its own forward refuses batches without a pad id
+    return model.eval().requires_grad_(False)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -459,15 +530,57 @@ def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+def template_fields(template: str, flag: str) -> list[str]:
+    """The row fields a format string uses (`{question}` -> question), or a one-line error naming the flag."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
+    if any(name == "" or name.isdigit() for name in names):
+        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
+                         "e.g. {question}")
+    return [re.match(r"[^.\[]*", name).group() for name in names]
+
+
+def chat_messages(value) -> bool:
+    """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
+    format)."""
+    return isinstance(value, list) and len(value) > 0 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
+def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
+    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
+    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
+    for name in template_fields(template, flag):
+        value = row.get(name)
+        if name not in row:
+            raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
+                             f"({flag} {template!r}); its fields are {sorted(row)}")
+        if value is None:
+            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                             f"{template!r}) is missing or null; fill it in or drop the row")
+        if chat_messages(value):
+            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
+                             f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
+                             "tokenizer's chat template")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                             f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}")
     try:
         text = template.format(**row)
-    except KeyError as e:
-        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-                         f"'{template}'; its fields are {sorted(row)}") from None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: "
+                         f"{e}") from None
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
     return text
+
+
+def whole_field_messages(template: str, row: dict) -> list[dict] | None:
+    """The chat messages of a template that is one field alone (`{prompt}`) holding them; None otherwise."""
+    match = re.fullmatch(r"\{(\w+)\}", template.strip())
+    return row[match.group(1)] if match and chat_messages(row.get(match.group(1))) else None
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -546,45 +659,8 @@ def gold_judge(summary: str, facts: list[str]) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Run directory and metrics
+# Metrics and the learning-rate schedule
 # ----------------------------------------------------------------------------------------------------
-
-
-class RunLogger:
-    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
-    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
-
-    def __init__(self, args: Args, accelerator: Accelerator):
-        self.enabled = accelerator.is_main_process
-        self.dir = Path(args.output_dir) / args.run_name
-        self.start = time.time()
-        self.wandb = None
-        if not self.enabled:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-        self.file = open(self.dir / "metrics.jsonl", "w")
-        if args.track:
-            import wandb
-
-            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                    config=dataclasses.asdict(args), dir=str(self.dir))
-
-    def log(self, metrics: dict, step: int, episode: int) -> None:
-        if not self.enabled:
-            return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.wandb is not None:
-                self.wandb.finish()
 
 
 def peak_mem_gb(device: torch.device) -> float:
@@ -769,38 +845,122 @@ def micro_batch_loss(policy, ref_policy, batch: dict, args: Args, autocast=nullc
 # ----------------------------------------------------------------------------------------------------
 
 
-def encode_prompt(tokenizer, prompt: str, args: Args) -> list[int]:
-    if args.use_chat_template:
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
+    """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
+    `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational prompt
+    format, {"prompt": [{"role": "user", "content": ...}]}), those messages in the tokenizer's chat template, ready for
+    the assistant's turn."""
+    messages = whole_field_messages(args.prompt_template, row)
+    if messages is None:
+        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
+        if not args.use_chat_template:
+            return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if not tokenizer.chat_template:
+            raise SystemExit(f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has "
+                             "no chat template; drop the flag or give a model that has one")
+        messages = [{"role": "user", "content": prompt}]
+    elif messages[-1]["role"] == "assistant":
+        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --prompt-template "
+                         f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
+                         "give the prompt's messages only (TRL's conversational prompt format, the completion "
+                         "elsewhere)")
+    elif not tokenizer.chat_template:
+        raise SystemExit(f"error: row {index} of split '{split}' holds chat messages, but the tokenizer of "
+                         f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
+                         "plain-text prompts or a model with a chat template")
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
-def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
+def reference_text(row: dict, index: int, split: str, args: Args) -> str:
+    """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
+    (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
+    messages = whole_field_messages(args.reference_template, row)
+    if messages is None:
+        return render(args.reference_template, row, index, split, "reference", "--reference-template")
+    text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --reference-template "
+                         f"{args.reference_template!r} hold no assistant turn to take the reference from")
+    return text
+
+
+def response_text(row: dict, index: int, split: str, field: str, flag: str) -> str:
+    """The chosen or rejected response of a row: the field's text, or the assistant turn of TRL's conversational
+    preference format ({"prompt": [user messages], "chosen": [{"role": "assistant", "content": ...}], ...}). A missing,
+    null, empty or non-text field, or a whole conversation (TRL's implicit-prompt format, the prompt repeated in both
+    responses), is a one-line error naming the row, the field and the flag."""
+    if field not in row:
+        raise SystemExit(f"error: row {index} of split '{split}' has no field '{field}' ({flag}); its fields are "
+                         f"{sorted(row)}")
+    value = row[field]
+    if value is None:
+        raise SystemExit(f"error: row {index} of split '{split}': field '{field}' ({flag}) is missing or null; fill it "
+                         "in or drop the row")
+    if chat_messages(value):
+        if any(m["role"] != "assistant" for m in value):
+            raise SystemExit(f"error: row {index} of split '{split}': field '{field}' ({flag}) holds a whole "
+                             f"conversation (roles {[m['role'] for m in value]}), TRL's implicit-prompt format; give "
+                             "the prompt's messages in their own field (--prompt-template '{prompt}') and only the "
+                             "assistant's turn in chosen and rejected (TRL's prompt/chosen/rejected format)")
+        value = "\n".join(m["content"] for m in value)
+    elif not isinstance(value, str):
+        raise SystemExit(f"error: row {index} of split '{split}': field '{field}' ({flag}) is a "
+                         f"{type(value).__name__}, not text: {str(value)[:60]!r}")
+    if not value.strip():
+        raise SystemExit(f"error: row {index} of split '{split}': field '{field}' ({flag}) is empty")
+    return value
+
+
+def model_positions(model) -> int | None:
+    """The longest sequence the model's position embeddings cover (None when its config does not say)."""
+    config = model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None = None) -> list[dict]:
     """Prompt ids and chosen / rejected response ids, each ending in exactly one EOS (the N+ responses already end
-    with the text `<|endoftext|>`); overlong rows are an error."""
-    out, dropped = [], 0
+    with the text `<|endoftext|>`), every field checked now (`prompt_token_ids`, `response_text`). A pair longer than
+    `--max-prompt-length` / `--max-response-length`, or than the model's positions, is an error (or dropped with
+    `--drop-overlong`); so is a split whose every pair has chosen = rejected (no preference to learn)."""
+    out, dropped, same = [], 0, 0
     for i, row in enumerate(ds):
-        prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
-        item = {"prompt_ids": prompt_ids}
-        for key, name in (("chosen", args.chosen_field), ("rejected", args.rejected_field)):
-            if not isinstance(row.get(name), str) or not row[name].strip():
-                raise SystemExit(f"error: field '{name}' of row {i} of split '{split}' must be a non-empty string, got {row.get(name)!r}")
-            ids = tokenizer(row[name], add_special_tokens=False)["input_ids"]
+        item = {}
+        for key, name, flag in (("chosen", args.chosen_field, "--chosen-field"),
+                                ("rejected", args.rejected_field, "--rejected-field")):
+            ids = tokenizer(response_text(row, i, split, name, flag), add_special_tokens=False)["input_ids"]
             item[key] = end_with_eos(ids, tokenizer.eos_token_id)
+        # the prompt after the responses: TRL's implicit-prompt rows get the message about their format
+        prompt_ids = item["prompt_ids"] = prompt_token_ids(row, i, split, tokenizer, args)
         longest = max(len(item["chosen"]), len(item["rejected"]))
-        if len(prompt_ids) > args.max_prompt_length or longest > args.max_response_length:
-            if not args.drop_overlong:
-                raise SystemExit(f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {longest}-token "
-                                 f"response (EOS included); the limits are --max-prompt-length {args.max_prompt_length} and "
-                                 f"--max-response-length {args.max_response_length}. Raise them or pass --drop-overlong.")
-            dropped += 1
-            continue
+        too_long = len(prompt_ids) > args.max_prompt_length or longest > args.max_response_length
+        no_room = max_positions is not None and len(prompt_ids) + longest > max_positions
+        if too_long or no_room:
+            if args.drop_overlong:
+                dropped += 1
+                continue
+            if too_long:
+                raise SystemExit(f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a "
+                                 f"{longest}-token response (EOS included); the limits are --max-prompt-length "
+                                 f"{args.max_prompt_length} and --max-response-length {args.max_response_length}. "
+                                 "Raise them or pass --drop-overlong.")
+            raise SystemExit(f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {longest}-"
+                             f"token response, {len(prompt_ids) + longest} tokens, more than the {max_positions} "
+                             f"positions of --sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
+                             f"{args.max_prompt_length}) or --max-response-length, with --drop-overlong")
+        same += item["chosen"] == item["rejected"]
         out.append(item)
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} overlong pairs of '{split}'")
+        print(f"dropped {dropped} of {len(ds)} pairs of '{split}' longer than --max-prompt-length / "
+              "--max-response-length or than the model's positions")
     if not out:
         raise SystemExit(f"error: no usable pairs in split '{split}'")
+    if same == len(out):
+        raise SystemExit(f"error: every pair of split '{split}' has the same chosen and rejected response "
+                         f"(--chosen-field '{args.chosen_field}', --rejected-field '{args.rejected_field}'): there is "
+                         "no preference to learn; check the two fields")
+    if same:
+        print(f"warning: {same} of {len(out)} pairs of '{split}' have the same chosen and rejected response: they "
+              "count in the loss's mean but carry no preference", file=sys.stderr)
     return out
 
 
@@ -830,23 +990,45 @@ def collate_pairs(items: list[dict], pad_id: int, pack: bool = False) -> dict[st
     return batch
 
 
-def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """Prompt token ids plus the reference response and key facts (tiny-tldr) that evaluation needs."""
+def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None,
+                    evaluation: bool) -> list[dict]:
+    """Prompt token ids plus what the judge and evaluation need: the reference response and the key facts
+    (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at an evaluation
+    hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than `--response-length` of the
+    model's positions, is an error (or dropped with `--drop-overlong`)."""
     rows, dropped = [], 0
+    needs_reference = evaluation and args.eval_task == "tldr"
+    needs_facts = needs_reference or (not evaluation and args.mode == "online" and args.judge == "gold")
     for i, row in enumerate(ds):
-        ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
-        if len(ids) > args.max_prompt_length:
-            if not args.drop_overlong:
+        ids = prompt_token_ids(row, i, split, tokenizer, args)
+        too_long = len(ids) > args.max_prompt_length
+        no_room = max_positions is not None and len(ids) + args.response_length > max_positions
+        if too_long or no_room:
+            if args.drop_overlong:
+                dropped += 1
+                continue
+            if too_long:
                 raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
                                  f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
-            dropped += 1
-            continue
-        reference = render(args.reference_template, row, i, split, "reference") if args.eval_task == "tldr" else None
-        if (args.eval_task == "tldr" or args.judge == "gold") and not row.get("facts"):
-            raise SystemExit(f"error: row {i} of split '{split}' has no `facts`; the gold judge needs them (tiny-tldr only)")
-        rows.append({"prompt_ids": ids, "reference": reference, "facts": row.get("facts")})
+            raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
+                             f"{args.response_length} more tokens do not fit the {max_positions} positions of "
+                             f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
+                             f"{args.max_prompt_length}) with --drop-overlong, or --response-length")
+        item = {"prompt_ids": ids, "reference": None, "facts": None}
+        if needs_reference:
+            item["reference"] = reference_text(row, i, split, args)
+        if needs_facts:
+            facts = row.get("facts")
+            if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
+                why = "--eval-task tldr" if needs_reference else "--judge gold"
+                raise SystemExit(f"error: row {i} of split '{split}': {why} judges summaries by the row's 'facts' "
+                                 f"(a list of words, as in tiny-tldr), but it is {str(facts)[:60]!r}; use --eval-task "
+                                 "none and --judge rm for other data")
+            item["facts"] = facts
+        rows.append(item)
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than {args.max_prompt_length} tokens")
+        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
+              f"{args.max_prompt_length} or than the model's positions less --response-length")
     if not rows:
         raise SystemExit(f"error: no usable prompts in split '{split}'")
     return rows
@@ -920,6 +1102,26 @@ def sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows: list[dic
     return {"pairs": pairs, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
 
 
+def portable(data: dict | None) -> dict | None:
+    """`sample_pairs`'s batch as JSON (token lists, floats, booleans), for a checkpoint's state."""
+    if data is None:
+        return None
+    return {"pairs": data["pairs"], "valid": data["valid"].tolist(), "version": data["version"],
+            "stats": {k: float(v) for k, v in data["stats"].items()}, "gen_time": data["gen_time"]}
+
+
+def restored(data: dict, device) -> dict:
+    """The batch of `portable` back in `sample_pairs`'s form (the floats are the float32 values, so exact)."""
+    return {**data, "valid": torch.tensor(data["valid"], dtype=torch.bool, device=device)}
+
+
+def done_future(result) -> Future:
+    """A future that already holds `result` (a resumed async run's first batch, sampled before the checkpoint)."""
+    future = Future()
+    future.set_result(result)
+    return future
+
+
 @torch.no_grad()
 def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> dict:
     """DPO loss and implicit-reward accuracy on held-out preference pairs (under ZeRO-3, shards padded to equal size
@@ -985,8 +1187,237 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
 
 
 # ----------------------------------------------------------------------------------------------------
+# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
+# argument checks (copied verbatim between scripts; tests/test_faults.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Run:
+    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
+    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
+    go to wandb too with `--track`.
+
+    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
+    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
+    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
+    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+
+    def __init__(self, args, accelerator: Accelerator):
+        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.state, self.signal, self.wandb, self.file = None, None, None, None
+        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
+            old = self.dir / f"{name}.old"
+            if self.main and old.exists() and not (self.dir / name).exists():
+                old.rename(self.dir / name)
+        accelerator.wait_for_everyone()
+        self.held = self.dir.is_dir() and any(self.dir.iterdir())
+        if args.resume:
+            if (self.dir / "done.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+            if not (self.dir / "checkpoint" / "state.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                                 "(with --overwrite if the directory is in use)")
+            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+        elif self.held and not args.overwrite:
+            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                             "delete it and start over, or another --run-name")
+
+    def begin(self) -> None:
+        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
+        accelerator, args = self.accelerator, self.args
+        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
+        if self.main:
+            if self.held and not args.resume:
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            last = self.state["step"] if self.state else -1
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
+                path = self.dir / name
+                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
+                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+            self.file = open(self.dir / "metrics.jsonl", "a")
+            if args.track:
+                import wandb
+
+                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
+                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
+                id_file.write_text(run_id)
+                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+        self.start = time.time() - (self.state["time"] if self.state else 0.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        accelerator.wait_for_everyone()
+
+    def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = signum
+        if self.main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                  "to stop at once)", file=sys.stderr, flush=True)
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.main:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self.main:
+            with open(self.dir / "samples.jsonl", "a") as f:
+                for r in records:
+                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def any_process(self, flag: bool) -> bool:
+        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return total.item() > 0
+
+    def stop_requested(self) -> bool:
+        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
+        return self.any_process(self.signal is not None)
+
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
+        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
+        return not self.any_process(not finite)
+
+    def checkpoint(self, state: dict) -> Path:
+        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
+        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
+        if self.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
+            (tmp / "state.json").write_text(json.dumps(state) + "\n")
+            replace_dir(tmp, final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def resume(self) -> dict | None:
+        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
+        returns the loop's state; None on a new run."""
+        if self.state is not None:
+            if self.state["num_processes"] != self.accelerator.num_processes:
+                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
+        return self.state
+
+    def stop(self, state: dict, error: str | None = None) -> None:
+        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
+        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+        path = self.checkpoint(state)
+        self.close()
+        how = f"continue with the same command and --resume (checkpoint: {path})"
+        if error:
+            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
+        signum = self.signal or signal.SIGTERM
+        if self.main:
+            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
+        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
+        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        accelerator, args = self.accelerator, self.args
+        if args.save_model:
+            if self.main:
+                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
+            accelerator.wait_for_everyone()
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            if self.main:
+                replace_dir(self.dir / "model.tmp", self.dir / "model")
+        if self.main:
+            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in PRESETS else None
+            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
+            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+        self.close()
+        accelerator.wait_for_everyone()
+        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
+
+    def close(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SystemExit(f"error: {flag} is {value}; give a finite number")
+        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
+                                    "_episodes", "_k")) or f.name.startswith("num_")
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
+            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
+    if not args.learning_rate > 0:
+        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
+    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
+        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
+    if getattr(args, "temperature", 1.0) <= 0:
+        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
+    if args.resume and args.overwrite:
+        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------
+
+
+def check_dpo_args(args: Args) -> None:
+    """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares)."""
+    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation
+    for flag, value in (("--num-eval-examples", args.num_eval_examples), ("--num-eval-pairs", args.num_eval_pairs)):
+        if value < 0:
+            raise SystemExit(f"error: {flag} is {value}; 0 skips that evaluation")
+    if not args.beta > 0:
+        raise SystemExit(f"error: --beta is {args.beta}; the KL strength must be above 0")
+    if not 0 <= args.label_smoothing < 0.5:
+        raise SystemExit(f"error: --label-smoothing is {args.label_smoothing}; the probability that a label is flipped "
+                         "must be in [0, 0.5)")
+    if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
+        raise SystemExit("error: online DPO with --judge rm labels its pairs with a reward model: pass "
+                         "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr")
 
 
 def main(args: Args) -> dict:
@@ -1000,6 +1431,8 @@ def main(args: Args) -> dict:
             threads = max(1, threads - gen_threads)
         torch.set_num_threads(threads)
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_dpo_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
     device = accelerator.device
     online = args.mode == "online"
@@ -1009,12 +1442,12 @@ def main(args: Args) -> dict:
                          "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)")
 
     # ---- models: the policy (trained), the reference and the reward model (frozen) ----
-    local = os.path.isdir(args.sft_model_path)
-    if not local:
-        require_hub(args.sft_model_path, "model", "--sft-model-path")
-    tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
-    tokenizer = ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
+    tokenizer = load_tokenizer(args)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    if tokenizer.pad_token_id >= policy.config.vocab_size:  # padding goes through the embedding: it needs a row
+        raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+                         f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
+                         "(sft.py --add-pad-token)")
     ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
     if args.pack_pairs and policy.config._attn_implementation not in ("eager", "sdpa"):
         raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {policy.config._attn_implementation} attention does not "
@@ -1022,28 +1455,32 @@ def main(args: Args) -> dict:
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     reward_model = None
     if args.reward_model_path and (args.judge == "rm" or not online):
-        reward_model = load_pretrained(AutoModelForSequenceClassification, args.reward_model_path, args, "reward model",
-                                       "--reward-model-path", num_labels=1).eval().requires_grad_(False)
-    if online and args.judge == "rm" and reward_model is None:
-        raise SystemExit("error: online DPO with --judge rm needs --reward-model-path (or pass --judge gold on tiny-tldr)")
+        reward_model = load_reward_model(args, tokenizer)
 
-    # ---- data ----
-    pad = tokenizer.pad_token_id
+    # ---- data: every field training and evaluation use is checked now, before the first update ----
+    pad, positions = tokenizer.pad_token_id, model_positions(policy)
     eval_rows = []
     if args.num_eval_examples > 0:
-        eval_ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config)
-        eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split)
+        eval_ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config,
+                             "--prompt-dataset-name-or-path")
+        eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args,
+                                    args.eval_split, positions, evaluation=True)
     eval_pairs = []
     if args.num_eval_pairs > 0:
         ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-        eval_pairs = tokenize_pairs(ds.select(range(min(args.num_eval_pairs, len(ds)))), tokenizer, args, args.eval_split)
+        eval_pairs = tokenize_pairs(ds.select(range(min(args.num_eval_pairs, len(ds)))), tokenizer, args,
+                                    args.eval_split, positions)
     if online:
-        train = prepare_prompts(load_split(args.prompt_dataset_name_or_path, args.train_split, args.dataset_config), tokenizer, args, args.train_split)
+        ds = load_split(args.prompt_dataset_name_or_path, args.train_split, args.dataset_config,
+                        "--prompt-dataset-name-or-path")
     else:
         ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-        if args.max_train_samples:
-            ds = ds.select(range(min(args.max_train_samples, len(ds))))
-        train = tokenize_pairs(ds, tokenizer, args, args.train_split)
+    if args.max_train_samples:
+        ds = ds.select(range(min(args.max_train_samples, len(ds))))
+    if online:
+        train = prepare_prompts(ds, tokenizer, args, args.train_split, positions, evaluation=False)
+    else:
+        train = tokenize_pairs(ds, tokenizer, args, args.train_split, positions)
 
     # ---- batch arithmetic and optimiser ----
     step_pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps  # pairs per process per optimizer step
@@ -1057,21 +1494,30 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
     configure_deepspeed(accelerator, args.per_device_train_batch_size, args.max_grad_norm)  # pairs per backward pass
     policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
+    if online:
+        total_steps = args.total_episodes // batch_pairs
+    else:
+        total_steps = len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
+    if online and len(loader) == 0:  # the endless loader below would never yield a batch
+        raise SystemExit(f"error: split '{args.train_split}' of --prompt-dataset-name-or-path has {len(train)} usable "
+                         f"prompts, fewer than one step's {batch_pairs} (--per-device-train-batch-size x "
+                         "--gradient-accumulation-steps x processes)")
+    if total_steps == 0:
+        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
     ref_policy, reward_model = prepare_frozen(ref_policy, accelerator), prepare_frozen(reward_model, accelerator)
     if not online and args.precompute_ref_logprobs:  # the loader's collate reads the cached values from the pairs
+        # on --resume they are computed again, to the same values (the same frozen model, batches and precision)
         t0 = time.time()
         cache_ref_logprobs(ref_policy, train, pad, args, accelerator)
         cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
         n = len(train) + len(eval_pairs)
         accelerator.print(f"cached reference logprobs of {n} pairs in {time.time() - t0:.1f}s")
         ref_policy = None  # every pair now carries its reference logprobs: free the model
-    # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
-    total_steps = args.total_episodes // batch_pairs if online else len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
-    if total_steps == 0:
-        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
     unwrapped = accelerator.unwrap_model(policy)
-    logger = RunLogger(args, accelerator)
+    run.begin()
     accelerator.print(f"run {args.run_name}: {args.mode} DPO ({args.loss_type}, beta {args.beta}), {total_steps} steps of {batch_pairs} pairs"
                       + (f", async generation ({gen_threads or 'default'} generator threads, {threads} learner threads)" if online and args.async_generation else ""))
 
@@ -1082,42 +1528,80 @@ def main(args: Args) -> dict:
         if eval_rows:
             gen_metrics, records = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
             metrics.update(gen_metrics)
-            if accelerator.is_main_process:
-                with open(logger.dir / "samples.jsonl", "a") as f:
-                    for r in records[:8]:
-                        f.write(json.dumps({"step": step, **r}) + "\n")
-        logger.log(metrics, step, step * batch_pairs)
-        accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            run.log_samples(records[:8], step)
+        if metrics:  # --num-eval-pairs 0 and --num-eval-examples 0: nothing evaluated, nothing logged
+            run.log(metrics, step, step * batch_pairs)
+            accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         return metrics
 
     def batches():
         while True:
             yield from loader
 
-    iterator = batches()
-    metrics = run_eval(0)
-    gen_policy, executor, pending = unwrapped, None, None
+    def draw():  # the next batch of the endless loader (online: prompt indices), counted for the replay on resume
+        nonlocal drawn
+        drawn += 1
+        return next(iterator)
+
+    def loop_state(step: int, n_drawn: int, pending: dict | None) -> dict:
+        """The loop's state after `step` optimizer steps: the batches drawn so far (replayed on resume), the last
+        evaluation, and online the batch already sampled for the next step (`pending`, every process's own, with its
+        labels and reference logprobs), which the resumed run trains on as the uninterrupted run would."""
+        return {"step": step, "episode": step * batch_pairs, "drawn": n_drawn, "metrics": metrics,
+                "pending": gather_object([portable(pending)]) if online else None}
+
+    def failed(step: int, data: dict | None, what: str) -> None:
+        """A non-finite value in step `step`: a checkpoint of the state before it (online: with its batch), and out."""
+        if executor and pending is not None:
+            pending.result()  # the generator thread has drawn and is sampling the next batch: let it finish
+        # not replayed: offline this step's micro-batches; async the next step's prompts, drawn already
+        ahead = int(executor is not None and pending is not None)
+        before = drawn - (ahead if online else args.gradient_accumulation_steps)
+        run.stop(loop_state(step - 1, before, data), f"non-finite {what} at step {step}: lower --learning-rate (now "
+                 f"{args.learning_rate:g}) or check the data")
+
+    iterator, drawn, start, pending = batches(), 0, 0, None
+    if state := run.resume():  # weights, optimizer, scheduler and every process's RNG; the loop's counters below
+        start, metrics = state["step"], state["metrics"]
+        for _ in range(state["drawn"]):  # the batches the finished steps drew (the loader's own generator, no compute)
+            draw()
+        if online and state["pending"][accelerator.process_index] is not None:
+            pending = restored(state["pending"][accelerator.process_index], device)
+    else:
+        metrics = run_eval(0)
+    gen_policy, executor, rows_of = unwrapped, None, None
     if online:
         rows_of = lambda idx: [train[i] for i in idx.tolist()]  # noqa: E731
         if args.async_generation:  # the generator samples with its own copy of the weights, synced after each step
             gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
             executor = ThreadPoolExecutor(max_workers=1)
-        pending = (executor.submit if executor else lambda f, *a: f(*a))(
-            sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args, device, 0,
-            gen_threads, synced, accelerator.autocast)
+            if pending is None:  # the first batch, sampled by the initial policy
+                pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer,
+                                          rows_of(draw()), args, device, 0, gen_threads, synced, accelerator.autocast)
+            else:  # a resumed run: the batch sampled before the checkpoint
+                pending = done_future(pending)
 
-    start_time, episode = time.time(), 0
-    progress = tqdm(range(1, total_steps + 1), disable=not accelerator.is_main_process, desc=f"{args.mode} dpo")
+    start_time, episode, grad_norm = time.time(), start * batch_pairs, None
+    progress = tqdm(range(start + 1, total_steps + 1), initial=start, total=total_steps,
+                    disable=not accelerator.is_main_process, desc=f"{args.mode} dpo")
     for step in progress:
         wait_start = time.time()
-        stats = {}
+        stats, data = {}, None
         if online:
-            data = pending.result() if executor else pending
-            wait = time.time() - wait_start
-            if executor and step < total_steps:  # sync the generator's copy to the current weights (step - 1), sample the next batch
-                gen_policy.load_state_dict(unwrapped.state_dict())
-                pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args,
-                                          device, step - 1, gen_threads, synced, accelerator.autocast)
+            if executor:
+                data = pending.result()
+                wait = time.time() - wait_start
+                pending = None
+                if step < total_steps:  # the generator's copy synced to the current weights (step - 1) samples the next
+                    gen_policy.load_state_dict(unwrapped.state_dict())
+                    pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer,
+                                              rows_of(draw()), args, device, step - 1, gen_threads, synced,
+                                              accelerator.autocast)
+            else:  # synchronous: this step's batch, sampled now by the current weights (or restored by --resume)
+                data = pending if pending is not None else sample_pairs(
+                    gen_policy, ref_policy, reward_model, tokenizer, rows_of(draw()), args, device, step - 1,
+                    gen_threads, synced, accelerator.autocast)
+                pending, wait = None, time.time() - wait_start
             micro = []
             n_pairs = len(data["pairs"])
             for i in range(args.gradient_accumulation_steps):
@@ -1125,10 +1609,10 @@ def main(args: Args) -> dict:
                 mb = {k: v.to(device) for k, v in collate_pairs([data["pairs"][j] for j in sel], pad, args.pack_pairs).items()}
                 mb["valid"] = data["valid"][sel]
                 micro.append(mb)
-            stats = {k: v.item() for k, v in data["stats"].items()}
+            stats = {k: float(v) for k, v in data["stats"].items()}
             stats.update({"async/policy_lag": (step - 1) - data["version"], "perf/generation_wait_sec": wait, "perf/generation_sec": data["gen_time"]})
         else:
-            micro = [next(iterator) for _ in range(args.gradient_accumulation_steps)]
+            micro = [draw() for _ in range(args.gradient_accumulation_steps)]
 
         # ---- DPO update: the mean over the (untied) pairs of the whole batch, all micro-batches and processes ----
         train_start, running = time.time(), []
@@ -1137,12 +1621,13 @@ def main(args: Args) -> dict:
         for mb in micro:
             with accelerator.accumulate(policy):
                 loss_sum, out = micro_batch_loss(policy, ref_policy, mb, args, accelerator.autocast)
-                if not torch.isfinite(loss_sum):
-                    raise RuntimeError(f"non-finite DPO loss {loss_sum.item()} at step {step}; lower --learning-rate "
-                                       "or check the data")
+                if not run.all_finite(loss_sum):
+                    failed(step, data, "DPO loss")
                 backward_share(accelerator, loss_sum, total)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                    if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                        failed(step, data, "gradient norm")
                 optimizer.step()
                 optimizer.zero_grad()
             r_c, r_r, chosen, rejected = out["r_chosen"], out["r_rejected"], out["chosen"], out["rejected"]
@@ -1152,10 +1637,7 @@ def main(args: Args) -> dict:
                                         rejected.mean(),
                                         ((chosen - out["ref_chosen"]) + (rejected - out["ref_rejected"])).mean() / 2]))
         scheduler.step()
-        train_sec = time.time() - train_start  # the update only (not the synchronous sampling below)
-        if online and not executor and step < total_steps:  # synchronous online: sample the next batch with the new weights
-            pending = sample_pairs(gen_policy, ref_policy, reward_model, tokenizer, rows_of(next(iterator)), args,
-                                   device, step, gen_threads, synced, accelerator.autocast)
+        train_sec = time.time() - train_start  # the update only (not the sampling)
         episode = step * batch_pairs
 
         # ---- logging ----
@@ -1168,20 +1650,29 @@ def main(args: Args) -> dict:
                 logged.update(stats)
             logged.update({"train/grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # DeepSpeed
                            "lr": scheduler.get_last_lr()[0], "perf/train_sec": train_sec,
-                           "perf/episodes_per_sec": episode / (time.time() - start_time), "perf/peak_mem_gb": peak_mem_gb(device)})
-            logger.log(logged, step, episode)
+                           "perf/episodes_per_sec": (episode - start * batch_pairs) / (time.time() - start_time),
+                           "perf/peak_mem_gb": peak_mem_gb(device)})
+            run.log(logged, step, episode)
             progress.set_postfix(loss=f"{logged['train/loss']:.3f}", acc=f"{logged['rewards/accuracies']:.2f}")
         if step % args.eval_every == 0 or step == total_steps:
             if executor and pending is not None:
                 pending.result()  # the generator thread shares the reward and reference models: let it finish first
             metrics = run_eval(step)
+        stop = run.stop_requested()
+        if stop or (args.save_every and step % args.save_every == 0 and step < total_steps):
+            # async: the next batch, sampled, is part of the state; waiting for it leaves the RNG where the thread does
+            now = loop_state(step, drawn, pending.result() if executor and pending is not None else None)
+            if stop:
+                run.stop(now)
+            else:
+                run.checkpoint(now)
     progress.close()
     if executor:
         executor.shutdown(wait=True)
 
-    if args.save_model:
-        save_model(policy, tokenizer, accelerator, logger.dir / "model")
-    logger.close()
+    episodes = total_steps * batch_pairs
+    run.finish(policy, tokenizer, {"step": total_steps, "episode": episodes, "total_steps": total_steps,
+                                   "total_episodes": episodes})
     accelerator.end_training()
     return metrics
 

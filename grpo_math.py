@@ -47,6 +47,16 @@ cache in which a finished completion leaves the batch, and it keeps each sampled
 the old policy's (`--sampler-logprobs`: no extra forward pass); every forward pass runs on packed sequences (`pack`:
 several prompt + completion sequences per row, no padding, a block-diagonal causal mask from the position ids).
 
+Durable runs (docs/faults.md): SIGTERM / SIGINT, `--save-every N` steps or a non-finite loss writes a checkpoint
+(accelerate's state: the policy, AdamW, the learning-rate schedule, every process's RNG; and state.json: step, episode,
+the last evaluation, and how many questions each process drew from its stream). `--resume` skips the step-0
+evaluation and replays each stream by that count without sampling, so dynamic sampling's varying draws per step resume
+in place; the reference policy and reward models are loaded again from their paths. With `model.generate` sampling a
+resumed run equals the uninterrupted one exactly (float32 on CPU: tests/test_faults_grpo_math.py). With `--use-vllm`
+the engine starts from `--model-name-or-path` and gets the checkpoint's weights before the first resumed step, but its
+own sampling RNG (seeded at start) is not in the checkpoint: the run continues from the same weights, optimizer and
+question order with other samples than an uninterrupted run would have drawn.
+
 Usage:
     python -m benchmark.assets && python sft.py tiny-math      # the tiny world and the SFT starting policy
     python grpo_math.py tiny                                   # CPU, about 4 minutes with 2 threads
@@ -66,8 +76,11 @@ import os
 import random
 import re
 import resource
+import shutil
+import signal
 import socket
 import string
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -92,9 +105,16 @@ class Args:
     seed: int = 1
     """seed of the experiment (question order, sampling)"""
     run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
+    see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, model/) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    save_every: int = 0
+    """write a checkpoint every N steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    resume: bool = False
+    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
+    overwrite: bool = False
+    """delete `runs/<run_name>` if it holds a run, and start over"""
     track: bool = False
     """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
     wandb_project: str = "clean-rlhf"
@@ -234,7 +254,8 @@ class Args:
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
-# compute, fp32 master weights; DDP: autocast), as N+ and TRL do.
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. They checkpoint ten times a run (`save_every`; their
+# step times are not measured here): a checkpoint is the policy and AdamW's two moments, 3 x the float32 weights.
 PRESETS = {
     "gsm8k-qwen2.5-0.5b": ("GRPO on GSM8K, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
         # DeepSeekMath section 4.2: lr 1e-6, beta 0.04 (the default: beta None, so `--loss-type dapo` gets DAPO's 0),
@@ -247,7 +268,7 @@ PRESETS = {
         prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
         use_chat_template=True, reference_template="{answer}", answer_format="gsm8k", loss_type="grpo",
         num_generations=8, questions_per_device=16, total_steps=200, max_completion_length=512, temperature=1.0,
-        beta=None, learning_rate=1e-6, micro_batch_size=16, eval_every=20, num_eval_examples=1319)),
+        beta=None, learning_rate=1e-6, micro_batch_size=16, eval_every=20, num_eval_examples=1319, save_every=20)),
     "math-qwen2.5-math-1.5b": ("Dr. GRPO on MATH, Qwen2.5-Math-1.5B base, MATH-500 eval (8 GPUs)", Args(
         # Dr. GRPO's Oat-Zero recipe (github.com/sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh): lr 1e-6
         # constant, beta 0, G=8, temperature 1, 128 questions per step (16 per GPU), 3000-token budget, mini-batches
@@ -266,7 +287,7 @@ PRESETS = {
         drop_overlong=True,
         loss_type="dr_grpo", num_generations=8, questions_per_device=16, num_mini_batches=8, total_steps=400,
         max_completion_length=3000, temperature=1.0, beta=0.0, learning_rate=1e-6, micro_batch_size=4,
-        eval_every=16, num_eval_examples=500)),
+        eval_every=16, num_eval_examples=500, save_every=40)),
     "tiny": ("tiny-math on CPU from the SFT policy (needs `python -m benchmark.assets` and `python sft.py tiny-math`)", Args(
         exp_name="grpo_tiny", model_name_or_path="runs/sft_tiny-math__1/model", dtype="float32",
         dataset_name_or_path="runs/assets/tiny-math/gsm8k", dataset_config=None, eval_split="test",
@@ -396,7 +417,8 @@ def load_reward_model(path: str, args: Args, flag: str, reward_type: str, tokeni
     model = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local,
                                                                dtype=getattr(torch, args.dtype), num_labels=1)
     if getattr(model.config, "reward_type", "outcome") != reward_type:
-        raise SystemExit(f"error: {path} is not a{'n' if reward_type == 'outcome' else ''} {reward_type} reward model "
+        article = "an" if reward_type == "outcome" else "a"
+        raise SystemExit(f"error: {flag} {path} is not {article} {reward_type} reward model "
                          f"(config.reward_type is {getattr(model.config, 'reward_type', None)!r})")
     if AutoTokenizer.from_pretrained(path, local_files_only=local).get_vocab() != tokenizer.get_vocab():
         raise SystemExit(f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same tokenizer")
@@ -509,7 +531,7 @@ def render(template: str, row: dict, index: int, split: str, what: str) -> str:
         text = template.format(**row)
     except KeyError as e:
         raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-                         f"'{template}'; its fields are {sorted(row)}") from None
+                         f"{template!r}; its fields are {sorted(row)}") from None
     if not text.strip():
         raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
     return text
@@ -878,38 +900,96 @@ def vote_key(answer: str | None, answer_format: str) -> str | None:
 # ----------------------------------------------------------------------------------------------------
 
 
-def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """Prompt token ids and the gold final answer of every row; malformed rows are errors naming row and field."""
+def is_conversation(value) -> bool:
+    """A list of {"role", "content"} messages: TRL's conversational format."""
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
+                                                           for m in value)
+
+
+def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str, positions: int | None = None) -> list[dict]:
+    """Prompt token ids and the gold final answer of every row. Malformed rows are errors naming row and field: a field
+    missing, null or not text, a prompt over `--max-prompt-length` or, with the completion budget, over the model's
+    `positions`, a reference without a final answer. A conversation (TRL's conversational format) in a field that is
+    the whole prompt template is rendered with the tokenizer's chat template (it must end with a user turn); one that
+    is the whole reference template gives the text of its messages."""
     ref_fields = [f for _, f, _, _ in string.Formatter().parse(args.reference_template) if f]
-    fields = [f for _, f, _, _ in string.Formatter().parse(args.prompt_template) if f] + ref_fields
+    prompt_fields = [f for _, f, _, _ in string.Formatter().parse(args.prompt_template) if f]
+    name, budget = args.model_name_or_path, args.max_completion_length
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if args.use_chat_template and not has_template:
+        raise SystemExit(f"error: --use-chat-template: the tokenizer of {name} has no chat template; drop the flag")
     rows, dropped = [], 0
     for i, row in enumerate(ds):
-        missing = [f for f in fields if f in row and row[f] is None]  # a null in a column (a merged or ragged dataset)
-        if missing:
-            raise SystemExit(f"error: row {i} of split '{split}' has no field '{missing[0]}' (it is null); its fields are {sorted(row)}")
-        prompt = render(args.prompt_template, row, i, split, "prompt")
-        if args.use_chat_template:
-            ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False))
+        where = f"row {i} of split '{split}'"
+        chats = {}
+        for f in dict.fromkeys(prompt_fields + ref_fields):
+            value = row.get(f)
+            if f in row and value is None:  # null, or absent from this row of a JSON file (datasets fills in null)
+                raise SystemExit(f"error: {where} has no field '{f}' (missing or null); its fields are {sorted(row)}")
+            whole = f"{{{f}}}" in (args.prompt_template, args.reference_template)
+            if is_conversation(value) and not whole:
+                flag = "--prompt-template" if f in prompt_fields else "--reference-template"
+                raise SystemExit(f"error: {where}: field '{f}' is a conversation (a list of role/content messages) "
+                                 f"inside a template with more text; pass {flag} '{{{f}}}' to use it as a whole")
+            if is_conversation(value):
+                chats[f] = value
+            elif isinstance(value, (list, dict)):
+                raise SystemExit(f"error: {where}: field '{f}' is a {type(value).__name__}, not text: "
+                                 f"{json.dumps(value)[:60]}; give it as a string")
+        if prompt_fields and args.prompt_template == f"{{{prompt_fields[0]}}}" and prompt_fields[0] in chats:
+            messages = chats[prompt_fields[0]]
+            if messages[-1]["role"] == "assistant":
+                raise SystemExit(f"error: {where}: the conversation in field '{prompt_fields[0]}' ends with an "
+                                 "assistant message; the prompt must end with the user's turn (the policy answers it)")
+            if not has_template:
+                raise SystemExit(f"error: {where}: field '{prompt_fields[0]}' is a conversation and the tokenizer of "
+                                 f"{name} has no chat template to render it; give the question as text")
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                     return_dict=False))
         else:
-            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if len(ids) > args.max_prompt_length:
-            if not args.drop_overlong:
-                raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
-                                 f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
-            dropped += 1
-            continue
-        gold = extract_answer(render(args.reference_template, row, i, split, "reference"), args.answer_format)
+            prompt = render(args.prompt_template, row, i, split, "prompt")
+            if args.use_chat_template:
+                ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                         add_generation_prompt=True, tokenize=True, return_dict=False))
+            else:
+                ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        too_many = positions is not None and len(ids) + budget > positions
+        if len(ids) > args.max_prompt_length or too_many:
+            if args.drop_overlong:
+                dropped += 1
+                continue
+            if too_many:
+                raise SystemExit(f"error: {where} has a {len(ids)}-token prompt, which with --max-completion-length "
+                                 f"{budget} needs {len(ids) + budget} positions; {name} has {positions} "
+                                 "(max_position_embeddings). Shorten the prompt, lower --max-completion-length, or "
+                                 "pass --drop-overlong to skip such rows.")
+            raise SystemExit(f"error: {where} has a {len(ids)}-token prompt; the limit is --max-prompt-length "
+                             f"{args.max_prompt_length}. Raise it or pass --drop-overlong.")
+        if ref_fields and args.reference_template == f"{{{ref_fields[0]}}}" and ref_fields[0] in chats:
+            reference = "\n".join(str(m["content"]) for m in chats[ref_fields[0]])
+        else:
+            reference = render(args.reference_template, row, i, split, "reference")
+        gold = extract_answer(reference, args.answer_format)
         if gold is None:
             marker = "`#### <number>`" if args.answer_format == "gsm8k" else "`\\boxed{...}`"
-            raise SystemExit(f"error: row {i} of split '{split}': field(s) {ref_fields} (--reference-template "
-                             f"'{args.reference_template}') hold no final answer {marker}")
+            raise SystemExit(f"error: {where}: field(s) {ref_fields} (--reference-template "
+                             f"{args.reference_template!r}) hold no final answer {marker} "
+                             f"(--answer-format {args.answer_format})")
         rows.append({"prompt_ids": ids, "prompt": prompt, "gold": gold})
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} questions of '{split}' longer than {args.max_prompt_length} tokens")
+        limit = args.max_prompt_length if positions is None else min(args.max_prompt_length, positions - budget)
+        print(f"dropped {dropped} of {len(ds)} questions of '{split}' longer than {limit} tokens")
     if not rows:
         raise SystemExit(f"error: no usable questions in split '{split}'")
     return rows
+
+
+def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
+    """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and the
+    number of questions each process drew from its stream (dynamic sampling draws a varying number per step), gathered
+    so the main process saves them. Every process calls it."""
+    return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
 
 
 def question_stream(rows: list[dict], seed: int):
@@ -1027,43 +1107,6 @@ class VLLMSampler:
         return result
 
 
-class RunLogger:
-    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
-    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
-
-    def __init__(self, args: Args, accelerator: Accelerator):
-        self.enabled = accelerator.is_main_process
-        self.dir = Path(args.output_dir) / args.run_name
-        self.start = time.time()
-        self.wandb = None
-        if not self.enabled:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-        self.file = open(self.dir / "metrics.jsonl", "w")
-        if args.track:
-            import wandb
-
-            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                    config=dataclasses.asdict(args), dir=str(self.dir))
-
-    def log(self, metrics: dict, step: int, episode: int) -> None:
-        if not self.enabled:
-            return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.wandb is not None:
-                self.wandb.finish()
-
-
 def peak_mem_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -1097,6 +1140,219 @@ def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accel
 
 
 # ----------------------------------------------------------------------------------------------------
+# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
+# argument checks (copied verbatim between scripts; tests/test_faults.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Run:
+    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
+    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
+    go to wandb too with `--track`.
+
+    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
+    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
+    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
+    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+
+    def __init__(self, args, accelerator: Accelerator):
+        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.state, self.signal, self.wandb, self.file = None, None, None, None
+        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
+            old = self.dir / f"{name}.old"
+            if self.main and old.exists() and not (self.dir / name).exists():
+                old.rename(self.dir / name)
+        accelerator.wait_for_everyone()
+        self.held = self.dir.is_dir() and any(self.dir.iterdir())
+        if args.resume:
+            if (self.dir / "done.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+            if not (self.dir / "checkpoint" / "state.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                                 "(with --overwrite if the directory is in use)")
+            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+        elif self.held and not args.overwrite:
+            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                             "delete it and start over, or another --run-name")
+
+    def begin(self) -> None:
+        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
+        accelerator, args = self.accelerator, self.args
+        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
+        if self.main:
+            if self.held and not args.resume:
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            last = self.state["step"] if self.state else -1
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
+                path = self.dir / name
+                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
+                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+            self.file = open(self.dir / "metrics.jsonl", "a")
+            if args.track:
+                import wandb
+
+                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
+                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
+                id_file.write_text(run_id)
+                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+        self.start = time.time() - (self.state["time"] if self.state else 0.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        accelerator.wait_for_everyone()
+
+    def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = signum
+        if self.main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                  "to stop at once)", file=sys.stderr, flush=True)
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.main:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self.main:
+            with open(self.dir / "samples.jsonl", "a") as f:
+                for r in records:
+                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def any_process(self, flag: bool) -> bool:
+        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return total.item() > 0
+
+    def stop_requested(self) -> bool:
+        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
+        return self.any_process(self.signal is not None)
+
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
+        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
+        return not self.any_process(not finite)
+
+    def checkpoint(self, state: dict) -> Path:
+        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
+        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
+        if self.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
+            (tmp / "state.json").write_text(json.dumps(state) + "\n")
+            replace_dir(tmp, final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def resume(self) -> dict | None:
+        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
+        returns the loop's state; None on a new run."""
+        if self.state is not None:
+            if self.state["num_processes"] != self.accelerator.num_processes:
+                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
+        return self.state
+
+    def stop(self, state: dict, error: str | None = None) -> None:
+        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
+        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+        path = self.checkpoint(state)
+        self.close()
+        how = f"continue with the same command and --resume (checkpoint: {path})"
+        if error:
+            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
+        signum = self.signal or signal.SIGTERM
+        if self.main:
+            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
+        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
+        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        accelerator, args = self.accelerator, self.args
+        if args.save_model:
+            if self.main:
+                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
+            accelerator.wait_for_everyone()
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            if self.main:
+                replace_dir(self.dir / "model.tmp", self.dir / "model")
+        if self.main:
+            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in PRESETS else None
+            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
+            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+        self.close()
+        accelerator.wait_for_everyone()
+        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
+
+    def close(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SystemExit(f"error: {flag} is {value}; give a finite number")
+        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
+                                    "_episodes", "_k")) or f.name.startswith("num_")
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
+            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
+    if not args.learning_rate > 0:
+        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
+    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
+        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
+    if getattr(args, "temperature", 1.0) <= 0:
+        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
+    if args.resume and args.overwrite:
+        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------
 
@@ -1115,14 +1371,27 @@ def resolve_variant(args: Args) -> None:
     if args.overlong_buffer is None:
         args.overlong_buffer = args.max_completion_length // 5 if dapo else 0  # DAPO: 4096 of 20480
     if args.num_generations < 2:
-        raise SystemExit("error: --num-generations must be at least 2: advantages are relative to the group")
+        raise SystemExit(f"error: --num-generations is {args.num_generations}; it must be at least 2: advantages are "
+                         "relative to the group")
+    if args.questions_per_device < 1:
+        raise SystemExit(f"error: --questions-per-device is {args.questions_per_device}; it must be at least 1")
     if args.overlong_buffer >= args.max_completion_length:
-        raise SystemExit("error: --overlong-buffer must be smaller than --max-completion-length")
+        raise SystemExit(f"error: --overlong-buffer {args.overlong_buffer} must be smaller than "
+                         f"--max-completion-length {args.max_completion_length}")
     if (args.questions_per_device * args.num_generations) % args.num_mini_batches:
-        raise SystemExit("error: questions_per_device x num_generations must be divisible by num_mini_batches")
+        raise SystemExit(f"error: --questions-per-device {args.questions_per_device} x --num-generations "
+                         f"{args.num_generations} = {args.questions_per_device * args.num_generations} completions per "
+                         f"process do not split into --num-mini-batches {args.num_mini_batches} equal mini-batches; "
+                         "change one of them")
+    for flag, value, least in (("--warmup-steps", args.warmup_steps, 0), ("--pass-k", args.pass_k, 0),
+                               ("--max-sampling-rounds", args.max_sampling_rounds, 1)):
+        if value < least:
+            raise SystemExit(f"error: {flag} is {value}; it must be at least {least}")
 
 
 def main(args: Args) -> dict:
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
     resolve_variant(args)
     # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
     # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
@@ -1131,7 +1400,7 @@ def main(args: Args) -> dict:
     accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
     device, G, Q = accelerator.device, args.num_generations, args.questions_per_device
     synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
@@ -1150,10 +1419,15 @@ def main(args: Args) -> dict:
 
     # ---- data: every process samples its own shard of questions, and a question's whole group stays on its process,
     # so group statistics (mean, std, the dynamic-sampling filter) need no communication ----
-    train_rows = prepare_questions(load_split(args.dataset_name_or_path, args.train_split, args.dataset_config), tokenizer, args, args.train_split)
+    # (prompt + completion budget must fit the policy's positions)
+    positions = getattr(policy.config, "max_position_embeddings", None)
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_questions(train_ds, tokenizer, args, args.train_split, positions)
+    eval_flag = "--eval-dataset-name-or-path" if args.eval_dataset_name_or_path else "--dataset-name-or-path"
     eval_ds = load_split(args.eval_dataset_name_or_path or args.dataset_name_or_path, args.eval_split,
-                         None if args.eval_dataset_name_or_path else args.dataset_config)
-    eval_rows = prepare_questions(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split)
+                         None if args.eval_dataset_name_or_path else args.dataset_config, eval_flag)
+    eval_rows = prepare_questions(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args,
+                                  args.eval_split, positions)
     stream = question_stream(train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index)
 
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
@@ -1167,6 +1441,11 @@ def main(args: Args) -> dict:
     unwrapped = accelerator.unwrap_model(model)
     check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
+    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
+        raise SystemExit(f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
+                         f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
+                         "which vLLM refuses as its max_model_len; lower --max-prompt-length")
     vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
     use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else (
         not args.use_vllm and args.dtype == "float32" and accelerator.mixed_precision == "no")
@@ -1222,24 +1501,36 @@ def main(args: Args) -> dict:
         idx = [g * G + j for g in groups for j in range(G)]
         return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
 
-    logger = RunLogger(args, accelerator)
-    metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
-    logger.log(metrics, 0, 0)
-    accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
-    episode, progress = 0, tqdm(range(1, args.total_steps + 1), disable=not accelerator.is_main_process, desc=f"grpo ({args.loss_type})")
+    run.begin()
+    episode, drawn, start_step = 0, 0, 0  # drawn: questions this process took from `stream`
+    if state := run.resume():  # weights, optimizer, schedule and every process's RNG; the loop's counters here
+        start_step, episode, metrics = state["step"], state["episode"], state["metrics"]
+        drawn = state["drawn"][accelerator.process_index]
+        for _ in range(drawn):  # replay the question order up to the checkpoint, without sampling
+            next(stream)
+        if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
+            vllm_sampler.load_weights(unwrapped)
+    else:
+        metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+        run.log(metrics, 0, 0)
+        accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
+    progress = tqdm(range(start_step + 1, args.total_steps + 1), initial=start_step, total=args.total_steps,
+                    disable=not accelerator.is_main_process, desc=f"grpo ({args.loss_type})")
     for step in progress:
         t_step = time.time()
+        before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
         # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with some right and some
         # wrong completions and samples more questions until this process has Q of them ----
         model.eval()
         sampled, kept, dropped, rounds = [], [], [], 0
         while (need := questions_needed(Q - len(kept))) > 0:
             batch = sample_and_score([next(stream) for _ in range(need)])
+            drawn += need
             sampled.append(batch)
             rounds += 1
-            signal = groups_to_keep(batch, G, args.dynamic_sampling)
-            kept += [select_groups(batch, [g]) for g, s in enumerate(signal) if s]
-            dropped += [select_groups(batch, [g]) for g, s in enumerate(signal) if not s]
+            keep = groups_to_keep(batch, G, args.dynamic_sampling)
+            kept += [select_groups(batch, [g]) for g, s in enumerate(keep) if s]
+            dropped += [select_groups(batch, [g]) for g, s in enumerate(keep) if not s]
             kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
             if rounds >= args.max_sampling_rounds and len(kept) < Q:
                 # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
@@ -1299,9 +1590,9 @@ def main(args: Args) -> dict:
                         ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
                         out = micro_batch_loss(model, packed, advantages[idx], mask, old, ref, args, mini_size,
                                                num_tokens)
-                        if not torch.isfinite(out["loss"]):
-                            raise RuntimeError(f"non-finite GRPO loss {out['loss'].item()} at step {step}; lower "
-                                               "--learning-rate or check the rewards")
+                        if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
+                            run.stop(grpo_loop_state(*before), f"non-finite GRPO loss at step {step}: lower "
+                                     "--learning-rate or check the rewards")
                         # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
                         # (DeepSpeed: its engine) divides every backward by the accumulation steps: undo that
                         accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)
@@ -1314,6 +1605,9 @@ def main(args: Args) -> dict:
                         stats["entropy"].append((out["entropy"] * cm).sum())
                 stats["loss"].append(update_loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
+                if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                    run.stop(grpo_loop_state(*before),
+                             f"non-finite gradient norm at step {step}: lower --learning-rate")
                 stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
                 optimizer.step()
                 optimizer.zero_grad()
@@ -1343,28 +1637,28 @@ def main(args: Args) -> dict:
             if args.dynamic_sampling:
                 logged["objective/groups_dropped"] = mean(torch.tensor(len(dropped) / (len(everything["completions"]) // G)))
                 logged["perf/sampling_rounds"] = mean(torch.tensor(float(rounds)))
-            logger.log(logged, step, episode)
+            run.log(logged, step, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", length=f"{logged['objective/completion_length']:.1f}")
         if step % args.eval_every == 0 or step == args.total_steps:
             metrics, records = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
-            logger.log(metrics, step, episode)
+            run.log(metrics, step, episode)
             accelerator.print(f"step {step}: eval/accuracy {metrics['eval/accuracy']:.4f}")
-            if accelerator.is_main_process:
-                with open(logger.dir / "samples.jsonl", "a") as f:
-                    for r in records[:4]:
-                        f.write(json.dumps({"step": step, "question": r["question"], "completion": r["completion"], "gold": r["gold"],
-                                            "correct": r["correct"][0]}) + "\n")
+            run.log_samples([{"question": r["question"], "completion": r["completion"], "gold": r["gold"],
+                              "correct": r["correct"][0]} for r in records[:4]], step)
+        if run.stop_requested():  # a collective: every process, every step
+            run.stop(grpo_loop_state(step, episode, drawn, metrics))
+        if args.save_every and step % args.save_every == 0 and step < args.total_steps:
+            run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
     progress.close()
 
     # ---- at the end: pass@k and maj@k from k samples per evaluation question ----
     if args.pass_k > 0:
         pass_metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, args.pass_k, args.temperature)
-        logger.log(pass_metrics, args.total_steps, episode)
+        run.log(pass_metrics, args.total_steps, episode)
         accelerator.print(f"pass@{args.pass_k} {pass_metrics['eval/pass@k']:.4f}, maj@{args.pass_k} {pass_metrics['eval/maj@k']:.4f}")
         metrics = {**metrics, **pass_metrics}
-    if args.save_model:
-        save_model(model, tokenizer, accelerator, logger.dir / "model")
-    logger.close()
+    run.finish(model, tokenizer, {"step": args.total_steps, "episode": episode, "total_steps": args.total_steps,
+                                  "total_episodes": episode})  # every sampled completion, dropped groups included
     accelerator.end_training()
     return metrics
 

@@ -44,10 +44,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import resource
+import shutil
+import signal
 import socket
+import string
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,9 +78,16 @@ class Args:
     seed: int = 1
     """seed of the experiment (data order, sampling)"""
     run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
+    see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    save_every: int = 0
+    """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    resume: bool = False
+    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
+    overwrite: bool = False
+    """delete `runs/<run_name>` if it holds a run, and start over"""
     track: bool = False
     """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
     wandb_project: str = "clean-rlhf"
@@ -298,15 +310,57 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
     return load_dataset(name_or_path, config, split=split)
 
 
-def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+def template_fields(template: str, flag: str) -> list[str]:
+    """The row fields a format string uses (`{question}` -> question), or a one-line error naming the flag."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
+    if any(name == "" or name.isdigit() for name in names):
+        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
+                         "e.g. {question}")
+    return [re.match(r"[^.\[]*", name).group() for name in names]
+
+
+def chat_messages(value) -> bool:
+    """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
+    format)."""
+    return isinstance(value, list) and len(value) > 0 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
+def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
+    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
+    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
+    for name in template_fields(template, flag):
+        value = row.get(name)
+        if name not in row:
+            raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
+                             f"({flag} {template!r}); its fields are {sorted(row)}")
+        if value is None:
+            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                             f"{template!r}) is missing or null; fill it in or drop the row")
+        if chat_messages(value):
+            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
+                             f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
+                             "tokenizer's chat template")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                             f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}")
     try:
         text = template.format(**row)
-    except KeyError as e:
-        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-                         f"'{template}'; its fields are {sorted(row)}") from None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: "
+                         f"{e}") from None
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
     return text
+
+
+def whole_field_messages(template: str, row: dict) -> list[dict] | None:
+    """The chat messages of a template that is one field alone (`{prompt}`) holding them; None otherwise."""
+    match = re.fullmatch(r"\{(\w+)\}", template.strip())
+    return row[match.group(1)] if match and chat_messages(row.get(match.group(1))) else None
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -411,45 +465,8 @@ def numbers_equal(predicted: str | None, gold: str) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Run directory and metrics
+# Metrics
 # ----------------------------------------------------------------------------------------------------
-
-
-class RunLogger:
-    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
-    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
-
-    def __init__(self, args: Args, accelerator: Accelerator):
-        self.enabled = accelerator.is_main_process
-        self.dir = Path(args.output_dir) / args.run_name
-        self.start = time.time()
-        self.wandb = None
-        if not self.enabled:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-        self.file = open(self.dir / "metrics.jsonl", "w")
-        if args.track:
-            import wandb
-
-            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                    config=dataclasses.asdict(args), dir=str(self.dir))
-
-    def log(self, metrics: dict, step: int, episode: int) -> None:
-        if not self.enabled:
-            return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.wandb is not None:
-                self.wandb.finish()
 
 
 def peak_mem_gb(device: torch.device) -> float:
@@ -690,32 +707,90 @@ def score_responses(reward_model, queries: torch.Tensor, postprocessed: torch.Te
     return scores, contain_eos
 
 
-def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """Prompt token ids plus what evaluation needs: the reference response, the gold answer (math) and the
-    key facts (tiny-tldr). Overlong prompts are an error (or dropped with `--drop-overlong`)."""
+def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
+    """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
+    `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational prompt
+    format, {"prompt": [{"role": "user", "content": ...}]}), those messages in the tokenizer's chat template, ready for
+    the assistant's turn."""
+    messages = whole_field_messages(args.prompt_template, row)
+    if messages is None:
+        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
+        if not args.use_chat_template:
+            return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if not tokenizer.chat_template:
+            raise SystemExit(f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has "
+                             "no chat template; drop the flag or give a model that has one")
+        messages = [{"role": "user", "content": prompt}]
+    elif messages[-1]["role"] == "assistant":
+        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --prompt-template "
+                         f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
+                         "give the prompt's messages only (TRL's conversational prompt format, the completion "
+                         "elsewhere)")
+    elif not tokenizer.chat_template:
+        raise SystemExit(f"error: row {index} of split '{split}' holds chat messages, but the tokenizer of "
+                         f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
+                         "plain-text prompts or a model with a chat template")
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def reference_text(row: dict, index: int, split: str, args: Args) -> str:
+    """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
+    (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
+    messages = whole_field_messages(args.reference_template, row)
+    if messages is None:
+        return render(args.reference_template, row, index, split, "reference", "--reference-template")
+    text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --reference-template "
+                         f"{args.reference_template!r} hold no assistant turn to take the reference from")
+    return text
+
+
+def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None,
+                    evaluation: bool) -> list[dict]:
+    """Prompt token ids plus what the reward and evaluation need: the reference response, the gold answer (math) and
+    the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
+    an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
+    `--response-length` of the model's positions, is an error (or dropped with `--drop-overlong`)."""
     rows, dropped = [], 0
+    needs_gold = args.reward_source == "math" or (evaluation and args.eval_task in ("gsm8k", "boxed"))
+    needs_reference = needs_gold or (evaluation and args.eval_task == "tldr")
     for i, row in enumerate(ds):
-        prompt = render(args.prompt_template, row, i, split, "prompt")
-        if args.use_chat_template:
-            ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False))
-        else:
-            ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if len(ids) > args.max_prompt_length:
-            if not args.drop_overlong:
+        ids = prompt_token_ids(row, i, split, tokenizer, args)
+        too_long = len(ids) > args.max_prompt_length
+        no_room = max_positions is not None and len(ids) + args.response_length > max_positions
+        if too_long or no_room:
+            if args.drop_overlong:
+                dropped += 1
+                continue
+            if too_long:
                 raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
                                  f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
-            dropped += 1
-            continue
-        item = {"prompt_ids": ids, "reference": render(args.reference_template, row, i, split, "reference"), "facts": row.get("facts")}
-        if args.reward_source == "math" or args.eval_task in ("gsm8k", "boxed"):
+            raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
+                             f"{args.response_length} more tokens do not fit the {max_positions} positions of "
+                             f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
+                             f"{args.max_prompt_length}) with --drop-overlong, or --response-length")
+        item = {"prompt_ids": ids, "reference": None, "facts": None}
+        if needs_reference:
+            item["reference"] = reference_text(row, i, split, args)
+        if needs_gold:
             item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(item["reference"])
             if item["gold"] is None:
-                raise SystemExit(f"error: row {i} of split '{split}': the reference '{item['reference'][-80:]}' has no final "
-                                 f"answer in the {args.answer_format} format (--reference-template, --answer-format)")
+                raise SystemExit(f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
+                                 f"final answer in the {args.answer_format} format (--reference-template, "
+                                 "--answer-format)")
+        if evaluation and args.eval_task == "tldr":
+            facts = row.get("facts")
+            if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
+                found = "has none" if facts is None else f"holds {str(facts)[:60]!r}"
+                raise SystemExit(f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
+                                 f"'facts' (a list of words, as in tiny-tldr), but it {found}; use --eval-task none "
+                                 "for other data")
+            item["facts"] = facts
         rows.append(item)
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than {args.max_prompt_length} tokens")
+        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
+              f"{args.max_prompt_length} or than the model's positions less --response-length")
     if not rows:
         raise SystemExit(f"error: no usable prompts in split '{split}'")
     return rows
@@ -767,11 +842,81 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
-    model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local, dtype=getattr(torch, args.dtype), **kwargs)
+    try:
+        model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local,
+                                    dtype=getattr(torch, args.dtype), **kwargs)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
     for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
     return model
+
+
+def load_tokenizer(args: Args):
+    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
+    local = os.path.isdir(args.sft_model_path)
+    if not local:
+        require_hub(args.sft_model_path, "model", "--sft-model-path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code,
+                                                  local_files_only=local)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
+                         f"load (is it a model saved with save_pretrained?): {reason}") from None
+    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
+
+
+def load_reward_model(args: Args, tokenizer):
+    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
+    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
+    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
+    causal LM) loads with a random head: a warning."""
+    path, flag = args.reward_model_path, "--reward-model-path"
+    if path is None:
+        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
+    kind = getattr(model.config, "reward_type", "outcome")
+    if kind != "outcome":
+        raise SystemExit(f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
+                         "whole responses: give an outcome reward model (reward_model.py --objective outcome)")
+    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
+        print(f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
+              "head is untrained, so the rewards are noise", file=sys.stderr)
+    try:
+        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
+    except (OSError, ValueError, KeyError, TypeError):
+        rm_vocab = None  # no tokenizer saved with it: nothing to compare
+    if rm_vocab is not None:
+        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
+        if differ:
+            raise SystemExit(f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                             f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer")
+    return model.eval().requires_grad_(False)
+
+def non_finite_policy(update: int, args: Args) -> str:
+    """The error line of a policy whose logits are no longer finite, met by sampling (torch's "probability tensor
+    contains either inf, nan or element < 0"): the update before moved the weights too far in one step whose loss and
+    gradient were finite (Adam moves each weight by about the learning rate), so the checks before the optimizer step
+    could not see it."""
+    if update == 1:
+        return f"the logits of --sft-model-path {args.sft_model_path} are not finite (inf or nan); nothing to sample"
+    return (f"the policy's logits are not finite at update {update} (sampling met inf or nan): update {update - 1} "
+            f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g}) and start over with "
+            "--overwrite")
+
+
+def check_finite_weights(model, run: Run, flag: str, path: str) -> None:
+    """A checkpoint with a NaN or inf weight (saved by a run that diverged, or broken in conversion) is a one-line
+    error now, not NaN logits at the first update. Under ZeRO-3 each process checks its shard (`ds_tensor`); the
+    answer is or-ed over the processes."""
+    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(getattr(p, "ds_tensor", p)).all()),
+               None)
+    if run.any_process(bad is not None):
+        raise SystemExit(f"error: {flag} {path} has non-finite weights ({bad or 'on another process'}): the run that "
+                         "saved it diverged, or the file is broken; give a finite checkpoint")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -888,6 +1033,219 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
+# argument checks (copied verbatim between scripts; tests/test_faults.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Run:
+    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
+    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
+    go to wandb too with `--track`.
+
+    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
+    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
+    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
+    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+
+    def __init__(self, args, accelerator: Accelerator):
+        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.state, self.signal, self.wandb, self.file = None, None, None, None
+        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
+            old = self.dir / f"{name}.old"
+            if self.main and old.exists() and not (self.dir / name).exists():
+                old.rename(self.dir / name)
+        accelerator.wait_for_everyone()
+        self.held = self.dir.is_dir() and any(self.dir.iterdir())
+        if args.resume:
+            if (self.dir / "done.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+            if not (self.dir / "checkpoint" / "state.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                                 "(with --overwrite if the directory is in use)")
+            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+        elif self.held and not args.overwrite:
+            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                             "delete it and start over, or another --run-name")
+
+    def begin(self) -> None:
+        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
+        accelerator, args = self.accelerator, self.args
+        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
+        if self.main:
+            if self.held and not args.resume:
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            last = self.state["step"] if self.state else -1
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
+                path = self.dir / name
+                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
+                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+            self.file = open(self.dir / "metrics.jsonl", "a")
+            if args.track:
+                import wandb
+
+                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
+                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
+                id_file.write_text(run_id)
+                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+        self.start = time.time() - (self.state["time"] if self.state else 0.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        accelerator.wait_for_everyone()
+
+    def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = signum
+        if self.main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                  "to stop at once)", file=sys.stderr, flush=True)
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.main:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self.main:
+            with open(self.dir / "samples.jsonl", "a") as f:
+                for r in records:
+                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def any_process(self, flag: bool) -> bool:
+        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return total.item() > 0
+
+    def stop_requested(self) -> bool:
+        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
+        return self.any_process(self.signal is not None)
+
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
+        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
+        return not self.any_process(not finite)
+
+    def checkpoint(self, state: dict) -> Path:
+        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
+        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
+        if self.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
+            (tmp / "state.json").write_text(json.dumps(state) + "\n")
+            replace_dir(tmp, final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def resume(self) -> dict | None:
+        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
+        returns the loop's state; None on a new run."""
+        if self.state is not None:
+            if self.state["num_processes"] != self.accelerator.num_processes:
+                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
+        return self.state
+
+    def stop(self, state: dict, error: str | None = None) -> None:
+        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
+        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+        path = self.checkpoint(state)
+        self.close()
+        how = f"continue with the same command and --resume (checkpoint: {path})"
+        if error:
+            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
+        signum = self.signal or signal.SIGTERM
+        if self.main:
+            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
+        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
+        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        accelerator, args = self.accelerator, self.args
+        if args.save_model:
+            if self.main:
+                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
+            accelerator.wait_for_everyone()
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            if self.main:
+                replace_dir(self.dir / "model.tmp", self.dir / "model")
+        if self.main:
+            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in PRESETS else None
+            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
+            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+        self.close()
+        accelerator.wait_for_everyone()
+        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
+
+    def close(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SystemExit(f"error: {flag} is {value}; give a finite number")
+        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
+                                    "_episodes", "_k")) or f.name.startswith("num_")
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
+            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
+    if not args.learning_rate > 0:
+        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
+    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
+        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
+    if getattr(args, "temperature", 1.0) <= 0:
+        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
+    if args.resume and args.overwrite:
+        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------
 
@@ -897,45 +1255,56 @@ def main(args: Args) -> dict:
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
     device = accelerator.device
 
     # ---- batch arithmetic ----
     micro_batch_size = args.per_device_batch_size // args.gradient_accumulation_steps
     if micro_batch_size * args.gradient_accumulation_steps != args.per_device_batch_size:
-        raise SystemExit("error: per_device_batch_size must be divisible by gradient_accumulation_steps")
+        raise SystemExit(f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
+                         f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches")
+    if args.reward_clip < 0:
+        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
     batch_size = args.per_device_batch_size * accelerator.num_processes
     num_updates = args.total_episodes // batch_size
     if num_updates == 0:
-        raise SystemExit(f"error: total_episodes {args.total_episodes} is less than one batch of {batch_size}")
+        raise SystemExit(f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
+                         f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
+                         "processes)")
 
     # ---- models: policy (trained), reference and reward model (frozen); no value model ----
-    local = os.path.isdir(args.sft_model_path)
-    if not local:
-        require_hub(args.sft_model_path, "model", "--sft-model-path")
-    tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local)
-    ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
+    tokenizer = load_tokenizer(args)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    check_finite_weights(policy, run, "--sft-model-path", args.sft_model_path)
     if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
         raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
                          f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
                          "(sft.py --add-pad-token)")
     ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
-    reward_model = None
-    if args.reward_source == "model":
-        if args.reward_model_path is None:
-            raise SystemExit("error: --reward-source model needs --reward-model-path")
-        reward_model = load_pretrained(AutoModelForSequenceClassification, args.reward_model_path, args, "reward model",
-                                       "--reward-model-path", num_labels=1).eval().requires_grad_(False)
+    reward_model = load_reward_model(args, tokenizer) if args.reward_source == "model" else None
+    if reward_model is not None:
+        check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
     for m in (policy, ref_policy):
         m.generation_config.pad_token_id = tokenizer.pad_token_id
     if reward_model is not None:  # its own forward refuses batches without a pad id (the score is read by position)
         reward_model.config.pad_token_id = tokenizer.pad_token_id
 
-    # ---- data ----
-    train_rows = prepare_prompts(load_split(args.dataset_name_or_path, args.train_split, args.dataset_config), tokenizer, args, args.train_split)
+    # ---- data: every field training and evaluation use is checked now, before the first update ----
+    config = policy.config
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions is not None and args.response_length >= max_positions:
+        raise SystemExit(f"error: --response-length {args.response_length} leaves no room for a prompt in the "
+                         f"{max_positions} positions of --sft-model-path (max_position_embeddings)")
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
     eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split)
+    eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args,
+                                args.eval_split, max_positions, evaluation=True)
+    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
+        raise SystemExit(f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
+                         f"batch of {args.per_device_batch_size} (--per-device-batch-size)")
     loader = torch.utils.data.DataLoader(list(range(len(train_rows))), batch_size=args.per_device_batch_size, shuffle=True,
                                          drop_last=True, generator=torch.Generator().manual_seed(args.seed))
 
@@ -943,23 +1312,34 @@ def main(args: Args) -> dict:
     configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
-    logger = RunLogger(args, accelerator)
     use_sampler_logprobs = (args.sampler_logprobs if args.sampler_logprobs is not None
                             else args.dtype == "float32" and accelerator.mixed_precision == "no")
     synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    unwrapped = accelerator.unwrap_model(model)
+    check_packing(unwrapped)
+    run.begin()
 
     def batches():
         while True:
             yield from loader
 
-    iterator = batches()
-    unwrapped = accelerator.unwrap_model(model)
-    check_packing(unwrapped)
-    metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
-    logger.log(metrics, 0, 0)
-    accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    def loop_state(update: int) -> dict:
+        """The loop's state after `update` updates (the learning rate follows from it; the data position is
+        replayed)."""
+        return {"step": update, "episode": update * batch_size, "metrics": metrics}
+
+    iterator, start = batches(), 0
+    if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
+        start, metrics = state["step"], state["metrics"]
+        for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
+            next(iterator)
+    else:
+        metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+        run.log(metrics, 0, 0)
+        accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
-    progress = tqdm(range(1, num_updates + 1), disable=not accelerator.is_main_process, desc="remax")
+    progress = tqdm(range(start + 1, num_updates + 1), initial=start, total=num_updates,
+                    disable=not accelerator.is_main_process, desc="remax")
     for update in progress:
         if args.anneal_lr:
             for group in optimizer.param_groups:
@@ -974,16 +1354,25 @@ def main(args: Args) -> dict:
             # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
             # time on all-pad columns (as in ppo_rlhf.py).
             stop_id = tokenizer.eos_token_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
-            responses, logprobs, entropy = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
-                                                            args.response_length, args.temperature, synced=synced)
+            sampled = None
+            try:
+                sampled = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
+                                           args.response_length, args.temperature, synced=synced)
+            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
+                if "probability tensor" not in str(e):
+                    raise
+            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
+                run.stop(loop_state(update - 1), non_finite_policy(update, args))
+            responses, logprobs, entropy = sampled
             greedy = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
                                       args.response_length, 0.0, synced=synced)[0]
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
             postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
-            if (sequence_lengths < 0).any():
-                raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
+            if run.any_process(bool((sequence_lengths < 0).any())):
+                run.stop(loop_state(update - 1), f"a response sampled at update {update} is empty (its first token is "
+                         f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path")
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
             scores, contain_eos = score_responses(reward_model, queries, postprocessed, texts, rows, tokenizer, args)
             greedy = truncate_response(greedy, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else greedy
@@ -1023,11 +1412,15 @@ def main(args: Args) -> dict:
                 mb_queries, mb_responses = [query_tokens[i] for i in mb], [response_tokens[i] for i in mb]
                 loss_sum = remax_micro_batch_loss(model, mb_queries, mb_responses, advantages[mb],
                                                   tokenizer.pad_token_id, capacity, args.temperature)
-                if not torch.isfinite(loss_sum):
-                    raise RuntimeError(f"non-finite ReMax loss at update {update}: {loss_sum.item()}")
+                if not run.all_finite(loss_sum):  # a collective: every process checks every micro-batch
+                    run.stop(loop_state(update - 1), f"non-finite ReMax loss at update {update}: lower "
+                             f"--learning-rate (now {args.learning_rate:g}) or check the rewards")
                 backward_share(accelerator, loss_sum, total_tokens)
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                        run.stop(loop_state(update - 1), f"non-finite gradient norm at update {update}: lower "
+                                 f"--learning-rate (now {args.learning_rate:g})")
                 optimizer.step()
                 optimizer.zero_grad()
             pg_losses.append(loss_sum.detach())
@@ -1045,24 +1438,25 @@ def main(args: Args) -> dict:
                 "objective/completion_length": g((sequence_lengths + 1).float()), "objective/eos_rate": g(contain_eos.float()),
                 "loss/policy_avg": g(torch.stack(pg_losses).sum() / valid.sum()),
                 "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()), "objective/kl_coef": args.kl_coef,
-                "lr": optimizer.param_groups[0]["lr"], "perf/episodes_per_sec": episode / (time.time() - start_time),
+                "lr": optimizer.param_groups[0]["lr"],
+                "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": peak_mem_gb(device),
             }
-            logger.log(logged, update, episode)
+            run.log(logged, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
-            logger.log(metrics, update, episode)
+            run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            if accelerator.is_main_process:
-                with open(logger.dir / "samples.jsonl", "a") as f:
-                    for t, s in list(zip(texts, scores.tolist()))[:4]:
-                        f.write(json.dumps({"update": update, "response": t, "score": s}) + "\n")
+            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
+        if run.stop_requested():  # a collective: every process asks after every update
+            run.stop(loop_state(update))
+        if args.save_every and update % args.save_every == 0 and update < num_updates:
+            run.checkpoint(loop_state(update))
     progress.close()
 
-    if args.save_model:  # on every rank: under ZeRO-3 the weights are gathered from all of them
-        save_model(model, tokenizer, accelerator, logger.dir / "model")
-    logger.close()
+    run.finish(model, tokenizer, {"step": num_updates, "episode": num_updates * batch_size, "total_steps": num_updates,
+                                  "total_episodes": num_updates * batch_size})
     accelerator.end_training()
     return metrics
 

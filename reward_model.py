@@ -39,6 +39,7 @@ The saved format, which every consumer (ppo_rlhf.py, grpo_math.py, ...) reads wi
 Usage:
     python reward_model.py tiny-tldr --sft-model-path runs/<sft run>/model
     python reward_model.py tiny-math-prm --sft-model-path runs/<sft run>/model
+    python reward_model.py tiny-tldr ... --resume  # continue a run stopped by SIGTERM / Ctrl-C, from its checkpoint
     accelerate launch --multi_gpu --num_processes 8 reward_model.py tldr-pythia-1b --sft-model-path ...
 """
 
@@ -50,8 +51,13 @@ import itertools
 import json
 import math
 import os
+import re
 import resource
+import shutil
+import signal
 import socket
+import string
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -67,7 +73,7 @@ from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 
 @dataclass
@@ -78,9 +84,16 @@ class Args:
     seed: int = 1
     """seed of the experiment (head init, data order)"""
     run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (rerunning overwrites it)"""
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
+    see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, model/) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    save_every: int = 0
+    """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    resume: bool = False
+    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
+    overwrite: bool = False
+    """delete `runs/<run_name>` if it holds a run, and start over"""
     track: bool = False
     """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
     wandb_project: str = "clean-rlhf"
@@ -114,22 +127,27 @@ class Args:
     eval_split: str = "validation"
     """split to evaluate on"""
     prompt_template: str = "{query}"
-    """Python format string building the prompt from a row's fields"""
+    """Python format string building the prompt from a row's fields (each must be text: a missing, null or list field
+    is an error). A template that is one field alone (`{prompt}`) holding chat messages, TRL's conversational
+    format [{"role": "user", "content": ...}], is rendered with the tokenizer's chat template, ready for the
+    assistant's turn"""
     use_chat_template: bool = False
     """wrap the prompt as a user message with the tokenizer's chat template"""
     chosen_field: str = "chosen"
-    """(outcome) field of the preferred response"""
+    """(outcome) field of the preferred response: text, or TRL's conversational [{"role": "assistant", "content": ...}]
+    (with the prompt's messages in their own field); TRL's implicit-prompt format, the whole conversation in chosen and
+    rejected, is refused with a message saying how to split it"""
     rejected_field: str = "rejected"
-    """(outcome) field of the dispreferred response"""
+    """(outcome) field of the dispreferred response (as `chosen_field`)"""
     margin_field: str | None = None
     """(outcome) optional field with a per-pair margin m, making the loss -log sigmoid(r_c - r_r - m)"""
     confidence_field: str | None = None
     """(outcome) optional field whose values group the validation accuracy (OpenAI's labeller confidence); a dotted
     path reads a nested field (`extra.confidence` in the N+ data); rows where it is absent or null are not grouped"""
     steps_field: str = "completions"
-    """(process) field with the list of steps (TRL stepwise-supervision format)"""
+    """(process) field with the list of step texts (TRL stepwise-supervision format)"""
     labels_field: str = "labels"
-    """(process) field with one boolean per step: is the step correct"""
+    """(process) field with one boolean per step, as many as the steps: is the step correct"""
     step_separator: str = "\n"
     """(process) text appended after every step; it must be one token, at which the step is scored"""
     max_length: int = 638
@@ -152,8 +170,9 @@ class Args:
     norm_split: str = "train"
     """split of the normalisation dataset"""
     norm_response_template: str = "{reference_response}"
-    """format string of the reference response (the prompt uses `prompt_template`); one EOS ends it, appended unless
-    it already ends with EOS"""
+    """format string of the reference response (the prompt uses `prompt_template`), or one field alone holding TRL's
+    conversational completion [{"role": "assistant", "content": ...}]; one EOS ends it, appended unless it already ends
+    with EOS. Every row is checked before training"""
     num_norm_examples: int = 1024
     """reference responses scored for the normalisation"""
 
@@ -304,12 +323,64 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
     return load_dataset(name_or_path, config, split=split)
 
 
-def load_tokenizer(name_or_path: str, args: Args):
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
+def load_config(name_or_path: str, args: Args):
+    """The model config of `--sft-model-path` (read before the weights: the positions bound every row's length)."""
     local = os.path.isdir(name_or_path)
     if not local:
         require_hub(name_or_path, "model", "--sft-model-path")
-    tok = AutoTokenizer.from_pretrained(name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local)
+    try:
+        return AutoConfig.from_pretrained(name_or_path, revision=args.revision,
+                                          trust_remote_code=args.trust_remote_code, local_files_only=local)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # no or a broken config.json, an unknown model type
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: --sft-model-path {name_or_path} holds no model config that transformers can load: "
+                         f"{reason}") from None
+
+
+def load_tokenizer(name_or_path: str, args: Args):
+    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`). A directory without tokenizer
+    files, or whose tokenizer has far fewer tokens than the model's embedding has rows, is refused in one line: from
+    such a directory (a model/ whose save was killed after the weights, or a copy without its tokenizer) transformers
+    builds a tokenizer of a few tokens from the model type alone, and every text would become unknown tokens."""
+    flag, local = "--sft-model-path", os.path.isdir(name_or_path)
+    config = load_config(name_or_path, args)
+    if local and not any((Path(name_or_path) / f).exists() for f in TOKENIZER_FILES):
+        raise SystemExit(f"error: {flag} {name_or_path} holds no tokenizer (no {', '.join(TOKENIZER_FILES[:3])}, ...): "
+                         "was its save interrupted? Pass a complete model directory (weights and tokenizer)")
+    try:
+        tok = AutoTokenizer.from_pretrained(name_or_path, revision=args.revision,
+                                            trust_remote_code=args.trust_remote_code, local_files_only=local)
+    except (OSError, ValueError, KeyError, TypeError) as e:  # missing or truncated tokenizer files
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: {flag} {name_or_path} holds no tokenizer that transformers can load: "
+                         f"{reason}") from None
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if vocab and len(tok) < vocab // 2:
+        raise SystemExit(f"error: the tokenizer of {flag} {name_or_path} has {len(tok)} tokens for a model "
+                         f"embedding of {vocab} rows: its tokenizer files are incomplete (was its save interrupted?); "
+                         "pass a complete model directory (weights and tokenizer)")
     return ensure_pad_token(tok, args.add_pad_token, name_or_path)
+
+
+def load_model(args: Args, tokenizer):
+    """The SFT model with a one-label score head (AutoModelForSequenceClassification), its embedding grown for an added
+    `[PAD]`; a directory whose weights cannot be loaded is a one-line error naming it and the flag."""
+    local = os.path.isdir(args.sft_model_path)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            args.sft_model_path, num_labels=1, revision=args.revision, trust_remote_code=args.trust_remote_code,
+            local_files_only=local, dtype=getattr(torch, args.dtype))
+    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no weights, truncated safetensors, mismatched shapes
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: --sft-model-path {args.sft_model_path} cannot be loaded as a reward model "
+                         f"(AutoModelForSequenceClassification): {reason}") from None
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
+        model.resize_token_embeddings(len(tokenizer))
+    return model
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -516,23 +587,104 @@ def packed_rewards(model, packed: dict) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------
 
 
-def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+def template_fields(template: str, flag: str) -> list[str]:
+    """The row fields a format string uses (`{query}` -> query), or a one-line error naming the flag."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
+    if any(name == "" or name.isdigit() for name in names):
+        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
+                         "e.g. {query}")
+    return [re.match(r"[^.\[]*", name).group() for name in names]
+
+
+def chat_messages(value) -> bool:
+    """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
+    format)."""
+    return isinstance(value, list) and len(value) > 0 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
+def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
+    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
+    chat messages) is a one-line error naming the row (`where`), the field and the flag, never a silent `None` or
+    `[...]` in the text."""
+    for name in template_fields(template, flag):
+        if name not in row:
+            chat = [k for k, v in row.items() if chat_messages(v)]
+            hint = f"; for TRL's conversational format pass {flag} '{{{chat[0]}}}'" if chat else ""
+            raise SystemExit(f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
+                             f"its fields are {sorted(row)}{hint}")
+        value = row[name]
+        if value is None:
+            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
+                             "or drop the row")
+        if chat_messages(value):
+            raise SystemExit(f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
+                             f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
+                             f"{type(value).__name__}, not text: {str(value)[:60]!r}")
     try:
         text = template.format(**row)
-    except KeyError as e:
-        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-                         f"'{template}'; its fields are {sorted(row)}") from None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: {where}: {flag} {template!r} cannot be filled in: {e}") from None
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+        raise SystemExit(f"error: {where} renders an empty {what} ({flag} {template!r})")
     return text
 
 
-def field(row: dict, name: str, index: int, split: str, kind: type):
+def whole_field_messages(template: str, row: dict) -> list[dict] | None:
+    """The chat messages of a template that is one field alone (`{prompt}`) holding them; None otherwise."""
+    match = re.fullmatch(r"\{(\w+)\}", template.strip())
+    return row[match.group(1)] if match and chat_messages(row.get(match.group(1))) else None
+
+
+def prompt_token_ids(row: dict, where: str, tokenizer, args: Args) -> list[int]:
+    """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
+    `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational format,
+    {"prompt": [{"role": "user", "content": ...}], ...}), those messages in the tokenizer's chat template, ready for
+    the assistant's turn."""
+    messages = whole_field_messages(args.prompt_template, row)
+    if messages is None:
+        prompt = render(args.prompt_template, row, where, "prompt", "--prompt-template")
+        if not args.use_chat_template:
+            return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        messages = [{"role": "user", "content": prompt}]
+    elif messages[-1]["role"] == "assistant":
+        raise SystemExit(f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} end with an "
+                         "assistant turn; the prompt ends before the response: give the prompt's messages only and the "
+                         "responses in their own fields (TRL's conversational prompt/chosen/rejected format)")
+    if not tokenizer.chat_template:
+        raise SystemExit(f"error: the tokenizer of --sft-model-path {args.sft_model_path} has no chat template, so the "
+                         f"chat messages of {where} (or --use-chat-template) cannot be rendered; give plain-text "
+                         "prompts")
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def response_text(row: dict, where: str, name: str, flag: str) -> str:
+    """A response of a row (chosen, rejected, or the normalisation's reference): the field's text, or the assistant
+    turn of TRL's conversational format ({"prompt": [user messages], "chosen": [{"role": "assistant", "content": ...}],
+    ...}). A missing, null, empty or non-text field, or a whole conversation (TRL's implicit-prompt format, the prompt
+    repeated in both responses), is a one-line error naming the row, the field and the flag."""
     if name not in row:
-        raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}'; its fields are {sorted(row)}")
+        raise SystemExit(f"error: {where} has no field '{name}' ({flag}); its fields are {sorted(row)}")
     value = row[name]
-    if not isinstance(value, kind) or (isinstance(value, (str, list)) and len(value) == 0):
-        raise SystemExit(f"error: field '{name}' of row {index} of split '{split}' must be a non-empty {kind.__name__}, got {value!r}")
+    if value is None:
+        raise SystemExit(f"error: {where}: field '{name}' ({flag}) is null; fill it in or drop the row")
+    if chat_messages(value):
+        if any(m["role"] != "assistant" for m in value):
+            raise SystemExit(f"error: {where}: field '{name}' ({flag}) holds a whole conversation (roles "
+                             f"{[m['role'] for m in value]}), TRL's implicit-prompt format; give the prompt's messages "
+                             "in their own field (--prompt-template '{prompt}') and only the assistant's turn in the "
+                             "response fields (TRL's conversational prompt/chosen/rejected format)")
+        value = "\n".join(m["content"] for m in value)
+    elif not isinstance(value, str):
+        raise SystemExit(f"error: {where}: field '{name}' ({flag}) is a {type(value).__name__}, not text: "
+                         f"{str(value)[:60]!r}")
+    if not value.strip():
+        raise SystemExit(f"error: {where}: field '{name}' ({flag}) is empty; it must be a non-empty string")
     return value
 
 
@@ -546,68 +698,115 @@ def lookup(row: dict, path: str):
     return value
 
 
-def encode_prompt(tokenizer, prompt: str, args: Args) -> list[int]:
-    if args.use_chat_template:
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                  tokenize=True, return_dict=False))
-    return tokenizer(prompt, add_special_tokens=False)["input_ids"]
+def margin_value(row: dict, where: str, args: Args) -> float:
+    """The pair's `--margin-field` (0 without the flag): a finite number, or a one-line error."""
+    if not args.margin_field:
+        return 0.0
+    value = row.get(args.margin_field)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        got = "no such field" if args.margin_field not in row else repr(value)[:60]
+        raise SystemExit(f"error: {where}: the margin (--margin-field {args.margin_field}) must be a finite number; "
+                         f"got {got}")
+    return float(value)
 
 
-def check_length(ids: list[int], args: Args, index: int, split: str) -> bool:
-    if len(ids) <= args.max_length:
+def model_positions(config) -> int | None:
+    """The longest sequence the model's position embeddings cover (None when its config does not say)."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def check_length(ids: list[int], args: Args, where: str, positions: int | None = None) -> bool:
+    """Whether a sequence fits `--max-length` and the model's positions; too long is an error, or False (drop the row)
+    with `--drop-overlong`."""
+    if len(ids) <= args.max_length and (positions is None or len(ids) <= positions):
         return True
     if args.drop_overlong:
         return False
-    raise SystemExit(f"error: row {index} of split '{split}' is {len(ids)} tokens long; the limit is --max-length "
-                     f"{args.max_length}. Raise it or pass --drop-overlong.")
+    if len(ids) > args.max_length:
+        raise SystemExit(f"error: {where} is {len(ids)} tokens long; the limit is --max-length {args.max_length}. "
+                         "Raise it or pass --drop-overlong.")
+    raise SystemExit(f"error: {where} is {len(ids)} tokens long, more than the {positions} positions of "
+                     f"--sft-model-path (max_position_embeddings); lower --max-length (now {args.max_length}) to at "
+                     "most that and pass --drop-overlong")
 
 
-def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """prompt + response + one EOS (`end_with_eos`) for the chosen and the rejected response of every pair."""
-    out, dropped = [], 0
+def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, positions: int | None = None) -> list[dict]:
+    """prompt + response + one EOS (`end_with_eos`) for the chosen and the rejected response of every pair, every field
+    checked now (`prompt_token_ids`, `response_text`, `margin_value`). A pair longer than `--max-length` or the
+    model's `positions` is an error (or dropped with `--drop-overlong`); so is a split whose every pair has chosen =
+    rejected."""
+    out, dropped, same = [], 0, 0
     for i, row in enumerate(ds):
-        prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
-        ids = {}
-        for key, name in (("chosen", args.chosen_field), ("rejected", args.rejected_field)):
-            response = field(row, name, i, split, str)
-            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
-            ids[key] = prompt_ids + end_with_eos(response_ids, tokenizer.eos_token_id)
-        if not (check_length(ids["chosen"], args, i, split) and check_length(ids["rejected"], args, i, split)):
+        where = f"row {i} of split '{split}'"
+        responses = [response_text(row, where, name, flag) for name, flag in
+                     ((args.chosen_field, "--chosen-field"), (args.rejected_field, "--rejected-field"))]
+        prompt_ids = prompt_token_ids(row, where, tokenizer, args)
+        encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in responses]
+        ids = {key: prompt_ids + end_with_eos(e, tokenizer.eos_token_id)
+               for key, e in zip(("chosen", "rejected"), encoded)}
+        margin = margin_value(row, where, args)
+        if not all(check_length(ids[key], args, where, positions) for key in ("chosen", "rejected")):
             dropped += 1
             continue
-        margin = float(row[args.margin_field]) if args.margin_field else 0.0
         confidence = lookup(row, args.confidence_field) if args.confidence_field else None
+        same += ids["chosen"] == ids["rejected"]
         out.append({**ids, "margin": margin, "confidence": confidence})
     if dropped:
-        print(f"dropped {dropped} overlong pairs of '{split}'")
+        print(f"dropped {dropped} of {len(ds)} pairs of '{split}' longer than --max-length or the model's positions")
+    if not out:
+        raise SystemExit(f"error: no usable pairs in split '{split}'")
+    if same == len(out):
+        raise SystemExit(f"error: every pair of split '{split}' has the same chosen and rejected response "
+                         f"(--chosen-field '{args.chosen_field}', --rejected-field '{args.rejected_field}'): there is "
+                         "no preference to learn; check the two fields")
     return out
 
 
-def tokenize_steps(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """prompt, then every step followed by the separator token; the separator carries the step's label,
-    every other position the label -100."""
+def tokenize_steps(ds: Dataset, tokenizer, args: Args, split: str, positions: int | None = None) -> list[dict]:
+    """prompt, then every step followed by the separator token; the separator carries the step's label, every other
+    position the label -100 (TRL's stepwise-supervision format: `completions`, a list of step texts, and `labels`, one
+    boolean per step). A missing, null or mistyped field, or labels that do not match the steps one to one, is a
+    one-line error naming the row and the flag."""
     sep = tokenizer(args.step_separator, add_special_tokens=False)["input_ids"]
     if len(sep) != 1:
         raise SystemExit(f"error: the step separator {args.step_separator!r} is {len(sep)} tokens; it must be exactly one")
     out, dropped = [], 0
     for i, row in enumerate(ds):
-        ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, split, "prompt"), args)
+        where = f"row {i} of split '{split}'"
+        ids = prompt_token_ids(row, where, tokenizer, args)
         labels = [-100] * len(ids)
-        steps, step_labels = field(row, args.steps_field, i, split, list), field(row, args.labels_field, i, split, list)
+        fields = []
+        for name, flag, what in ((args.steps_field, "--steps-field", "step texts"),
+                                 (args.labels_field, "--labels-field", "booleans, one per step")):
+            if name not in row:
+                raise SystemExit(f"error: {where} has no field '{name}' ({flag}); its fields are {sorted(row)}")
+            if not isinstance(row[name], list) or not row[name]:
+                raise SystemExit(f"error: {where}: field '{name}' ({flag}) must be a non-empty list of {what}, got "
+                                 f"{str(row[name])[:60]!r}")
+            fields.append(row[name])
+        steps, step_labels = fields
         if len(steps) != len(step_labels):
-            raise SystemExit(f"error: row {i} of split '{split}' has {len(steps)} steps but {len(step_labels)} labels")
-        for step, label in zip(steps, step_labels):
-            if not isinstance(step, str) or not step.strip() or not isinstance(label, (bool, int)):
-                raise SystemExit(f"error: row {i} of split '{split}' has an empty step or a non-boolean label: {step!r}, {label!r}")
+            raise SystemExit(f"error: {where} has {len(steps)} steps but {len(step_labels)} labels (--steps-field "
+                             f"'{args.steps_field}', --labels-field '{args.labels_field}'): give one label per step")
+        for k, (step, label) in enumerate(zip(steps, step_labels)):
+            if not isinstance(step, str) or not step.strip():
+                raise SystemExit(f"error: {where}: step {k} of field '{args.steps_field}' (--steps-field) is "
+                                 f"{repr(step)[:60]}, not a non-empty text")
+            if not (isinstance(label, (bool, int, float)) and label in (0, 1)):  # a column of numbers reads 0 / 1
+                raise SystemExit(f"error: {where}: label {k} of field '{args.labels_field}' (--labels-field) is "
+                                 f"{repr(label)[:60]}, not a boolean (is step {k} correct)")
             step_ids = tokenizer(step, add_special_tokens=False)["input_ids"]
             ids += step_ids + sep
             labels += [-100] * len(step_ids) + [int(label)]
-        if not check_length(ids, args, i, split):
+        if not check_length(ids, args, where, positions):
             dropped += 1
             continue
         out.append({"input_ids": ids, "labels": labels})
     if dropped:
-        print(f"dropped {dropped} overlong solutions of '{split}'")
+        print(f"dropped {dropped} of {len(ds)} solutions of '{split}' longer than --max-length or the model's "
+              "positions")
+    if not out:
+        raise SystemExit(f"error: no usable solutions in split '{split}'")
     return out
 
 
@@ -662,43 +861,6 @@ def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict
 # ----------------------------------------------------------------------------------------------------
 
 
-class RunLogger:
-    """Writes runs/<run_name>/config.json and one JSON object per log step to metrics.jsonl (every row
-    carries `step`, `episode` and `time`, the wall-clock seconds since the start); mirrors to wandb."""
-
-    def __init__(self, args: Args, accelerator: Accelerator):
-        self.enabled = accelerator.is_main_process
-        self.dir = Path(args.output_dir) / args.run_name
-        self.start = time.time()
-        self.wandb = None
-        if not self.enabled:
-            return
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-        self.file = open(self.dir / "metrics.jsonl", "w")
-        if args.track:
-            import wandb
-
-            self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                    config=dataclasses.asdict(args), dir=str(self.dir))
-
-    def log(self, metrics: dict, step: int, episode: int) -> None:
-        if not self.enabled:
-            return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.file.close()
-            if self.wandb is not None:
-                self.wandb.finish()
-
-
 def peak_mem_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
@@ -749,19 +911,33 @@ def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Ac
     return metrics
 
 
-def tokenize_references(tokenizer, args: Args) -> list[list[int]]:
-    """prompt + reference response + one EOS for the normalisation, loaded before training so that a wrong path or
-    field fails at the start, not after the whole run."""
-    ds = load_split(args.norm_dataset_name_or_path, args.norm_split, flag="--norm-dataset-name-or-path")
+def tokenize_references(tokenizer, args: Args, positions: int | None = None) -> list[list[int]]:
+    """prompt + reference response + one EOS for the normalisation, loaded and checked before training (a wrong path,
+    a missing, null or non-text field, an overlong row), so that a bad normalisation dataset fails at the start, not
+    after the whole run. The prompt is built as the training prompts are (`--prompt-template`); the reference is
+    `--norm-response-template` filled in, or the assistant turn of a conversational completion field."""
+    flag = "--norm-dataset-name-or-path"
+    ds = load_split(args.norm_dataset_name_or_path, args.norm_split, flag=flag)
     ds = ds.select(range(min(args.num_norm_examples, len(ds))))
-    seqs = []
+    seqs, dropped = [], 0
     for i, row in enumerate(ds):
-        prompt_ids = encode_prompt(tokenizer, render(args.prompt_template, row, i, args.norm_split, "prompt"), args)
-        response = render(args.norm_response_template, row, i, args.norm_split, "reference response")
+        where = f"row {i} of split '{args.norm_split}' of {flag} {args.norm_dataset_name_or_path}"
+        prompt_ids = prompt_token_ids(row, where, tokenizer, args)
+        messages = whole_field_messages(args.norm_response_template, row)
+        if messages is None:
+            response = render(args.norm_response_template, row, where, "reference response", "--norm-response-template")
+        else:
+            response = response_text({"reference": messages}, where, "reference", "--norm-response-template")
         response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
-        seqs.append(prompt_ids + end_with_eos(response_ids, tokenizer.eos_token_id))
+        seq = prompt_ids + end_with_eos(response_ids, tokenizer.eos_token_id)
+        if check_length(seq, args, where, positions):
+            seqs.append(seq)
+        else:
+            dropped += 1
+    if dropped:
+        print(f"dropped {dropped} of {len(ds)} reference responses longer than --max-length or the model's positions")
     if not seqs:
-        raise SystemExit(f"error: split '{args.norm_split}' of {args.norm_dataset_name_or_path} has no rows to "
+        raise SystemExit(f"error: split '{args.norm_split}' of {flag} {args.norm_dataset_name_or_path} has no rows to "
                          "normalise the reward with")
     return seqs
 
@@ -826,8 +1002,232 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 
 
 # ----------------------------------------------------------------------------------------------------
+# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
+# argument checks (copied verbatim between scripts; tests/test_faults.py)
+# ----------------------------------------------------------------------------------------------------
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Run:
+    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
+    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
+    go to wandb too with `--track`.
+
+    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
+    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
+    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
+    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+
+    def __init__(self, args, accelerator: Accelerator):
+        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        self.dir = Path(args.output_dir) / args.run_name
+        self.state, self.signal, self.wandb, self.file = None, None, None, None
+        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
+            old = self.dir / f"{name}.old"
+            if self.main and old.exists() and not (self.dir / name).exists():
+                old.rename(self.dir / name)
+        accelerator.wait_for_everyone()
+        self.held = self.dir.is_dir() and any(self.dir.iterdir())
+        if args.resume:
+            if (self.dir / "done.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+            if not (self.dir / "checkpoint" / "state.json").exists():
+                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                                 "(with --overwrite if the directory is in use)")
+            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+        elif self.held and not args.overwrite:
+            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                             "delete it and start over, or another --run-name")
+
+    def begin(self) -> None:
+        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
+        accelerator, args = self.accelerator, self.args
+        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
+        if self.main:
+            if self.held and not args.resume:
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            last = self.state["step"] if self.state else -1
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
+                path = self.dir / name
+                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
+                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+            self.file = open(self.dir / "metrics.jsonl", "a")
+            if args.track:
+                import wandb
+
+                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
+                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
+                id_file.write_text(run_id)
+                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
+                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+        self.start = time.time() - (self.state["time"] if self.state else 0.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        accelerator.wait_for_everyone()
+
+    def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = signum
+        if self.main:
+            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                  "to stop at once)", file=sys.stderr, flush=True)
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.main:
+            return
+        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
+               **{k: float(v) for k, v in metrics.items()}}
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self.main:
+            with open(self.dir / "samples.jsonl", "a") as f:
+                for r in records:
+                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def any_process(self, flag: bool) -> bool:
+        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return total.item() > 0
+
+    def stop_requested(self) -> bool:
+        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
+        return self.any_process(self.signal is not None)
+
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
+        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
+        return not self.any_process(not finite)
+
+    def checkpoint(self, state: dict) -> Path:
+        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
+        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
+        if self.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
+            (tmp / "state.json").write_text(json.dumps(state) + "\n")
+            replace_dir(tmp, final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def resume(self) -> dict | None:
+        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
+        returns the loop's state; None on a new run."""
+        if self.state is not None:
+            if self.state["num_processes"] != self.accelerator.num_processes:
+                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
+        return self.state
+
+    def stop(self, state: dict, error: str | None = None) -> None:
+        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
+        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+        path = self.checkpoint(state)
+        self.close()
+        how = f"continue with the same command and --resume (checkpoint: {path})"
+        if error:
+            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
+        signum = self.signal or signal.SIGTERM
+        if self.main:
+            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
+        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
+        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        accelerator, args = self.accelerator, self.args
+        if args.save_model:
+            if self.main:
+                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
+            accelerator.wait_for_everyone()
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            if self.main:
+                replace_dir(self.dir / "model.tmp", self.dir / "model")
+        if self.main:
+            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in PRESETS else None
+            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
+            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+        self.close()
+        accelerator.wait_for_everyone()
+        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
+
+    def close(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SystemExit(f"error: {flag} is {value}; give a finite number")
+        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
+                                    "_episodes", "_k")) or f.name.startswith("num_")
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
+            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
+    if not args.learning_rate > 0:
+        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
+    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
+        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
+    if getattr(args, "temperature", 1.0) <= 0:
+        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
+    if args.resume and args.overwrite:
+        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+
+
+# ----------------------------------------------------------------------------------------------------
 # Main
 # ----------------------------------------------------------------------------------------------------
+
+
+def rm_loop_state(step: int, n_running: int, n_micro: int, n_steps: int, losses: list, running: dict, metrics: dict,
+                  batch_episodes: int) -> dict:
+    """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and
+    every process's running losses and accuracies since the last log (the first `n_running` of each), gathered so the
+    main process saves them."""
+    mine = {"losses": [v.item() for v in losses[:n_running]],
+            "running": {k: [v.item() for v in values[:n_running]] for k, values in running.items()}}
+    return {"step": step, "episode": step * batch_episodes, "n_micro": n_micro, "n_steps": n_steps, "metrics": metrics,
+            "running": gather_object([mine])}
 
 
 def main(args: Args) -> dict:
@@ -836,29 +1236,32 @@ def main(args: Args) -> dict:
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
 
+    # everything the run needs is loaded and checked before the first step: the tokenizer against the model, the
+    # training, evaluation and normalisation data, row by row
     tokenizer = load_tokenizer(args.sft_model_path, args)
+    positions = model_positions(load_config(args.sft_model_path, args))
+    if args.use_chat_template and not tokenizer.chat_template:
+        raise SystemExit(f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has no "
+                         "chat template; drop the flag")
     tokenize = tokenize_pairs if args.objective == "outcome" else tokenize_steps
     train_rows = load_split(args.dataset_name_or_path, args.train_split)
     if args.max_train_samples:
         train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
-    train = tokenize(train_rows, tokenizer, args, args.train_split)
+    train = tokenize(train_rows, tokenizer, args, args.train_split, positions)
     eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
-    evals = tokenize(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args, args.eval_split)
-    if not train or not evals:
-        raise SystemExit("error: no usable training or evaluation rows")
+    evals = tokenize(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args,
+                     args.eval_split, positions)
     if args.confidence_field and args.objective == "outcome" and all(e["confidence"] is None for e in evals):
         accelerator.print(f"warning: no evaluation row has a value at --confidence-field {args.confidence_field!r}; "
                           "the accuracy by confidence will not be logged")
-    references = tokenize_references(tokenizer, args) if args.objective == "outcome" and args.normalize else None
+    normalize = args.objective == "outcome" and args.normalize
+    references = tokenize_references(tokenizer, args, positions) if normalize else None
 
-    local = os.path.isdir(args.sft_model_path)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        args.sft_model_path, num_labels=1, revision=args.revision, trust_remote_code=args.trust_remote_code,
-        local_files_only=local, dtype=getattr(torch, args.dtype))
-    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
-        model.resize_token_embeddings(len(tokenizer))
+    model = load_model(args, tokenizer)
     if args.pack_pairs and model.config._attn_implementation not in ("eager", "sdpa"):
         raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {model.config._attn_implementation} attention does not "
                          "take; pass --no-pack-pairs (or use sdpa / eager attention)")
@@ -883,7 +1286,7 @@ def main(args: Args) -> dict:
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
-    generator = torch.Generator().manual_seed(args.seed)
+    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
     loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
                                          collate_fn=lambda b: collate(b, tokenizer.pad_token_id, args.objective, args.pack_pairs), drop_last=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
@@ -892,16 +1295,30 @@ def main(args: Args) -> dict:
     # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
     total_steps = math.ceil(len(loader) / args.gradient_accumulation_steps) * args.num_train_epochs
     if total_steps == 0:
-        raise SystemExit(f"error: {len(train)} training rows make no full batch")
+        raise SystemExit(f"error: {len(train)} training rows make no full batch of "
+                         f"{args.per_device_train_batch_size} x {accelerator.num_processes} processes "
+                         "(--per-device-train-batch-size)")
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
     batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
-    logger = RunLogger(args, accelerator)
+    run.begin()
     accelerator.print(f"run {args.run_name}: {args.objective} reward model, {len(train)} training rows, {total_steps} steps")
 
     step, running, losses, n_micro, n_steps, t_last, metrics = 0, defaultdict(list), [], 0, 0, time.time(), {}
-    progress = tqdm(total=total_steps, disable=not accelerator.is_main_process, desc=f"{args.objective} rm")
+    if state := run.resume():  # the loop's counters; the data position is replayed below
+        mine = state["running"][accelerator.process_index]
+        losses = [torch.tensor(v) for v in mine["losses"]]
+        running = defaultdict(list, {k: [torch.tensor(v) for v in values] for k, values in mine["running"].items()})
+        n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
+    progress = tqdm(total=total_steps, initial=state["step"] if state else 0, disable=not accelerator.is_main_process,
+                    desc=f"{args.objective} rm")
+    grad_norm = None
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
+                step += 1
+                continue
+            before = (step, len(losses), n_micro, n_steps)  # for a checkpoint after a non-finite loss
             # the loss is the mean over the pairs (outcome) or labelled steps (process) of the whole step: every
             # micro-batch and process (a process's solutions hold different numbers of steps)
             total = global_count(sum(loss_units(b, args.objective) for b in micro), accelerator)
@@ -910,12 +1327,17 @@ def main(args: Args) -> dict:
             for batch in micro:
                 with accelerator.accumulate(model):
                     loss_sum, out = micro_batch_loss(model, batch, args)
-                    if not torch.isfinite(loss_sum):
-                        raise RuntimeError(f"non-finite reward-model loss {loss_sum.item()} at step {step}; lower "
-                                           "--learning-rate or check the data")
+                    if not run.all_finite(loss_sum):
+                        run.stop(rm_loop_state(*before, losses, running, metrics, batch_episodes),
+                                 f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
+                                 f"{args.learning_rate:g}) or check the data")
                     backward_share(accelerator, loss_sum, total)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                        if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                            run.stop(rm_loop_state(*before, losses, running, metrics, batch_episodes),
+                                     f"non-finite gradient norm at step {step + 1}: lower --learning-rate (now "
+                                     f"{args.learning_rate:g})")
                     optimizer.step()
                     optimizer.zero_grad()
                 losses.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
@@ -936,30 +1358,34 @@ def main(args: Args) -> dict:
                                "perf/peak_mem_gb": peak_mem_gb(accelerator.device)})
                 if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
                     logged["train/grad_norm"] = float(grad_norm)
-                logger.log(logged, step, step * batch_episodes)
+                run.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
                 running, losses, n_micro, n_steps, t_last = defaultdict(list), [], 0, 0, now
             if step % args.eval_every == 0 or step == total_steps:
                 metrics = evaluate(model, evals, tokenizer, args, accelerator)
-                logger.log(metrics, step, step * batch_episodes)
+                run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 t_last = time.time()
+            if run.stop_requested():
+                run.stop(rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics, batch_episodes))
+            if args.save_every and step % args.save_every == 0 and step < total_steps:
+                run.checkpoint(rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics,
+                                             batch_episodes))
     progress.close()
 
-    if args.objective == "outcome" and args.normalize:
+    if normalize:  # after the last step, also on a resumed run (the loop only checkpoints up to the last step)
         raw = reference_rewards(model, references, tokenizer, args, accelerator)
         accelerator.unwrap_model(model).config.reward_bias = -raw.mean().item()
         bias = accelerator.unwrap_model(model).config.reward_bias
         after = reference_rewards(model, references, tokenizer, args, accelerator) + bias
         metrics["eval/reward_bias"] = -raw.mean().item()
         metrics["eval/reference_reward_mean"] = after.mean().item()
-        logger.log({"eval/reward_bias": metrics["eval/reward_bias"], "eval/reference_reward_mean": metrics["eval/reference_reward_mean"]},
-                   step, step * batch_episodes)
+        normalisation = {k: metrics[k] for k in ("eval/reward_bias", "eval/reference_reward_mean")}
+        run.log(normalisation, step, step * batch_episodes)
         accelerator.print(f"normalised: reward_bias {metrics['eval/reward_bias']:.4f}, reference mean reward now {metrics['eval/reference_reward_mean']:.2e}")
 
-    if args.save_model:
-        save_model(model, tokenizer, accelerator, logger.dir / "model")
-    logger.close()
+    run.finish(model, tokenizer, {"step": step, "episode": step * batch_episodes, "total_steps": total_steps,
+                                  "total_episodes": total_steps * batch_episodes})
     accelerator.end_training()
     return metrics
 

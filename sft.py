@@ -43,6 +43,7 @@ import resource
 import shutil
 import signal
 import socket
+import string
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -58,7 +59,7 @@ from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 
 @dataclass
@@ -109,10 +110,15 @@ class Args:
     eval_split: str = "validation"
     """split to evaluate on"""
     prompt_template: str = "{query}"
-    """Python format string building the prompt from a row's fields"""
+    """Python format string building the prompt from a row's fields (each must be text: a missing, null or list field
+    is an error). Conversational data is rendered with the tokenizer's chat template when the template is one field
+    alone holding chat messages: TRL's `messages` format (`{messages}` here and in `response_template`: the prompt is
+    every turn before the last, an assistant turn, with the generation prompt) or its conversational
+    prompt/completion format (`{prompt}`, the prompt's messages)"""
     response_template: str = "{reference_response}"
     """Python format string building the response from a row's fields (EOS is appended unless it already ends
-    with the EOS token)"""
+    with the EOS token); a field alone holding chat messages gives the content of their last turn, an assistant turn
+    (`{messages}`, or TRL's conversational `{completion}`)"""
     use_chat_template: bool = False
     """wrap the prompt as a user message with the tokenizer's chat template"""
     max_prompt_length: int = 512
@@ -147,7 +153,8 @@ class Args:
     # ---- evaluation and logging ----
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
     """task-specific evaluation of greedy samples: `tldr` gold judge + win rate (tiny world), `gsm8k`
-    (`#### number`) or `boxed` (`\\boxed{}`) exact-answer accuracy; `none` logs validation loss only"""
+    (`#### number`) or `boxed` (`\\boxed{}`) exact-answer accuracy; `none` logs validation loss only. What it needs
+    (each row's `facts` for tldr, a final answer in each reference) is checked when the evaluation split is loaded"""
     eval_every: int = 100
     """evaluate every N optimizer steps (and at the end)"""
     num_eval_examples: int = 200
@@ -382,41 +389,184 @@ def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def render(template: str, row: dict, index: int, split: str, what: str) -> str:
+def template_fields(template: str, flag: str) -> list[str]:
+    """The row fields a format string uses (`{query}` -> query), or a one-line error naming the flag."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
+    if any(name == "" or name.isdigit() for name in names):
+        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
+                         "e.g. {query}")
+    return [re.match(r"[^.\[]*", name).group() for name in names]
+
+
+def chat_messages(value) -> bool:
+    """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
+    format)."""
+    return isinstance(value, list) and len(value) > 0 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+
+
+def conversation_hint(row: dict) -> str:
+    """How to pass a conversational row (TRL's formats) to the templates, when it has fields of chat messages."""
+    chat = [k for k, v in row.items() if chat_messages(v)]
+    if not chat:
+        return ""
+    if len(chat) == 1:  # language modelling: {"messages": [...]}, the last assistant turn the response
+        return (f"; for TRL's conversational format pass --prompt-template '{{{chat[0]}}}' --response-template "
+                f"'{{{chat[0]}}}' (the last assistant turn is the response)")
+    return (f"; for TRL's conversational format pass --prompt-template '{{{chat[0]}}}' --response-template "
+            f"'{{{chat[-1]}}}'")
+
+
+def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
+    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
+    chat messages) is a one-line error naming the split, the row, the field and the flag, never a silent `None` or
+    `[...]` in the text the model trains on."""
+    where = f"row {index} of split '{split}'"
+    for name in template_fields(template, flag):
+        if name not in row:
+            raise SystemExit(f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
+                             f"its fields are {sorted(row)}{conversation_hint(row)}")
+        value = row[name]
+        if value is None:
+            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
+                             "or drop the row")
+        if chat_messages(value):
+            raise SystemExit(f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
+                             f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
+                             f"{type(value).__name__}, not text: {str(value)[:60]!r}")
     try:
         text = template.format(**row)
-    except KeyError as e:
-        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-                         f"'{template}'; its fields are {sorted(row)}") from None
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(f"error: {where}: {flag} {template!r} cannot be filled in: {e}") from None
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+        raise SystemExit(f"error: {where} renders an empty {what} ({flag} {template!r})")
     return text
 
 
-def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str) -> list[dict]:
-    """Prompt and response token ids for every row, the response ending in exactly one EOS (`end_with_eos`). Overlong
-    rows are an error (or dropped with `--drop-overlong`): truncating a TL;DR query would silently cut the post."""
-    examples, dropped = [], 0
-    for i, row in enumerate(ds):
-        prompt = render(args.prompt_template, row, i, split, "prompt")
-        response = render(args.response_template, row, i, split, "response")
+def whole_field_messages(template: str, row: dict) -> list[dict] | None:
+    """The chat messages of a template that is one field alone (`{messages}`) holding them; None otherwise."""
+    match = re.fullmatch(r"\{(\w+)\}", template.strip())
+    return row[match.group(1)] if match and chat_messages(row.get(match.group(1))) else None
+
+
+def prompt_and_response(row: dict, index: int, split: str, tokenizer, args: Args) -> tuple[list[int], str]:
+    """A row's prompt token ids and response text. Text fields fill `--prompt-template` (wrapped as a user message with
+    `--use-chat-template`) and `--response-template`. A template that is one field alone holding chat messages is
+    rendered with the tokenizer's chat template: TRL's conversational language-modelling format (`{messages}` for both
+    templates: the prompt is every turn before the last, an assistant turn, which is the response) or its
+    prompt/completion format (`{prompt}`, the prompt's messages; `{completion}`, the assistant's turn)."""
+    where = f"row {index} of split '{split}'"
+    same_field = args.prompt_template.strip() == args.response_template.strip()
+    messages = whole_field_messages(args.prompt_template, row)
+    if messages is None:
+        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
         if args.use_chat_template:
-            prompt_ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                            tokenize=True, return_dict=False))
+            messages = [{"role": "user", "content": prompt}]
         else:
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    elif messages[-1]["role"] == "assistant":
+        if not same_field:
+            raise SystemExit(f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} end "
+                             "with an assistant turn; give the same field as --response-template to train on that "
+                             "turn (TRL's `messages` format), or the prompt's messages only (its prompt/completion "
+                             "format)")
+        messages = messages[:-1]
+        if not messages:
+            raise SystemExit(f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} hold "
+                             "only the assistant's turn: there is no prompt before it")
+    if messages is not None:
+        if not tokenizer.chat_template:
+            raise SystemExit(f"error: the tokenizer of --model-name-or-path {args.model_name_or_path} has no chat "
+                             f"template, so the chat messages of {where} (or --use-chat-template) cannot be rendered; "
+                             "give plain-text prompts and responses")
+        prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                        return_dict=False))
+    turns = whole_field_messages(args.response_template, row)
+    if turns is None:
+        return prompt_ids, render(args.response_template, row, index, split, "response", "--response-template")
+    if turns[-1]["role"] != "assistant":
+        raise SystemExit(f"error: {where}: the chat messages of --response-template {args.response_template!r} do not "
+                         "end with an assistant turn, which is the response to train on")
+    if not same_field and any(m["role"] != "assistant" for m in turns):
+        raise SystemExit(f"error: {where}: the chat messages of --response-template {args.response_template!r} hold "
+                         f"turns other than the assistant's (roles {[m['role'] for m in turns]}); give the whole "
+                         "conversation as both templates (TRL's `messages` format) or the prompt's turns elsewhere")
+    if not turns[-1]["content"].strip():
+        raise SystemExit(f"error: {where} renders an empty response (the last assistant turn of "
+                         f"--response-template {args.response_template!r})")
+    return prompt_ids, turns[-1]["content"]
+
+
+def check_evaluation_fields(row: dict, response: str, index: int, split: str, args: Args) -> None:
+    """What `evaluate` needs of an evaluation row, checked when the split is loaded, not at the first evaluation: the
+    key `facts` the tiny-tldr judge scores (`--eval-task tldr`), a final answer in the reference (gsm8k, boxed)."""
+    where = f"row {index} of split '{split}'"
+    if args.eval_task == "tldr":
+        facts = row.get("facts")
+        if not (isinstance(facts, list) and facts and all(isinstance(f, str) and f for f in facts)):
+            raise SystemExit(f"error: {where}: --eval-task tldr judges summaries by the row's 'facts' (a list of "
+                             f"words, as in tiny-tldr), but {'it has none' if facts is None else f'it is {str(facts)[:60]!r}'}; "
+                             "use --eval-task none for other "
+                             "data")
+    elif args.eval_task in ("gsm8k", "boxed"):
+        extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
+        if extract(response) is None:
+            marker = "`#### <number>`" if args.eval_task == "gsm8k" else "`\\boxed{...}`"
+            raise SystemExit(f"error: {where}: the reference response holds no final answer {marker} for --eval-task "
+                             f"{args.eval_task}: {response[-60:]!r}; use another --eval-task (or none), or a "
+                             "--response-template that holds the answer")
+
+
+def model_positions(args: Args) -> int | None:
+    """The longest sequence the model's position embeddings cover, from its config (None when it does not say, or the
+    config cannot be read: loading the model reports that)."""
+    try:
+        config = AutoConfig.from_pretrained(args.model_name_or_path, revision=args.revision,
+                                            trust_remote_code=args.trust_remote_code,
+                                            local_files_only=os.path.isdir(args.model_name_or_path)).get_text_config()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str, evaluation: bool = False,
+                   positions: int | None = None) -> list[dict]:
+    """Prompt and response token ids for every row, the response ending in exactly one EOS (`end_with_eos`), every
+    field checked now (`prompt_and_response`; with `evaluation`, what `evaluate` needs too). Overlong rows, past the
+    length limits or the model's `positions`, are an error (or dropped with `--drop-overlong`): truncating a TL;DR query
+    would silently cut the post."""
+    examples, dropped = [], 0
+    for i, row in enumerate(ds):
+        prompt_ids, response = prompt_and_response(row, i, split, tokenizer, args)
+        if evaluation:
+            check_evaluation_fields(row, response, i, split, args)
         response_ids = end_with_eos(tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id)
-        if len(prompt_ids) > args.max_prompt_length or len(response_ids) > args.max_response_length:
+        too_long = len(prompt_ids) > args.max_prompt_length or len(response_ids) > args.max_response_length
+        no_room = positions is not None and len(prompt_ids) + len(response_ids) > positions
+        if too_long or no_room:
             if not args.drop_overlong:
+                if too_long:
+                    raise SystemExit(
+                        f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a "
+                        f"{len(response_ids)}-token response (EOS included); the limits are --max-prompt-length "
+                        f"{args.max_prompt_length} and --max-response-length {args.max_response_length}. Raise them or "
+                        "pass --drop-overlong.")
                 raise SystemExit(
-                    f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {len(response_ids)}-token "
-                    f"response (EOS included); the limits are --max-prompt-length {args.max_prompt_length} and "
-                    f"--max-response-length {args.max_response_length}. Raise them or pass --drop-overlong.")
+                    f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {len(response_ids)}-"
+                    f"token response, more than the {positions} positions of --model-name-or-path "
+                    f"(max_position_embeddings); lower --max-prompt-length (now {args.max_prompt_length}) to fit them "
+                    "and pass --drop-overlong")
             dropped += 1
             continue
         examples.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "row": row, "response": response})
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} rows of '{split}' that exceed the length limits")
+        print(f"dropped {dropped} of {len(ds)} rows of '{split}' that exceed the length limits or the model's "
+              "positions")
     if not examples:
         raise SystemExit(f"error: no usable rows in split '{split}'")
     return examples
@@ -760,7 +910,8 @@ class Run:
 
     def all_finite(self, *values: torch.Tensor) -> bool:
         """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
-        return not self.any_process(not all(bool(torch.isfinite(v).all()) for v in values if v is not None))
+        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
+        return not self.any_process(not finite)
 
     def checkpoint(self, state: dict) -> Path:
         """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
@@ -824,6 +975,8 @@ class Run:
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
 
     def close(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.file is not None:
             self.file.close()
             self.file = None
@@ -832,16 +985,17 @@ class Run:
             self.wandb = None
 
 
-def check_args(args) -> None:
-    """The flags every script shares, checked before anything loads: a one-line error naming the flag."""
+def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
     for f in dataclasses.fields(args):
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
         positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
                                     "_episodes", "_k")) or f.name.startswith("num_")
-        if positive and isinstance(value, int) and not isinstance(value, bool) and value < 1 and f.name not in (
-                "save_every", "num_threads", "warmup_steps"):
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
             raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
     if not args.learning_rate > 0:
         raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
@@ -874,9 +1028,11 @@ def main(args: Args) -> dict:
     train_rows = load_split(args.dataset_name_or_path, args.train_split)
     if args.max_train_samples:
         train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
-    train = tokenize_split(train_rows, tokenizer, args, args.train_split)
+    positions = model_positions(args)
+    train = tokenize_split(train_rows, tokenizer, args, args.train_split, positions=positions)
     eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
-    evals = tokenize_split(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args, args.eval_split)
+    evals = tokenize_split(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args,
+                           args.eval_split, evaluation=True, positions=positions)  # what `evaluate` needs, checked now
     model = load_causal_lm(args, tokenizer)
 
     generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it

@@ -54,10 +54,11 @@ def base_flags(script: str, w: World) -> list[str]:
     return {
         "sft": ["tiny-tldr", "--model-name-or-path", str(a / "models" / "tiny-neox"),
                 "--dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16",
-                "--num-eval-examples", "4"],
+                "--per-device-train-batch-size", "8", "--num-eval-examples", "4"],
         "reward_model": ["tiny-tldr", "--sft-model-path", str(a / "models" / "tiny-neox"),
                          "--dataset-name-or-path", str(a / "tiny-tldr" / "preference"),
-                         "--norm-dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16"],
+                         "--norm-dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16",
+                         "--per-device-train-batch-size", "8", "--num-eval-examples", "8", "--num-norm-examples", "16"],
         "ppo_rlhf": [*math_rl, "--per-device-batch-size", "8", "--num-mini-batches", "2"],
         "rloo": [*math_rl, "--per-device-batch-size", "8", "--rloo-k", "4"],
         "remax": [*math_rl, "--per-device-batch-size", "4"],

@@ -28,7 +28,10 @@ BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_resp
                    "global_count": GLOBAL_MEAN, "backward_share": GLOBAL_MEAN, "step_micro_batches": ["sft", "reward_model"],
                    "refine_step_rewards": ["ppo_rlhf", "grpo_math"],
                    # loading and durable runs (tests/test_faults.py, tests/test_bad_inputs.py)
-                   "load_split": ALL, "require_hub": ALL}
+                   "load_split": ALL, "require_hub": ALL, "Run": ALL, "replace_dir": ALL, "check_args": ALL,
+                   "chat_messages": ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "dpo"],
+                   "reference_text": ["ppo_rlhf", "rloo", "remax", "dpo"],
+                   "non_finite_policy": ["rloo", "remax"], "check_finite_weights": ["rloo", "remax"]}
 
 
 def _definitions(path: Path) -> dict[str, str]:

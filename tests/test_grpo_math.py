@@ -473,6 +473,24 @@ def test_malformed_rows_are_errors_naming_row_and_field(tiny):
         grpo.prepare_questions(Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]), tokenizer, args, "train")
     rows = grpo.prepare_questions(Dataset.from_list([ok]), tokenizer, args, "train")
     assert rows[0]["gold"] == "3"
+    too_long = r"row 0 of split 'train' has a \d+-token prompt, which with --max-completion-length 600 needs"
+    with pytest.raises(SystemExit, match=too_long):
+        grpo.prepare_questions(Dataset.from_list([ok]), tokenizer, dataclasses.replace(args, max_completion_length=600),
+                               "train", positions=512)
+
+
+def test_conversational_questions_are_rendered_with_the_chat_template(tiny):
+    # TRL's conversational formats: a prompt-only conversation is the prompt, through the tokenizer's chat template
+    # (as --use-chat-template renders a text question); a prompt-completion's completion is the reference
+    tokenizer, _, _ = tiny
+    args = grpo.Args(prompt_template="{prompt}", reference_template="{completion}", max_prompt_length=96)
+    row = {"prompt": [{"role": "user", "content": "Tom has 3 apples."}],
+           "completion": [{"role": "assistant", "content": "3 = 3\n#### 3"}]}
+    got = grpo.prepare_questions(Dataset.from_list([row]), tokenizer, args, "train")[0]
+    plain = Dataset.from_list([{"prompt": "Tom has 3 apples.", "completion": "#### 3"}])
+    text = grpo.prepare_questions(plain, tokenizer, dataclasses.replace(args, use_chat_template=True), "train")[0]
+    assert got["prompt_ids"] == text["prompt_ids"] and got["gold"] == "3"
+    assert tokenizer.decode(got["prompt_ids"]).endswith("<|assistant|>\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -531,22 +549,27 @@ def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):
 
 
 def test_learned_process_reward_runs_end_to_end(assets, tmp_path):
-    prm_dir = tmp_path / "prm"
+    prm_dir = tmp_path / "prm_model"  # not tmp_path / "prm": the run directory of run_name "prm"
     prm = AutoModelForSequenceClassification.from_pretrained(assets / "models" / "tiny-llama", num_labels=1)
+    prm.score.weight.data.zero_()  # every step 0.5, below eta 0.6 (a random head passed or failed by the RNG state)
     prm.config.reward_type, prm.config.step_separator, prm.config.reward_bias = "process", "\n", 0.0
     prm.save_pretrained(prm_dir)
     AutoTokenizer.from_pretrained(assets / "models" / "tiny-llama").save_pretrained(prm_dir)
-    args = _args(assets, tmp_path, run_name="prm", prm_path=str(prm_dir), prm_refine="clip", total_steps=1, pass_k=0, save_model=False)
+    args = _args(assets, tmp_path, run_name="prm", prm_path=str(prm_dir), prm_refine="clip", prm_clip_eta=0.6,
+                 total_steps=1, pass_k=0, save_model=False)
     grpo.main(args)
     train = [r for r in _rows(tmp_path / "prm" / "metrics.jsonl") if "loss/policy" in r]
-    assert train[0]["objective/process_rm"] < 0.0  # Clip: never positive (an untrained PRM gives about 0.5 - eps)
+    assert train[0]["objective/process_rm"] < 0.0  # Clip: 0.5 - 0.6 a step, never positive
     assert train[0]["objective/reward"] == pytest.approx(train[0]["objective/success"] + train[0]["objective/process_rm"], abs=1e-5)
 
 
 def test_non_finite_loss_is_an_error(assets, tmp_path, monkeypatch):
+    # a one-line error, and a checkpoint of the weights as they were (before the optimizer saw the bad loss)
     monkeypatch.setattr(grpo, "clipped_surrogate", lambda lp, old, adv, lo, hi: (lp * float("nan"), torch.zeros_like(lp, dtype=torch.bool)))
-    with pytest.raises(RuntimeError, match="non-finite GRPO loss"):
+    with pytest.raises(SystemExit, match=r"^error: non-finite GRPO loss at step 1: lower --learning-rate.*checkpoint"):
         grpo.main(_args(assets, tmp_path, run_name="nan", total_steps=1, pass_k=0, save_model=False))
+    state = json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())
+    assert state["step"] == 0 and state["drawn"] == [0]
 
 
 def test_vllm_without_package_or_gpu_is_a_clear_error(assets, tmp_path):

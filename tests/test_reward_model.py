@@ -114,6 +114,21 @@ def test_malformed_preference_rows_give_clear_errors(assets):
         rm.tokenize_pairs(Dataset.from_list([{"query": "q", "chosen": "", "rejected": " b"}]), tok, args, "train")
 
 
+def test_conversational_pairs_are_rendered_with_the_chat_template(assets):
+    """TRL's conversational prompt / chosen / rejected rows: the prompt's messages in the tokenizer's chat template,
+    ready for the assistant's turn, then the assistant's text and one EOS, as the same pair in plain text would be."""
+    tok = AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox")
+    args = rm.Args(max_length=160, prompt_template="{prompt}")
+    row = {"prompt": [{"role": "user", "content": "my dog ate my rent"}],
+           "chosen": [{"role": "assistant", "content": " dog ate rent"}],
+           "rejected": [{"role": "assistant", "content": " dog"}]}
+    (pair,) = rm.tokenize_pairs(Dataset.from_list([row]), tok, args, "train")
+    prompt = list(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False))
+    for key in ("chosen", "rejected"):
+        text = row[key][0]["content"]
+        assert pair[key] == prompt + tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+
 def test_normalisation_makes_mean_reference_reward_zero(assets, tmp_path):
     args = rm.Args(
         sft_model_path=str(assets / "models" / "tiny-neox"), dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),

@@ -161,3 +161,19 @@ def test_real_tldr_rows_fit_the_preset_with_one_eos():
     rows = Dataset.from_list([{"query": query, "reference_response": longest}])
     (ex,) = sft.tokenize_split(rows, tok, args, "train")
     assert len(ex["response_ids"]) == 53 and ex["response_ids"].count(tok.eos_token_id) == 1
+
+
+def test_conversational_rows_are_rendered_with_the_chat_template(assets):
+    """TRL's `messages` rows (`{messages}` as both templates) and its conversational prompt/completion rows give the
+    prompt's turns in the tokenizer's chat template with the generation prompt, and the last assistant turn's text
+    as the response (one EOS appended): the same token ids as `--use-chat-template` on the plain-text row."""
+    plain = {"query": "my dog ate my rent", "reference_response": " dog ate rent"}
+    tok = sft.load_tokenizer(_args(assets))
+    (want,) = sft.tokenize_split(Dataset.from_list([plain]), tok, _args(assets, use_chat_template=True), "train")
+    user, assistant = {"role": "user", "content": plain["query"]}, {"role": "assistant", "content": " dog ate rent"}
+    for row, templates in [({"messages": [user, assistant]}, ("{messages}", "{messages}")),
+                           ({"prompt": [user], "completion": [assistant]}, ("{prompt}", "{completion}"))]:
+        args = _args(assets, prompt_template=templates[0], response_template=templates[1])
+        (got,) = sft.tokenize_split(Dataset.from_list([row]), tok, args, "train")
+        assert (got["prompt_ids"], got["response_ids"], got["response"]) == (want["prompt_ids"], want["response_ids"],
+                                                                            plain["reference_response"])

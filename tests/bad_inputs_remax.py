@@ -1,0 +1,18 @@
+"""Bad input specific to remax.py (run by tests/test_bad_inputs.py with the shared cases of tests/bad_inputs.py): the
+cases it shares with rloo.py (`prompt_cases`: prompt and answer fields of the training and evaluation data, prompts
+that do not fit the model's positions, conversational data, tokenizers, SFT and reward models) and ReMax's own flags.
+Each ends in one `error:` line before the first update."""
+
+from __future__ import annotations
+
+from tests.bad_inputs import BadInput
+from tests.bad_inputs_rloo import prompt_cases
+
+CASES = [
+    *prompt_cases("remax"),
+    BadInput("accumulation-not-dividing", "`--gradient-accumulation-steps` that does not divide the batch",
+             "does not split into --gradient-accumulation-steps 3", lambda s, w: ["--gradient-accumulation-steps", "3"],
+             ["remax"]),
+    BadInput("reward-clip-negative", "a negative `--reward-clip`", "--reward-clip is -1.0",
+             lambda s, w: ["--reward-clip", "-1"], ["remax"]),
+]

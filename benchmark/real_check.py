@@ -431,7 +431,13 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=None, help="keep stages whose run name contains one of these")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    parser.add_argument(
+        "--num-processes", type=int, default=None, help="processes of the launched engines (default 2; 1 on one GPU)"
+    )
     a = parser.parse_args()
+    if a.num_processes:
+        for e, (config, _) in list(ENGINES.items()):
+            ENGINES[e] = (config, a.num_processes if config else 1)
     src = Sources.from_assets(a.assets or default_assets(), **{k: getattr(a, k) for k in Sources.__dataclass_fields__})
     workdir = a.workdir.resolve()
     result = run_check(workdir, src, a.engines, a.only, a.dry_run, a.timeout)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -35,15 +36,28 @@ BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_resp
 
 
 def _definitions(path: Path) -> dict[str, str]:
-    source = path.read_text()
+    return _definitions_of(path.read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions_of(source: str) -> dict[str, str]:
+    """Top-level name -> its source text (what `ast.get_source_segment` gives, without its rescan of the file)."""
+    lines = source.splitlines(keepends=True)
+
+    def segment(node) -> str:
+        part = [line.encode() for line in lines[node.lineno - 1 : node.end_lineno]]  # offsets count UTF-8 bytes
+        part[-1] = part[-1][: node.end_col_offset]
+        part[0] = part[0][node.col_offset :]
+        return b"".join(part).decode()
+
     out = {}
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            out[node.name] = ast.get_source_segment(source, node)
+            out[node.name] = segment(node)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = ast.get_source_segment(source, node)
+            out[node.targets[0].id] = segment(node)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):  # `TLDR_MAX_WORDS: int = 12`
-            out[node.target.id] = ast.get_source_segment(source, node)
+            out[node.target.id] = segment(node)
     return out
 
 

@@ -39,7 +39,7 @@ def _definitions(path: Path) -> dict[str, str]:
     return _definitions_of(path.read_text())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _definitions_of(source: str) -> dict[str, str]:
     """Top-level name -> its source text (what `ast.get_source_segment` gives, without its rescan of the file)."""
     lines = source.splitlines(keepends=True)

@@ -1,4 +1,4 @@
-"""GRPO for math reasoning with verifiable rewards, and its Dr. GRPO and DAPO variants, in one file.
+"""GRPO for math reasoning with verifiable rewards, and its Dr. GRPO, DAPO, GSPO, CISPO and REINFORCE++ variants.
 
 GRPO (Group Relative Policy Optimization) comes from "DeepSeekMath: Pushing the Limits of Mathematical Reasoning
 in Open Language Models" (Shao et al. 2024, arXiv:2402.03300). It is PPO without a value model: for every question
@@ -23,6 +23,15 @@ Each batch of samples is optimised for `num_iterations` (mu) passes of `num_mini
     punishment (a penalty growing linearly from 0 to -1 over the last `overlong_buffer` tokens before the limit;
     DAPO: 4096 of 20480). Overlong filtering (truncated completions masked out of the loss) is DAPO's alternative,
     `--overlong-filtering`.
+  * `cispo` (MiniMax-M1, arXiv:2506.13585, eq. 4): no PPO clip; each token's loss is -sg(min(ratio, 1 + eps_high)) *
+    A * log pi, so tokens past the bound keep their gradient (PPO's clip drops them), token mean, no KL term.
+
+`--importance-sampling-level sequence` is GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025,
+arXiv:2507.18071): the clipped ratio is the completion's, (pi(o)/pi_old(o))^(1/|o|), one per sequence, with GSPO's
+bounds 3e-4 / 4e-4 and no KL term. `--advantage-estimator reinforce_pp` / `reinforce_pp_baseline` is REINFORCE++ (Hu
+2025, arXiv:2501.03262): advantages normalised over every token of the global batch (all processes), not per group;
+REINFORCE++ puts beta * k1 KL into the reward (the return of token t sums the KL of the tokens from t on),
+REINFORCE++-baseline subtracts the group's mean reward and keeps the KL as a k2 loss term.
 
 Rewards. Success (1 if the final answer is right, else 0): GSM8K answers are the number after the last `####`
 (commas and `$` stripped), compared numerically; MATH answers are the last `\\boxed{}`, graded with math-verify
@@ -61,6 +70,8 @@ Usage:
     python -m benchmark.assets && python sft.py tiny-math      # the tiny world and the SFT starting policy
     python grpo_math.py tiny                                   # CPU, about 4 minutes with 2 threads
     python grpo_math.py tiny --loss-type dapo
+    python grpo_math.py tiny --importance-sampling-level sequence   # GSPO; also --loss-type cispo,
+    python grpo_math.py tiny --advantage-estimator reinforce_pp_baseline   # --advantage-estimator reinforce_pp
     python grpo_math.py tiny --prm-path runs/prm_tiny-math__1/model --prm-refine clip
     accelerate launch --multi_gpu --num_processes 8 grpo_math.py gsm8k-qwen2.5-0.5b
     accelerate launch --multi_gpu --num_processes 8 grpo_math.py math-qwen2.5-math-1.5b --use-vllm
@@ -140,6 +151,14 @@ class Args:
     """take the old policy's logprobs from the sampler instead of a forward pass after sampling; default: on when
     sampling with the policy itself in float32 without mixed precision (the two agree to 1e-5), off with vLLM, half
     precision or bf16 mixed precision, whose kernels differ enough to move the first ratio off 1 (N+ recomputes them)"""
+    sampler_correction: Literal["auto", "none", "token_truncate", "sequence_truncate", "token_mask",
+                                "sequence_mask"] = "auto"
+    """correct the update for the sampler's logprobs differing from the trainer's (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"): weight each token's loss by pi_trainer / pi_sampler of the
+    token (`token_*`) or of the completion (`sequence_*`), truncated at `sampler_correction_cap` (TIS) or zeroed above
+    it (`*_mask`, MIS); `auto`: token_truncate whenever the old logprobs are not the sampler's own (vLLM, bf16)"""
+    sampler_correction_cap: float = 2.0
+    """C, the largest importance weight kept (TRL's vllm_importance_sampling_cap: 2)"""
     use_vllm: bool = False
     """sample with vLLM (the `vllm` extra and a GPU; one engine per process, its weights synced every step)"""
     vllm_gpu_memory_utilization: float = 0.3
@@ -187,8 +206,19 @@ class Args:
     """threshold eta of Clip, in units of the PRM's probability that a step is right"""
 
     # ---- algorithm ----
-    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"
-    """token-loss aggregation: per-sequence mean (GRPO), token sum / max length (Dr. GRPO), token mean (DAPO)"""
+    loss_type: Literal["grpo", "dr_grpo", "dapo", "cispo"] = "grpo"
+    """token-loss aggregation: per-sequence mean (GRPO), token sum / max length (Dr. GRPO), token mean (DAPO); `cispo`:
+    MiniMax-M1's clipped importance-weight loss (no PPO clip: every token keeps a gradient), token mean"""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """the ratio pi / pi_old that is clipped: each token's (GRPO), or `sequence`: GSPO's length-normalised sequence
+    ratio (pi(o)/pi_old(o))^(1/|o|), one per completion"""
+    advantage_estimator: Literal["group", "reinforce_pp", "reinforce_pp_baseline"] = "group"
+    """`group`: GRPO's (r - group mean) / group std; `reinforce_pp`: REINFORCE++ (the return r - beta * sum of the k1
+    KL of the tokens after, KL in the reward), `reinforce_pp_baseline`: r - group mean (KL as a k2 loss term); both
+    REINFORCE++ variants then normalise over every token of the global batch, not per group"""
+    kl_estimator: Literal["k3", "k2"] | None = None
+    """estimator of the KL loss term: k3 (DeepSeekMath), k2 = (log ratio)^2 / 2; default k2 for reinforce_pp_baseline
+    (REINFORCE++), k3 otherwise. `objective/kl` logs k3 whatever the loss uses"""
     num_generations: int = 8
     """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8)"""
     questions_per_device: int = 16
@@ -200,12 +230,14 @@ class Args:
     temperature: float = 1.0
     """sampling temperature, also applied to the logits of the logprobs (and of the pass@k samples)"""
     beta: float | None = None
-    """weight of the k3 KL(policy || reference) loss term; default 0.04 (DeepSeekMath), 0 for dapo (DAPO removes the KL
-    term); 0 loads no reference model"""
-    epsilon_low: float = 0.2
-    """lower clip of the ratio, 1 - epsilon_low (PPO / GRPO / DAPO: 0.2)"""
+    """weight of the KL(policy || reference) loss term (in the reward for reinforce_pp); default 0.04 (DeepSeekMath),
+    0 for dapo (DAPO removes the KL term), cispo (MiniMax-M1) and sequence-level ratios (GSPO); 0 loads no reference"""
+    epsilon_low: float | None = None
+    """lower clip of the ratio, 1 - epsilon_low; default 0.2 (PPO / GRPO / DAPO), 3e-4 for sequence ratios (GSPO
+    section 5.1); cispo has no lower bound (MiniMax-M1 section 3.1)"""
     epsilon_high: float | None = None
-    """upper clip, 1 + epsilon_high; default: 0.28 for dapo (clip-higher), epsilon_low otherwise"""
+    """upper clip, 1 + epsilon_high; default: 0.28 for dapo (clip-higher), 4e-4 for sequence ratios (GSPO), 4 for
+    cispo (weights capped at 5, TRL's ScaleRL setting), epsilon_low otherwise"""
     scale_rewards: bool | None = None
     """divide advantages by the group std; default: on, off for dr_grpo"""
     advantage_eps: float = 1e-4
@@ -757,15 +789,85 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      epsilon_low: float, epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), `advantages` (B,) broadcast over
-    the tokens; and where the clip is active (no gradient): ratio > 1 + eps_high with A > 0, < 1 - eps_low with A < 0."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages.unsqueeze(1)
+def k2_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k2 = (logp - ref)^2 / 2 (Schulman 2020), the KL loss of REINFORCE++-baseline (Hu 2025): its gradient
+    is the gradient of KL(policy || reference), where k3's is not (arXiv:2501.03262, section 3)."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def importance_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
+                         level: str) -> torch.Tensor:
+    """log(pi / pi_old) per token (B, T): each token's own (`token`: GRPO, PPO), or GSPO's sequence ratio
+    s_i = (pi(o_i) / pi_old(o_i))^(1 / |o_i|) (Zheng et al. 2025, arXiv:2507.18071, eq. 7): the mean of the completion's
+    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi."""
+    log_ratio = logprobs - old_logprobs
+    if level == "token":
+        return log_ratio
+    mask = mask.to(log_ratio.dtype)
+    return ((log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+
+
+def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float,
+                      epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), ratio = exp(`log_ratio`),
+    `advantages` (B,) broadcast over the tokens or (B, T) per token; and where the clip is active (no gradient):
+    ratio > 1 + eps_high with A > 0, < 1 - eps_low with A < 0."""
+    ratio = torch.exp(log_ratio)
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
     loss = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv)
     clipped = ((ratio > 1 + epsilon_high) & (adv > 0)) | ((ratio < 1 - epsilon_low) & (adv < 0))
     return loss, clipped
+
+
+def cispo_surrogate(logprobs: torch.Tensor, log_ratio: torch.Tensor, advantages: torch.Tensor,
+                    max_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): per-token loss -sg(min(ratio, max_weight)) * A * log pi. The
+    importance weight is truncated and carries no gradient, so no token's gradient is dropped (PPO's clip zeroes the
+    tokens past its bound); no lower bound (section 3.1). Also where the weight is truncated."""
+    weight = torch.exp(log_ratio.detach())
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
+    return -weight.clamp(max=max_weight) * adv * logprobs, weight > max_weight
+
+
+def sampler_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
+                    cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weights (B, T), without gradient, that turn an expectation over the sampler's tokens into one over
+    the trainer's (Yao et al. 2025; TRL's and verl's TIS / MIS): w = pi_trainer / pi_sampler of each token, or for
+    `sequence_*` the completion's ratio exp(sum_t log-ratio) on all its tokens; `*_truncate` keeps min(w, cap),
+    `*_mask` zeroes weights above cap. Also where the cap acted. Computed in log space: a sequence ratio overflows."""
+    mask = mask.to(torch.float32)
+    log_w = (trainer_logprobs - sampler_logprobs).detach().float() * mask
+    if mode.startswith("sequence"):
+        log_w = log_w.sum(1, keepdim=True).expand_as(log_w)
+    over = (log_w > math.log(cap)) & mask.bool()
+    if mode.endswith("truncate"):
+        return torch.exp(log_w.clamp(max=math.log(cap))) * mask, over
+    return torch.exp(log_w.clamp(max=math.log(cap))) * mask * ~over, over
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, reduce=lambda t: t, eps: float = 1e-8) -> torch.Tensor:
+    """(values - mean) / std over the masked entries of the whole global batch: `reduce` sums a tensor over the
+    processes (accelerator.reduce), so every process divides by the same statistics. std is the population std, eps
+    inside the square root (OpenRLHF's masked whitening)."""
+    mask = mask.to(values.dtype)
+    stats = reduce(torch.stack([(values * mask).sum(), (values**2 * mask).sum(), mask.sum()]))
+    mean = stats[0] / stats[2].clamp(min=1)
+    var = (stats[1] / stats[2].clamp(min=1) - mean**2).clamp(min=0)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, G: int, baseline: bool,
+                            kl: torch.Tensor | None = None, beta: float = 0.0, reduce=lambda t: t) -> torch.Tensor:
+    """REINFORCE++ token advantages (B, T) (Hu 2025, arXiv:2501.03262). Without baseline (eq. 8-9): the return of
+    token t, r - beta * sum_{s >= t} KL_s with KL_s = log pi_old(s) - log pi_ref(s) (k1, in the reward; `kl` None: no
+    KL). With baseline (REINFORCE++-baseline): r - the mean reward of its group of G. Then both are normalised over
+    every token of the global batch (eq. 10), not per group: a group-normalised port is GRPO again."""
+    r = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True) if baseline else rewards.view(-1, G)
+    returns = r.reshape(-1, 1).expand(mask.shape).to(torch.float32)
+    if kl is not None and beta:
+        kl = kl * mask
+        returns = returns - beta * (kl.sum(1, keepdim=True) - kl.cumsum(1) + kl)  # sum over s >= t
+    return whiten(returns, mask, reduce)
 
 
 def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_completion_length: int,
@@ -780,7 +882,7 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, 
         return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_sequences
     if loss_type == "dr_grpo":
         return (per_token * mask).sum() / (num_sequences * max_completion_length)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo"):  # CISPO (MiniMax-M1 eq. 4): 1 / sum_i |o_i|, DAPO's token mean
         return (per_token * mask).sum() / (mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
     raise ValueError(f"unknown loss_type {loss_type}")
 
@@ -861,7 +963,7 @@ def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.
 
 def micro_batch_loss(model, packed: dict, advantages: torch.Tensor, mask: torch.Tensor,
                      old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, args: Args,
-                     num_sequences: int, num_tokens: float) -> dict:
+                     num_sequences: int, num_tokens: float, sampler_logprobs: torch.Tensor | None = None) -> dict:
     """The loss of one micro-batch as `main` backpropagates it: the clipped surrogate of the `pack`ed completions
     (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient) plus beta * k3 KL to `ref_logprobs` (None: no
     KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens`, so the
@@ -869,13 +971,28 @@ def micro_batch_loss(model, packed: dict, advantages: torch.Tensor, mask: torch.
     the KL term), `clipped`, `ratio`, `kl` and `entropy`, per token."""
     logprobs, entropy = completion_logprobs(model, packed, args.temperature)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
-    per_token, clipped = clipped_surrogate(logprobs, old, advantages, args.epsilon_low, args.epsilon_high)
+    log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
+    if args.loss_type == "cispo":
+        per_token, clipped = cispo_surrogate(logprobs, log_ratio, advantages, 1 + args.epsilon_high)
+    else:
+        per_token, clipped = clipped_surrogate(log_ratio, advantages, args.epsilon_low, args.epsilon_high)
     kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
+    kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
+    kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward
+    per_token = per_token + kl_coef * kl_loss
+    weights = capped = mismatch = None
+    if sampler_logprobs is not None:  # the tokens were drawn by the sampler: reweight towards the trainer's policy
+        sampler_logprobs = torch.where(torch.isnan(sampler_logprobs), old, sampler_logprobs)  # unscored: weight 1
+        weights, capped = sampler_weights(old, sampler_logprobs, mask, args.sampler_correction,
+                                          args.sampler_correction_cap)
+        per_token = per_token * weights
+        mismatch = (old - sampler_logprobs).detach() * mask  # log pi_trainer - log pi_sampler of each token
     agg = dict(loss_type=args.loss_type, max_completion_length=args.max_completion_length, num_sequences=num_sequences,
                num_tokens=num_tokens)
-    return {"loss": aggregate_loss(per_token + args.beta * kl, mask, **agg),
+    return {"loss": aggregate_loss(per_token, mask, **agg),
             "surrogate": aggregate_loss(per_token.detach(), mask, **agg), "clipped": clipped,
-            "ratio": torch.exp(logprobs.detach() - old), "kl": kl.detach(), "entropy": entropy}
+            "ratio": torch.exp(log_ratio.detach()), "kl": kl.detach(), "entropy": entropy, "is_weight": weights,
+            "is_capped": capped, "mismatch": mismatch}
 
 
 def majority_vote(answers: list[str | None]) -> str | None:
@@ -1088,7 +1205,8 @@ class VLLMSampler:
         self.llm = vllm.LLM(model=args.model_name_or_path, revision=args.revision, dtype=args.dtype, seed=args.seed + accelerator.process_index,
                             gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=args.max_prompt_length + args.max_completion_length,
                             distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
-                            enable_prefix_caching=True, trust_remote_code=args.trust_remote_code)
+                            enable_prefix_caching=True, trust_remote_code=args.trust_remote_code,
+                            logprobs_mode="processed_logprobs")  # logprobs after the temperature, as the trainer's
 
     def load_weights(self, model) -> None:
         executor = self.llm.llm_engine.model_executor
@@ -1096,15 +1214,22 @@ class VLLMSampler:
         worker.model_runner.model.load_weights(model.state_dict().items())
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
 
-    def __call__(self, prompts: list[list[int]], max_new_tokens: int, temperature: float) -> list[list[int]]:
-        params = self.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1)
-        result = []
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int,
+                 temperature: float) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Completions and the sampler's logprob of each token (NaN for an EOS appended here)."""
+        params = self.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1,
+                                          logprobs=0)  # 0: the sampled token's logprob only
+        result, logprobs = [], []
         for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
             tokens = list(o.outputs[0].token_ids)
+            lps = [step[t].logprob for t, step in zip(tokens, o.outputs[0].logprobs or [{}] * len(tokens)) if t in step]
+            lps = lps if len(lps) == len(tokens) else [float("nan")] * len(tokens)
             if o.outputs[0].finish_reason == "stop" and (not tokens or tokens[-1] != self.eos_id):
                 tokens.append(self.eos_id)  # stopped on EOS without returning it: the policy must learn to stop too
+                lps.append(float("nan"))
             result.append(tokens)
-        return result
+            logprobs.append(torch.tensor(lps))
+        return result, logprobs
 
 
 def peak_mem_gb(device: torch.device) -> float:
@@ -1359,13 +1484,21 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
 
 def resolve_variant(args: Args) -> None:
     """Fill the defaults that depend on --loss-type (each can still be set by hand) and check the arithmetic."""
-    dapo = args.loss_type == "dapo"
-    if args.beta is None:
-        args.beta = 0.0 if dapo else 0.04  # DAPO drops the KL term; DeepSeekMath's 0.04 otherwise
+    dapo, cispo = args.loss_type == "dapo", args.loss_type == "cispo"
+    gspo = args.importance_sampling_level == "sequence"
+    if cispo and gspo:
+        raise SystemExit("error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
+                         "clipped sequence ratio: pick one")
+    if args.beta is None:  # DAPO, CISPO (MiniMax-M1) and GSPO train without the KL term; DeepSeekMath's 0.04 otherwise
+        args.beta = 0.0 if dapo or cispo or gspo else 0.04
     if args.scale_rewards is None:
         args.scale_rewards = args.loss_type != "dr_grpo"
+    if args.epsilon_low is None:
+        args.epsilon_low = 3e-4 if gspo else 0.2  # GSPO section 5.1: 3e-4 and 4e-4 (sequence ratios stay near 1)
     if args.epsilon_high is None:
-        args.epsilon_high = 0.28 if dapo else args.epsilon_low
+        args.epsilon_high = 0.28 if dapo else 4e-4 if gspo else 4.0 if cispo else args.epsilon_low
+    if args.kl_estimator is None:
+        args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
     if args.dynamic_sampling is None:
         args.dynamic_sampling = dapo
     if args.overlong_buffer is None:
@@ -1451,10 +1584,16 @@ def main(args: Args) -> dict:
         not args.use_vllm and args.dtype == "float32" and accelerator.mixed_precision == "no")
     if use_sampler_logprobs and args.use_vllm:
         raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
+    correction = args.sampler_correction  # the old logprobs are the sampler's own: nothing to correct
+    correction = ("none" if use_sampler_logprobs else "token_truncate") if correction == "auto" else correction
+    args.sampler_correction = correction
+    if correction != "none" and use_sampler_logprobs:
+        raise SystemExit(f"error: --sampler-correction {correction} weights the trainer's old logprobs against the "
+                         "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs")
 
     def sample(prompts: list[list[int]], temperature: float) -> tuple[list[list[int]], list[torch.Tensor] | None]:
         if vllm_sampler is not None:
-            return vllm_sampler(prompts, args.max_completion_length, temperature), None
+            return vllm_sampler(prompts, args.max_completion_length, temperature)
         return hf_sample(unwrapped, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id, args.max_completion_length, temperature,
                          args.generation_batch_size, synced)
 
@@ -1539,7 +1678,8 @@ def main(args: Args) -> dict:
         everything, batch = concat(sampled), concat(kept)
         model.train()
 
-        # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage ----
+        # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage
+        # (REINFORCE++: token advantages, after the logprobs of step 4) ----
         advantages = group_advantages(batch["reward"].view(-1, G), args.scale_rewards, args.advantage_eps).view(-1).to(device)
 
         # ---- 3. completions as right-padded (B, width) tensors for the loss; the forward passes run on `pack`ed
@@ -1558,22 +1698,35 @@ def main(args: Args) -> dict:
         # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches;
         # the sampler's own, or a forward pass) and of the reference, without gradients ----
         off_policy = args.num_iterations > 1 or args.num_mini_batches > 1
+        kl_in_reward = args.advantage_estimator == "reinforce_pp" and ref_policy is not None
+        need_old = off_policy or kl_in_reward
         old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
-        if off_policy and use_sampler_logprobs:
+        if need_old and use_sampler_logprobs:
             for i, lp in enumerate(batch["sample_logprobs"]):
                 old_logprobs[i, : len(lp)] = lp.to(device)
         with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
             for start in range(0, B, args.micro_batch_size):
                 idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
                 packed, c_end = micro(idx)
-                if off_policy and not use_sampler_logprobs:
+                if need_old and not use_sampler_logprobs:
                     old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
                 if ref_policy is not None:
                     ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
+        sampler_lp = None
+        if args.sampler_correction != "none":  # the sampler's logprobs; a token it did not score (appended EOS): w 1
+            sampler_lp = torch.full((B, width), float("nan"), device=device)
+            for i, lp in enumerate(batch["sample_logprobs"]):
+                sampler_lp[i, : len(lp)] = lp.to(device)
+        if args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
+            kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
+            advantages = reinforce_pp_advantages(batch["reward"].to(device), loss_mask, G,
+                                                 args.advantage_estimator == "reinforce_pp_baseline", kl, args.beta,
+                                                 lambda t: accelerator.reduce(t, "sum"))
 
         # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
         # passes (accelerate.accumulate: DDP all-reduces, and DeepSpeed steps, on the last one only) ----
-        stats = {k: [] for k in ("loss", "kl", "clipped", "tokens", "ratio", "entropy", "grad_norm")}
+        stats = {k: [] for k in ("loss", "kl", "clipped", "tokens", "ratio", "entropy", "grad_norm", "is_weight",
+                                 "is_capped", "mismatch_abs", "mismatch_max", "ratio_error", "first_tokens")}
         for iteration in range(args.num_iterations):
             order = torch.randperm(B, device=device)
             for mb_start in range(0, B, mini_size):
@@ -1588,8 +1741,9 @@ def main(args: Args) -> dict:
                         cm, mask = completion_mask[idx, :c_end], loss_mask[idx, :c_end]
                         old = old_logprobs[idx, :c_end] if off_policy else None
                         ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
-                        out = micro_batch_loss(model, packed, advantages[idx], mask, old, ref, args, mini_size,
-                                               num_tokens)
+                        adv = advantages[idx, :c_end] if advantages.dim() == 2 else advantages[idx]
+                        slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
+                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
                             run.stop(grpo_loop_state(*before), f"non-finite GRPO loss at step {step}: lower "
                                      "--learning-rate or check the rewards")
@@ -1603,6 +1757,14 @@ def main(args: Args) -> dict:
                     if iteration == 0:
                         stats["kl"].append((out["kl"] * cm).sum())
                         stats["entropy"].append((out["entropy"] * cm).sum())
+                    if out["mismatch"] is not None:
+                        stats["is_weight"].append((out["is_weight"] * mask).sum())
+                        stats["is_capped"].append(out["is_capped"].sum().float())
+                        if iteration == 0:  # the old logprobs: the trainer's, at the weights that sampled
+                            stats["mismatch_abs"].append(out["mismatch"].abs().sum())
+                            stats["mismatch_max"].append(out["mismatch"].abs().max())
+                            stats["ratio_error"].append(((out["mismatch"].exp() - 1).abs() * mask).sum())
+                            stats["first_tokens"].append(mask.sum().float())
                 stats["loss"].append(update_loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
                 if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
@@ -1632,6 +1794,14 @@ def main(args: Args) -> dict:
                 "perf/episodes_per_sec": n_sampled / (time.time() - t_step), "perf/peak_mem_gb": peak_mem_gb(device),
                 **{f"objective/{k}": mean(everything[k]) for k in ("success", "format", "overlong", "outcome_rm", "process_rm") if k in everything},
             }
+            if stats["is_weight"]:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
+                first = max(total(stats["first_tokens"]), 1.0)
+                logged.update({"mismatch/abs_logprob_diff": total(stats["mismatch_abs"]) / first,
+                               "mismatch/max_abs_logprob_diff": accelerator.reduce(
+                                   torch.stack(stats["mismatch_max"]).max().to(device), "max").item(),
+                               "mismatch/ratio_error": total(stats["ratio_error"]) / first,
+                               "mismatch/is_weight": total(stats["is_weight"]) / tokens,
+                               "mismatch/capped_frac": total(stats["is_capped"]) / tokens})
             if ref_policy is not None:  # summed over each response's tokens, averaged over responses; beta 0 has no reference
                 logged["objective/kl"] = total(stats["kl"]) / (B * accelerator.num_processes)
             if args.dynamic_sampling:

@@ -55,7 +55,7 @@ def padded(items: list[dict], key: str, width: int) -> torch.Tensor:
 
 
 def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -> Case:
-    by_tokens = args.loss_type == "dapo"
+    by_tokens = args.loss_type in ("dapo", "cispo")
 
     def reference(model, items):
         """Per token (DeepSeekMath eq. 3, DAPO eq. 8): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
@@ -64,9 +64,14 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
         losses = []
         for it in items:
             lp = plain_logprobs(model, it["prompt"], it["completion"])
-            ratio = torch.exp(lp - (it["old"] if off_policy else lp.detach()))
-            a = it["advantage"]
-            surrogate = -torch.min(ratio * a, ratio.clamp(1 - args.epsilon_low, 1 + args.epsilon_high) * a)
+            log_ratio = lp - (it["old"] if off_policy else lp.detach())
+            if args.importance_sampling_level == "sequence":  # GSPO eq. 7: one ratio per sequence, the tokens' mean
+                log_ratio = log_ratio.mean().expand_as(lp)
+            ratio, a = torch.exp(log_ratio), it["advantage"]
+            if args.loss_type == "cispo":  # MiniMax-M1 eq. 4: -sg(min(r, 1 + eps_high)) A log pi
+                surrogate = -ratio.detach().clamp(max=1 + args.epsilon_high) * a * lp
+            else:
+                surrogate = -torch.min(ratio * a, ratio.clamp(1 - args.epsilon_low, 1 + args.epsilon_high) * a)
             d = it["ref"] - lp
             losses.append(surrogate + args.beta * (torch.exp(d) - d - 1))
         if args.loss_type == "grpo":
@@ -102,4 +107,7 @@ def cases() -> list[Case]:
         make_case("grpo_math/dr_grpo", grpo.Args(loss_type="dr_grpo", beta=0.04, epsilon_high=0.2, **common), False,
                   items),
         make_case("grpo_math/dapo", grpo.Args(loss_type="dapo", beta=0.0, epsilon_high=0.28, **common), True, items),
+        make_case("grpo_math/gspo", grpo.Args(importance_sampling_level="sequence", beta=0.0, epsilon_high=0.25,
+                                              **common), True, items),
+        make_case("grpo_math/cispo", grpo.Args(loss_type="cispo", beta=0.0, epsilon_high=0.3, **common), True, items),
     ]

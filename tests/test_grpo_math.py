@@ -182,28 +182,152 @@ def test_group_advantages_for_each_variant_on_g4():
 
 
 def test_clip_higher_is_asymmetric():
-    lp = lambda ratio: torch.tensor([[math.log(ratio)]])  # noqa: E731  old logprob 0, so ratio = exp(logprob)
-    old = torch.zeros(1, 1)
+    lp = lambda ratio: torch.tensor([[math.log(ratio)]])  # noqa: E731  the log-ratio of a token
     pos, neg = torch.tensor([1.0]), torch.tensor([-1.0])
     # positive advantage: clipped at 1 + 0.28
-    loss, clipped = grpo.clipped_surrogate(lp(1.5), old, pos, 0.2, 0.28)
+    loss, clipped = grpo.clipped_surrogate(lp(1.5), pos, 0.2, 0.28)
     assert loss.item() == pytest.approx(-1.28) and clipped.item()
-    loss, clipped = grpo.clipped_surrogate(lp(1.25), old, pos, 0.2, 0.28)
+    loss, clipped = grpo.clipped_surrogate(lp(1.25), pos, 0.2, 0.28)
     assert loss.item() == pytest.approx(-1.25) and not clipped.item()  # inside 1.28, though outside PPO's 1.2
-    loss, clipped = grpo.clipped_surrogate(lp(1.25), old, pos, 0.2, 0.2)
+    loss, clipped = grpo.clipped_surrogate(lp(1.25), pos, 0.2, 0.2)
     assert loss.item() == pytest.approx(-1.2) and clipped.item()
     # negative advantage: clipped at 1 - 0.2
-    loss, clipped = grpo.clipped_surrogate(lp(0.5), old, neg, 0.2, 0.28)
+    loss, clipped = grpo.clipped_surrogate(lp(0.5), neg, 0.2, 0.28)
     assert loss.item() == pytest.approx(0.8) and clipped.item()
-    loss, clipped = grpo.clipped_surrogate(lp(1.5), old, neg, 0.2, 0.28)
+    loss, clipped = grpo.clipped_surrogate(lp(1.5), neg, 0.2, 0.28)
     assert loss.item() == pytest.approx(1.5) and not clipped.item()  # the pessimistic term: never clipped above
-    loss, clipped = grpo.clipped_surrogate(lp(0.5), old, pos, 0.2, 0.28)
+    loss, clipped = grpo.clipped_surrogate(lp(0.5), pos, 0.2, 0.28)
     assert loss.item() == pytest.approx(-0.5) and not clipped.item()
     # the gradient vanishes exactly where the clip is active
     for ratio, adv, eps_high, has_grad in [(1.25, pos, 0.28, True), (1.25, pos, 0.2, False), (1.3, pos, 0.28, False), (0.75, neg, 0.28, False)]:
         x = lp(ratio).requires_grad_(True)
-        grpo.clipped_surrogate(x, old, adv, 0.2, eps_high)[0].sum().backward()
+        grpo.clipped_surrogate(x, adv, 0.2, eps_high)[0].sum().backward()
         assert (x.grad.abs().item() > 0) == has_grad, (ratio, adv, eps_high)
+
+
+def test_gspo_clips_the_length_normalised_sequence_ratio():
+    """GSPO eq. 5-7: s_i = exp(mean_t log(pi / pi_old)) over the completion's tokens, clipped per sequence. Token
+    log-ratios (0.2, -0.1) and a padded third token: s = exp(0.05) = 1.05127 for both tokens."""
+    logp = torch.tensor([[0.2, -0.1, 9.0]], requires_grad=True)  # old logprobs 0: the log-ratios themselves
+    old, mask, adv = torch.zeros(1, 3), torch.tensor([[1, 1, 0]]), torch.tensor([1.0])
+    lr = grpo.importance_log_ratio(logp, old, mask, "sequence")
+    torch.testing.assert_close(lr[0, :2], torch.tensor([0.05, 0.05]))  # a sum instead of the mean would give 0.1
+    torch.testing.assert_close(grpo.importance_log_ratio(logp, old, mask, "token"), logp - old)
+    loss, clipped = grpo.clipped_surrogate(lr, adv, 0.2, 0.2)  # inside PPO's bounds: -s A on each token
+    torch.testing.assert_close(loss[0, :2], torch.full((2,), -math.exp(0.05)))
+    # aggregated as GRPO (mean over the tokens, then over sequences) the gradient of each token is -A s / |o|
+    grpo.aggregate_loss(loss, mask, "grpo", 8).backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-math.exp(0.05) / 2, -math.exp(0.05) / 2, 0.0]]))
+    # GSPO's own bounds (3e-4, 4e-4): s = 1.051 is clipped at 1.0004 for the whole sequence, no gradient at all
+    loss, clipped = grpo.clipped_surrogate(grpo.importance_log_ratio(logp, old, mask, "sequence"), adv, 3e-4, 4e-4)
+    assert loss[0, 0].item() == pytest.approx(-1.0004) and clipped[0, :2].all()
+    args = grpo.Args(importance_sampling_level="sequence")
+    grpo.resolve_variant(args)
+    assert (args.epsilon_low, args.epsilon_high, args.beta) == (3e-4, 4e-4, 0.0)
+
+
+def test_cispo_truncates_the_weight_and_keeps_every_token_gradient():
+    """MiniMax-M1 eq. 4: loss -sg(min(r, cap)) A log pi, so d loss / d log pi = -min(r, cap) A for every token, also
+    where PPO's clip would have zeroed it (r = 1.5 > 1.2 with A > 0)."""
+    ratios = torch.tensor([[1.5, 7.0, 0.1]])
+    logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
+    old = logp.detach() - ratios.log()
+    adv = torch.tensor([2.0])
+    loss, truncated = grpo.cispo_surrogate(logp, grpo.importance_log_ratio(logp, old, torch.ones(1, 3), "token"), adv, 5.0)
+    torch.testing.assert_close(loss.detach(), torch.tensor([[-1.5 * 2 * -1.0, -5.0 * 2 * -2.0, -0.1 * 2 * -3.0]]))
+    assert truncated.tolist() == [[False, True, False]]
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-3.0, -10.0, -0.2]]))  # a weight with gradient would add more
+    ppo = logp.detach().clone().requires_grad_(True)
+    grpo.clipped_surrogate(ppo - old, adv, 0.2, 0.2)[0].sum().backward()
+    assert ppo.grad[0, 0].item() == 0.0  # PPO's clip drops the 1.5 token CISPO keeps
+    args = grpo.Args(loss_type="cispo")
+    grpo.resolve_variant(args)
+    assert (args.epsilon_high, args.beta) == (4.0, 0.0)  # weights capped at 1 + 4 = 5, no KL term
+    # 1 / sum_i |o_i|: the token mean of DAPO
+    per_token, mask = torch.tensor([[1.0, 2.0], [3.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
+    assert grpo.aggregate_loss(per_token, mask, "cispo", 8).item() == pytest.approx(2.0)
+    with pytest.raises(SystemExit, match="^error: --loss-type cispo"):
+        grpo.resolve_variant(grpo.Args(loss_type="cispo", importance_sampling_level="sequence"))
+
+
+def test_k2_kl_is_half_the_squared_log_ratio():
+    logp, ref = torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)])
+    assert grpo.k2_kl(logp, ref).item() == pytest.approx(0.5 * math.log(2) ** 2)  # 0.2402
+    args = grpo.Args(advantage_estimator="reinforce_pp_baseline")
+    grpo.resolve_variant(args)
+    assert args.kl_estimator == "k2"
+
+
+def test_reinforce_pp_baseline_normalises_over_the_global_batch_not_per_group():
+    """Hu 2025 eq. 10 with the group-mean baseline. Rewards (1, 0 | 1, 1), G = 2, completions of 2, 1, 3 and 2 tokens:
+    r - group mean = (0.5, -0.5, 0, 0); over the 8 tokens (0.5, 0.5, -0.5, 0, 0, 0, 0, 0) the mean is 0.0625 and the
+    population variance 0.09375 - 0.0625^2 = 0.08984375, so completion 1 gets (0.5 - 0.0625) / 0.29974 = 1.45960."""
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    adv = grpo.reinforce_pp_advantages(rewards, mask, 2, baseline=True)
+    std = math.sqrt(0.08984375 + 1e-8)
+    expected = torch.tensor([[0.4375, 0.4375, 0], [-0.5625, 0, 0], [-0.0625] * 3, [-0.0625, -0.0625, 0]]) / std
+    torch.testing.assert_close(adv, expected)
+    assert adv[0, 0].item() == pytest.approx(1.45960, abs=1e-4)
+    # GRPO's per-group normalisation would give the all-right group 0 and the first group +-0.707: not this
+    assert adv[2, 0].item() != 0.0
+    # two processes: each whitens with the statistics of both (reduce sums them), equal to one process's result
+    def stats(a, m):
+        m = m.float()
+        return torch.stack([(a * m).sum(), (a**2 * m).sum(), m.sum()])
+    raw = (rewards.view(-1, 2) - rewards.view(-1, 2).mean(1, keepdim=True)).reshape(-1, 1).expand(4, 3)
+    top = grpo.reinforce_pp_advantages(rewards[:2], mask[:2], 2, True, reduce=lambda t: t + stats(raw[2:], mask[2:]))
+    torch.testing.assert_close(top, expected[:2])
+
+
+def test_reinforce_pp_puts_the_k1_kl_of_the_later_tokens_in_the_return():
+    """Hu 2025 eq. 8-9: A_t = r - beta * sum_{s >= t} KL_s. r = 1, KL = (0.1, 0.2, 0.3), beta 0.5:
+    returns (1 - 0.3, 1 - 0.25, 1 - 0.15) = (0.7, 0.75, 0.85), then whitened over the 3 tokens."""
+    kl = torch.tensor([[0.1, 0.2, 0.3]])
+    adv = grpo.reinforce_pp_advantages(torch.tensor([1.0, 0.0]), torch.tensor([[1, 1, 1], [0, 0, 0]]), 2, baseline=False,
+                                       kl=torch.cat([kl, torch.zeros(1, 3)]), beta=0.5)
+    returns = torch.tensor([0.7, 0.75, 0.85])
+    expected = (returns - returns.mean()) / (returns.var(unbiased=False) + 1e-8).sqrt()
+    torch.testing.assert_close(adv[0], expected)
+    assert adv[1].abs().sum().item() == 0.0  # masked out
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate", "token_mask", "sequence_mask"])
+def test_sampler_correction_removes_the_bias_of_a_mismatched_sampler(mode):
+    """A bandit whose answer is known: one-token completions, trainer policy softmax(theta), rewards r. The exact
+    policy gradient is sum_a pi(a) r(a) grad log pi(a). The tokens come from a sampler whose logits are perturbed by a
+    known delta (as a bf16 engine's are, only larger). Averaged exactly over the sampler's distribution, the
+    uncorrected update is biased; weighted by pi / pi_sampler (cap above every ratio) it is the exact gradient."""
+    theta = torch.tensor([0.5, -0.3, 0.2, 0.0, -1.0])
+    delta = torch.tensor([0.4, -0.2, 0.0, 0.3, -0.5])
+    r = torch.tensor([1.0, 0.0, 0.5, -0.5, 2.0])
+    pi, pi_s = theta.softmax(0), (theta + delta).softmax(0)
+    exact = torch.autograd.functional.jacobian(lambda t: (t.softmax(0) * r).sum(), theta)
+
+    def update(correct: bool) -> torch.Tensor:
+        t = theta.clone().requires_grad_(True)
+        logp = t.log_softmax(0)[:, None]  # (K actions, 1 token)
+        loss, _ = grpo.clipped_surrogate(logp - logp.detach(), r, 0.2, 0.2)  # on-policy: -A with gradient -A grad log pi
+        if correct:
+            w, capped = grpo.sampler_weights(logp.detach(), pi_s.log()[:, None], torch.ones(5, 1), mode, cap=10.0)
+            assert not capped.any()
+            loss = loss * w
+        (pi_s[:, None] * loss).sum().backward()  # the expectation over the sampler's tokens
+        return -t.grad
+
+    assert (update(False) - exact).abs().max().item() > 0.05  # biased
+    torch.testing.assert_close(update(True), exact)
+    # the cap: ratios above C are cut to C (truncate) or dropped (mask); weights carry no gradient
+    lw = torch.tensor([[math.log(3.0), math.log(0.5)]])
+    w, capped = grpo.sampler_weights(lw, torch.zeros(1, 2), torch.ones(1, 2), mode, cap=2.0)
+    if mode == "token_truncate":
+        torch.testing.assert_close(w, torch.tensor([[2.0, 0.5]]))
+    elif mode == "token_mask":
+        torch.testing.assert_close(w, torch.tensor([[0.0, 0.5]]))
+    elif mode == "sequence_truncate":  # the sequence ratio 3 x 0.5 = 1.5 < 2 on both tokens
+        torch.testing.assert_close(w, torch.tensor([[1.5, 1.5]]))
+    assert capped.tolist() == [[mode.startswith("token"), False]]
 
 
 def test_dapo_defaults_and_explicit_overrides():
@@ -538,6 +662,44 @@ def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
     assert (tmp_path / loss_type / "config.json").exists() and (tmp_path / loss_type / "samples.jsonl").exists()
 
 
+@pytest.mark.parametrize("variant", [dict(importance_sampling_level="sequence"), dict(loss_type="cispo"),
+                                     dict(advantage_estimator="reinforce_pp", beta=0.04),
+                                     dict(advantage_estimator="reinforce_pp_baseline", beta=0.04)],
+                         ids=["gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_gspo_cispo_and_reinforce_pp_run_end_to_end(assets, tmp_path, monkeypatch, variant):
+    gen = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    args = _args(assets, tmp_path, run_name="v", pass_k=0, eval_every=2, save_model=False, **variant)
+    grpo.main(args)
+    train = [r for r in _rows(tmp_path / "v" / "metrics.jsonl") if "loss/policy" in r]
+    assert [r["step"] for r in train] == [1, 2] and all(math.isfinite(r["loss/policy"]) for r in train)
+    assert ("objective/kl" in train[0]) == ("beta" in variant)
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["kl_estimator"] == (
+        "k2" if variant.get("advantage_estimator") == "reinforce_pp_baseline" else "k3")
+
+
+def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypatch):
+    """The sampling loop's logprobs shifted by a known 0.3 per token (a sampler that disagrees with the trainer): the
+    run logs the mismatch (mean |log pi_trainer - log pi_sampler| = 0.3) and the importance weights exp(0.3)."""
+    real = grpo.hf_sample
+
+    def shifted(*a, **kw):
+        completions, logprobs = real(*a, **kw)
+        return completions, [lp - 0.3 for lp in logprobs]
+
+    monkeypatch.setattr(grpo, "hf_sample", shifted)
+    gen = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    args = _args(assets, tmp_path, run_name="tis", pass_k=0, eval_every=2, save_model=False, sampler_logprobs=False,
+                 sampler_correction="token_truncate", num_mini_batches=1, total_steps=1)
+    grpo.main(args)
+    row = next(r for r in _rows(tmp_path / "tis" / "metrics.jsonl") if "loss/policy" in r)
+    assert row["mismatch/abs_logprob_diff"] == pytest.approx(0.3, abs=1e-4)
+    assert row["mismatch/is_weight"] == pytest.approx(math.exp(0.3), abs=1e-4) and row["mismatch/capped_frac"] == 0.0
+    with pytest.raises(SystemExit, match="^error: --sampler-correction token_truncate weights"):
+        grpo.main(_args(assets, tmp_path, run_name="x", sampler_logprobs=True, sampler_correction="token_truncate"))
+
+
 def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):
     # an untrained model is never right: every group is dropped, and after max_sampling_rounds the batch is
     # topped up with dropped groups so that every process still runs the same optimizer steps
@@ -565,7 +727,7 @@ def test_learned_process_reward_runs_end_to_end(assets, tmp_path):
 
 def test_non_finite_loss_is_an_error(assets, tmp_path, monkeypatch):
     # a one-line error, and a checkpoint of the weights as they were (before the optimizer saw the bad loss)
-    monkeypatch.setattr(grpo, "clipped_surrogate", lambda lp, old, adv, lo, hi: (lp * float("nan"), torch.zeros_like(lp, dtype=torch.bool)))
+    monkeypatch.setattr(grpo, "clipped_surrogate", lambda lr, adv, lo, hi: (lr * float("nan"), torch.zeros_like(lr, dtype=torch.bool)))
     with pytest.raises(SystemExit, match=r"^error: non-finite GRPO loss at step 1: lower --learning-rate.*checkpoint"):
         grpo.main(_args(assets, tmp_path, run_name="nan", total_steps=1, pass_k=0, save_model=False))
     state = json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())

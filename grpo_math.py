@@ -212,10 +212,13 @@ class Args:
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """the ratio pi / pi_old that is clipped: each token's (GRPO), or `sequence`: GSPO's length-normalised sequence
     ratio (pi(o)/pi_old(o))^(1/|o|), one per completion"""
-    advantage_estimator: Literal["group", "reinforce_pp", "reinforce_pp_baseline"] = "group"
+    advantage_estimator: Literal["group", "reinforce_pp", "reinforce_pp_baseline", "distill"] = "group"
     """`group`: GRPO's (r - group mean) / group std; `reinforce_pp`: REINFORCE++ (the return r - beta * sum of the k1
     KL of the tokens after, KL in the reward), `reinforce_pp_baseline`: r - group mean (KL as a k2 loss term); both
-    REINFORCE++ variants then normalise over every token of the global batch, not per group"""
+    REINFORCE++ variants then normalise over every token of the global batch, not per group; `distill`: on-policy
+    distillation, each token's advantage log pi_teacher - log pi_student (the reward is only logged)"""
+    teacher_model_path: str | None = None
+    """(distill) the teacher: a causal LM on the policy's tokenizer that scores every token the student samples"""
     kl_estimator: Literal["k3", "k2"] | None = None
     """estimator of the KL loss term: k3 (DeepSeekMath), k2 = (log ratio)^2 / 2; default k2 for reinforce_pp_baseline
     (REINFORCE++), k3 otherwise. `objective/kl` logs k3 whatever the loss uses"""
@@ -843,6 +846,16 @@ def sampler_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tens
     if mode.endswith("truncate"):
         return torch.exp(log_w.clamp(max=math.log(cap))) * mask, over
     return torch.exp(log_w.clamp(max=math.log(cap))) * mask * ~over, over
+
+
+def distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
+    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649: the student learns on its own samples; the
+    per-token reverse-KL reward of the 2025 recipes, Lu & Thinking Machines "On-Policy Distillation"): the advantage of
+    each sampled token is log pi_teacher - log pi_student, minus the one-sample reverse KL, with no discount, so a
+    token the teacher finds likelier than the student is pushed up. Summed over a completion, its mean is
+    -KL(student || teacher)."""
+    return (teacher_logprobs - student_logprobs).detach() * mask
 
 
 def whiten(values: torch.Tensor, mask: torch.Tensor, reduce=lambda t: t, eps: float = 1e-8) -> torch.Tensor:
@@ -1489,8 +1502,8 @@ def resolve_variant(args: Args) -> None:
     if cispo and gspo:
         raise SystemExit("error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
                          "clipped sequence ratio: pick one")
-    if args.beta is None:  # DAPO, CISPO (MiniMax-M1) and GSPO train without the KL term; DeepSeekMath's 0.04 otherwise
-        args.beta = 0.0 if dapo or cispo or gspo else 0.04
+    if args.beta is None:  # DAPO, CISPO (MiniMax-M1), GSPO and distillation (the teacher anchors it) have no KL term
+        args.beta = 0.0 if dapo or cispo or gspo or args.advantage_estimator == "distill" else 0.04
     if args.scale_rewards is None:
         args.scale_rewards = args.loss_type != "dr_grpo"
     if args.epsilon_low is None:
@@ -1499,6 +1512,9 @@ def resolve_variant(args: Args) -> None:
         args.epsilon_high = 0.28 if dapo else 4e-4 if gspo else 4.0 if cispo else args.epsilon_low
     if args.kl_estimator is None:
         args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
+    if (args.advantage_estimator == "distill") != bool(args.teacher_model_path):
+        raise SystemExit("error: on-policy distillation takes both --advantage-estimator distill and "
+                         "--teacher-model-path (the teacher that scores the student's tokens)")
     if args.dynamic_sampling is None:
         args.dynamic_sampling = dapo
     if args.overlong_buffer is None:
@@ -1549,6 +1565,16 @@ def main(args: Args) -> dict:
     if args.reward_model_path:
         rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
     prm = load_reward_model(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
+    teacher = None
+    if args.teacher_model_path:
+        if not os.path.isdir(args.teacher_model_path):
+            require_hub(args.teacher_model_path, "model", "--teacher-model-path")
+        teacher = load_causal_lm(dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None),
+                                 tokenizer).eval().requires_grad_(False)
+        if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
+            raise SystemExit(f"error: --teacher-model-path {args.teacher_model_path} has "
+                             f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
+                             f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer")
 
     # ---- data: every process samples its own shard of questions, and a question's whole group stays on its process,
     # so group statistics (mean, std, the dynamic-sampling filter) need no communication ----
@@ -1570,7 +1596,7 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
                          f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
                          f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config")
-    ref_policy, rm, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm))
+    ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
     unwrapped = accelerator.unwrap_model(model)
     check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
@@ -1699,8 +1725,9 @@ def main(args: Args) -> dict:
         # the sampler's own, or a forward pass) and of the reference, without gradients ----
         off_policy = args.num_iterations > 1 or args.num_mini_batches > 1
         kl_in_reward = args.advantage_estimator == "reinforce_pp" and ref_policy is not None
-        need_old = off_policy or kl_in_reward
+        need_old = off_policy or kl_in_reward or teacher is not None
         old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
+        teacher_logprobs = torch.zeros(B, width, device=device) if teacher is not None else None
         if need_old and use_sampler_logprobs:
             for i, lp in enumerate(batch["sample_logprobs"]):
                 old_logprobs[i, : len(lp)] = lp.to(device)
@@ -1712,12 +1739,16 @@ def main(args: Args) -> dict:
                     old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
                 if ref_policy is not None:
                     ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
+                if teacher is not None:
+                    teacher_logprobs[idx, :c_end] = completion_logprobs(teacher, packed, args.temperature)[0]
         sampler_lp = None
         if args.sampler_correction != "none":  # the sampler's logprobs; a token it did not score (appended EOS): w 1
             sampler_lp = torch.full((B, width), float("nan"), device=device)
             for i, lp in enumerate(batch["sample_logprobs"]):
                 sampler_lp[i, : len(lp)] = lp.to(device)
-        if args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
+        if teacher is not None:  # on-policy distillation: the teacher's per-token verdict is the advantage
+            advantages = distill_advantages(teacher_logprobs, old_logprobs, loss_mask)
+        elif args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
             kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
             advantages = reinforce_pp_advantages(batch["reward"].to(device), loss_mask, G,
                                                  args.advantage_estimator == "reinforce_pp_baseline", kl, args.beta,
@@ -1794,6 +1825,8 @@ def main(args: Args) -> dict:
                 "perf/episodes_per_sec": n_sampled / (time.time() - t_step), "perf/peak_mem_gb": peak_mem_gb(device),
                 **{f"objective/{k}": mean(everything[k]) for k in ("success", "format", "overlong", "outcome_rm", "process_rm") if k in everything},
             }
+            if teacher is not None:  # reverse KL(student || teacher) per completion, from the student's samples
+                logged["objective/teacher_kl"] = mean(((old_logprobs - teacher_logprobs) * completion_mask).sum(1))
             if stats["is_weight"]:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
                 first = max(total(stats["first_tokens"]), 1.0)
                 logged.update({"mismatch/abs_logprob_diff": total(stats["mismatch_abs"]) / first,

@@ -114,6 +114,9 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
             rl_stage("reinforce-pp-baseline", "grpo_math.py", "tiny", s, "tiny-math", sft,
                      ["--advantage-estimator", "reinforce_pp_baseline"]),
+            # on-policy distillation: the SFT policy learns from the GRPO policy of the same seed, on its own samples
+            rl_stage("distill", "grpo_math.py", "tiny", s, "tiny-math", [*sft, f"grpo_tiny-math__{s}"],
+                     ["--advantage-estimator", "distill", "--teacher-model-path", f"runs/grpo_tiny-math__{s}/model"]),
             rl_stage("ppo", "ppo_rlhf.py", "tiny-math", s, "tiny-math", sft),
             rl_stage("rloo", "rloo.py", "tiny-math", s, "tiny-math", sft),
             rl_stage("remax", "remax.py", "tiny-math", s, "tiny-math", sft),

@@ -700,6 +700,38 @@ def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypa
         grpo.main(_args(assets, tmp_path, run_name="x", sampler_logprobs=True, sampler_correction="token_truncate"))
 
 
+def test_distill_advantages_are_the_teacher_minus_student_logprobs():
+    """Per token log pi_teacher - log pi_student (the negative one-sample reverse KL): teacher (0.5, 0.25), student
+    (0.25, 0.25) give (log 2, 0); padding 0; no gradient reaches the student through the advantage."""
+    teacher = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]])
+    student = torch.tensor([[math.log(0.25), math.log(0.25), -1.0]], requires_grad=True)
+    adv = grpo.distill_advantages(teacher, student, torch.tensor([[1, 1, 0]]))
+    torch.testing.assert_close(adv, torch.tensor([[math.log(2), 0.0, 0.0]]))
+    assert not adv.requires_grad
+    with pytest.raises(SystemExit, match="^error: on-policy distillation takes both"):
+        grpo.resolve_variant(grpo.Args(advantage_estimator="distill"))
+
+
+@pytest.mark.parametrize("teacher", ["tiny-llama", "tiny-neox"])
+def test_a_student_learns_only_what_its_teacher_disagrees_with(assets, tmp_path, teacher):
+    """On-policy distillation end to end: a student that is its own teacher has every advantage 0 (to the 1e-6 at which
+    the sampler's logprobs match a forward pass; Adam would still turn that into steps, so the loss is checked, not
+    the weights); from another teacher (tiny-neox, same tokenizer) it has a positive reverse KL and moves."""
+    from safetensors.torch import load_file
+
+    args = _args(assets, tmp_path, run_name=teacher, pass_k=0, eval_every=2, advantage_estimator="distill",
+                 teacher_model_path=str(assets / "models" / teacher))
+    grpo.main(args)
+    row = next(r for r in _rows(tmp_path / teacher / "metrics.jsonl") if "loss/policy" in r)
+    before = load_file(assets / "models" / "tiny-llama" / "model.safetensors")
+    after = load_file(tmp_path / teacher / "model" / "model.safetensors")
+    moved = max((after[k] - before[k]).abs().max().item() for k in before if k in after)
+    if teacher == "tiny-llama":
+        assert row["objective/teacher_kl"] == pytest.approx(0.0, abs=1e-4) and abs(row["loss/policy"]) < 1e-5
+    else:
+        assert row["objective/teacher_kl"] > 0.1 and moved > 0.0
+
+
 def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):
     # an untrained model is never right: every group is dropped, and after max_sampling_rounds the batch is
     # topped up with dropped groups so that every process still runs the same optimizer steps

@@ -94,9 +94,10 @@ import string
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 from urllib.parse import urlparse
 
 import torch
@@ -274,6 +275,11 @@ class Args:
     """gradient clipping norm"""
     generation_batch_size: int = 256
     """(model.generate) completions sampled at once per process"""
+    async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False
+    """sample step s+1 in a separate thread, with a copy of the weights that step s starts from, while step s trains:
+    one step off-policy (`async/policy_lag`), the ratio taken against the sampling weights' logprobs"""
+    generation_threads: int | None = None
+    """(async, CPU) torch threads of the generator thread; default half of the process's threads (at least 1)"""
 
     # ---- evaluation and logging ----
     eval_every: int = 20
@@ -1547,12 +1553,20 @@ def main(args: Args) -> dict:
     mini_size = args.questions_per_device * args.num_generations // args.num_mini_batches
     micro_steps = math.ceil(mini_size / args.micro_batch_size)
     accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
+    gen_threads = None
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+        threads = args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes)
+        if args.async_generation:  # learner and generator thread split the process's share
+            gen_threads = args.generation_threads or max(1, threads // 2)
+            threads = max(1, threads - gen_threads)
+        torch.set_num_threads(threads)
     run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
     device, G, Q = accelerator.device, args.num_generations, args.questions_per_device
     synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
+    if args.async_generation and (synced or args.use_vllm):
+        raise SystemExit("error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
+                         "(sharded weights) nor with --use-vllm")
     if args.use_vllm and synced:
         raise SystemExit("error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
                          "processes; use DDP or ZeRO-2 with vLLM")
@@ -1617,16 +1631,17 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: --sampler-correction {correction} weights the trainer's old logprobs against the "
                          "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs")
 
-    def sample(prompts: list[list[int]], temperature: float) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+    def sample(prompts: list[list[int]], temperature: float,
+               sampler: torch.nn.Module | None = None) -> tuple[list[list[int]], list[torch.Tensor] | None]:
         if vllm_sampler is not None:
             return vllm_sampler(prompts, args.max_completion_length, temperature)
-        return hf_sample(unwrapped, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id, args.max_completion_length, temperature,
-                         args.generation_batch_size, synced)
+        return hf_sample(sampler or unwrapped, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id,
+                         args.max_completion_length, temperature, args.generation_batch_size, synced)
 
-    def sample_and_score(rows: list[dict]) -> dict:
+    def sample_and_score(rows: list[dict], sampler=None) -> dict:
         """G completions of each question and every part of their reward."""
         prompts = [r["prompt_ids"] for r in rows for _ in range(G)]
-        completions, sample_logprobs = sample(prompts, args.temperature)
+        completions, sample_logprobs = sample(prompts, args.temperature, sampler)
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
         ended = [tokenizer.eos_token_id in c for c in completions]
         lengths = torch.tensor([len(c) for c in completions])
@@ -1666,6 +1681,43 @@ def main(args: Args) -> dict:
         idx = [g * G + j for g in groups for j in range(G)]
         return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
 
+    def collect(sampler=None, version: int = 0, threads: int | None = None) -> dict:
+        """Step 1 of the loop: G completions for each of Q questions of this process, with DAPO's dynamic sampling
+        (groups with some right and some wrong completions; more questions until Q are kept). With --async it runs in
+        the generator thread on `sampler`, a copy of the weights of step `version`, and also returns that copy's
+        logprobs of the kept completions (the old policy of the loss)."""
+        if threads:
+            torch.set_num_threads(threads)  # a new thread starts with the default pool: give it its share
+        t0 = time.time()
+        sampled, kept, dropped, rounds, n = [], [], [], 0, 0
+        while (need := questions_needed(Q - len(kept))) > 0:
+            batch = sample_and_score([next(stream) for _ in range(need)], sampler)
+            n += need
+            sampled.append(batch)
+            rounds += 1
+            keep = groups_to_keep(batch, G, args.dynamic_sampling)
+            kept += [select_groups(batch, [g]) for g, s in enumerate(keep) if s]
+            dropped += [select_groups(batch, [g]) for g, s in enumerate(keep) if not s]
+            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
+            if rounds >= args.max_sampling_rounds and len(kept) < Q:
+                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
+                # (all right or all wrong) instead of sampling forever
+                kept += dropped[: Q - len(kept)]
+        out = {"everything": concat(sampled), "batch": concat(kept), "rounds": rounds, "dropped": len(dropped),
+               "drawn": n, "version": version}
+        if sampler is not None and not use_sampler_logprobs:  # the sampling weights' own logprobs, by a forward pass
+            b = out["batch"]
+            with torch.no_grad():
+                b["old_logprobs"] = []
+                for i in range(0, len(b["completions"]), args.micro_batch_size):
+                    sl = slice(i, i + args.micro_batch_size)
+                    packed = pack(b["prompts"][sl], b["completions"][sl], tokenizer.pad_token_id,
+                                  args.max_prompt_length + args.max_completion_length)
+                    lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
+                    b["old_logprobs"] += [lp[j, : len(c)] for j, c in enumerate(b["completions"][sl])]
+        out["gen_time"] = time.time() - t0
+        return out
+
     run.begin()
     episode, drawn, start_step = 0, 0, 0  # drawn: questions this process took from `stream`
     if state := run.resume():  # weights, optimizer, schedule and every process's RNG; the loop's counters here
@@ -1681,29 +1733,37 @@ def main(args: Args) -> dict:
         accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
     progress = tqdm(range(start_step + 1, args.total_steps + 1), initial=start_step, total=args.total_steps,
                     disable=not accelerator.is_main_process, desc=f"grpo ({args.loss_type})")
+    gen_policy = executor = pending = None
+
+    def settle() -> None:
+        """(--async) let the generator thread finish before a checkpoint reads the RNG states. The checkpoint's
+        `drawn` excludes the questions it drew ahead: a resumed run samples that batch again, with the checkpoint's
+        weights and RNG, so an asynchronous run resumes in place but not to the same numbers."""
+        if pending is not None:
+            pending.result()
+
+    if args.async_generation:  # the generator samples with its own copy of the weights, synced before each step
+        gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
+        executor = ThreadPoolExecutor(max_workers=1)
+        pending = executor.submit(collect, gen_policy, start_step, gen_threads)
     for step in progress:
         t_step = time.time()
         before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
         # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with some right and some
-        # wrong completions and samples more questions until this process has Q of them ----
-        model.eval()
-        sampled, kept, dropped, rounds = [], [], [], 0
-        while (need := questions_needed(Q - len(kept))) > 0:
-            batch = sample_and_score([next(stream) for _ in range(need)])
-            drawn += need
-            sampled.append(batch)
-            rounds += 1
-            keep = groups_to_keep(batch, G, args.dynamic_sampling)
-            kept += [select_groups(batch, [g]) for g, s in enumerate(keep) if s]
-            dropped += [select_groups(batch, [g]) for g, s in enumerate(keep) if not s]
-            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
-            if rounds >= args.max_sampling_rounds and len(kept) < Q:
-                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
-                # (all right or all wrong) instead of sampling forever
-                kept += dropped[: Q - len(kept)]
-        everything, batch = concat(sampled), concat(kept)
-        model.train()
-
+        # wrong completions and samples more questions until this process has Q of them (--async: the batch the
+        # generator thread sampled with the weights this step's predecessor started from) ----
+        wait_start = time.time()
+        if executor is not None:
+            data = pending.result()
+            gen_policy.load_state_dict(unwrapped.state_dict())  # the weights this step starts from sample the next
+            pending = executor.submit(collect, gen_policy, step - 1, gen_threads) if step < args.total_steps else None
+        else:
+            model.eval()
+            data = collect()
+            model.train()
+        wait = time.time() - wait_start
+        everything, batch, rounds, drawn = data["everything"], data["batch"], data["rounds"], drawn + data["drawn"]
+        dropped = [None] * data["dropped"]
         # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage
         # (REINFORCE++: token advantages, after the logprobs of step 4) ----
         advantages = group_advantages(batch["reward"].view(-1, G), args.scale_rewards, args.advantage_eps).view(-1).to(device)
@@ -1723,19 +1783,20 @@ def main(args: Args) -> dict:
 
         # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches;
         # the sampler's own, or a forward pass) and of the reference, without gradients ----
-        off_policy = args.num_iterations > 1 or args.num_mini_batches > 1
+        off_policy = args.num_iterations > 1 or args.num_mini_batches > 1 or args.async_generation
         kl_in_reward = args.advantage_estimator == "reinforce_pp" and ref_policy is not None
         need_old = off_policy or kl_in_reward or teacher is not None
         old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
         teacher_logprobs = torch.zeros(B, width, device=device) if teacher is not None else None
-        if need_old and use_sampler_logprobs:
-            for i, lp in enumerate(batch["sample_logprobs"]):
+        async_old = batch.get("old_logprobs")  # --async: the sampling weights' logprobs, from the generator thread
+        if need_old and (use_sampler_logprobs or async_old is not None):
+            for i, lp in enumerate(async_old if async_old is not None else batch["sample_logprobs"]):
                 old_logprobs[i, : len(lp)] = lp.to(device)
         with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
             for start in range(0, B, args.micro_batch_size):
                 idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
                 packed, c_end = micro(idx)
-                if need_old and not use_sampler_logprobs:
+                if need_old and not use_sampler_logprobs and async_old is None:
                     old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
                 if ref_policy is not None:
                     ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
@@ -1759,7 +1820,9 @@ def main(args: Args) -> dict:
         stats = {k: [] for k in ("loss", "kl", "clipped", "tokens", "ratio", "entropy", "grad_norm", "is_weight",
                                  "is_capped", "mismatch_abs", "mismatch_max", "ratio_error", "first_tokens")}
         for iteration in range(args.num_iterations):
-            order = torch.randperm(B, device=device)
+            # --async: the generator thread draws from the global RNG meanwhile, so the order has its own generator
+            order = (torch.randperm(B, generator=torch.Generator().manual_seed(args.seed * 100003 + step)).to(device)
+                     if executor is not None else torch.randperm(B, device=device))
             for mb_start in range(0, B, mini_size):
                 mini = order[mb_start : mb_start + mini_size]
                 # DAPO normalises by the tokens of the whole mini-batch of every process (dapo_num_tokens)
@@ -1776,6 +1839,7 @@ def main(args: Args) -> dict:
                         slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
                         out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
+                            settle()
                             run.stop(grpo_loop_state(*before), f"non-finite GRPO loss at step {step}: lower "
                                      "--learning-rate or check the rewards")
                         # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
@@ -1799,6 +1863,7 @@ def main(args: Args) -> dict:
                 stats["loss"].append(update_loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
                 if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                    settle()
                     run.stop(grpo_loop_state(*before),
                              f"non-finite gradient norm at step {step}: lower --learning-rate")
                 stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
@@ -1837,6 +1902,9 @@ def main(args: Args) -> dict:
                                "mismatch/capped_frac": total(stats["is_capped"]) / tokens})
             if ref_policy is not None:  # summed over each response's tokens, averaged over responses; beta 0 has no reference
                 logged["objective/kl"] = total(stats["kl"]) / (B * accelerator.num_processes)
+            if executor is not None:  # the batch came from the weights one step back (0 on the first step)
+                logged.update({"async/policy_lag": (step - 1) - data["version"], "perf/generation_wait_sec": wait,
+                               "perf/generation_sec": data["gen_time"]})
             if args.dynamic_sampling:
                 logged["objective/groups_dropped"] = mean(torch.tensor(len(dropped) / (len(everything["completions"]) // G)))
                 logged["perf/sampling_rounds"] = mean(torch.tensor(float(rounds)))
@@ -1849,10 +1917,14 @@ def main(args: Args) -> dict:
             run.log_samples([{"question": r["question"], "completion": r["completion"], "gold": r["gold"],
                               "correct": r["correct"][0]} for r in records[:4]], step)
         if run.stop_requested():  # a collective: every process, every step
+            settle()
             run.stop(grpo_loop_state(step, episode, drawn, metrics))
         if args.save_every and step % args.save_every == 0 and step < args.total_steps:
+            settle()
             run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
     progress.close()
+    if executor is not None:
+        executor.shutdown()
 
     # ---- at the end: pass@k and maj@k from k samples per evaluation question ----
     if args.pass_k > 0:

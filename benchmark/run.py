@@ -112,6 +112,7 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("dapo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dapo"]),
             rl_stage("gspo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--importance-sampling-level", "sequence"]),
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
+            rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
             rl_stage("reinforce-pp-baseline", "grpo_math.py", "tiny", s, "tiny-math", sft,
                      ["--advantage-estimator", "reinforce_pp_baseline"]),
             # on-policy distillation: the SFT policy learns from the GRPO policy of the same seed, on its own samples

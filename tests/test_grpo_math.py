@@ -732,6 +732,24 @@ def test_a_student_learns_only_what_its_teacher_disagrees_with(assets, tmp_path,
         assert row["objective/teacher_kl"] > 0.1 and moved > 0.0
 
 
+def test_async_grpo_trains_one_step_off_policy_and_repeats_exactly(assets, tmp_path, monkeypatch):
+    """--async: the batch of step s comes from the weights step s - 1 started from (lag 0 on the first step, then 1),
+    and only the generator thread draws from the global RNG, so two runs give the same numbers."""
+    gen = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    rows = {}
+    for name in ("a", "b"):
+        gen.manual_seed(0)
+        grpo.main(_args(assets, tmp_path, run_name=name, total_steps=3, pass_k=0, eval_every=3, save_model=False,
+                        async_generation=True, num_threads=2))
+        rows[name] = [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))}
+                      for r in _rows(tmp_path / name / "metrics.jsonl")]
+    train = [r for r in rows["a"] if "loss/policy" in r]
+    assert [r["async/policy_lag"] for r in train] == [0, 1, 1]
+    assert all(math.isfinite(r["loss/policy"]) for r in train)
+    assert rows["a"] == rows["b"]
+
+
 def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):
     # an untrained model is never right: every group is dropped, and after max_sampling_rounds the batch is
     # topped up with dropped groups so that every process still runs the same optimizer steps

@@ -40,6 +40,9 @@ after every step, so every batch after the first was sampled by the policy of on
 and `generation_threads`). Only the generator thread draws random numbers, one batch after another, so on CPU an
 async run repeats exactly (checked with 1 + 1 and 3 + 1 threads; not checked on a GPU).
 
+`--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) through peft; the reference is then the policy with
+its adapters disabled (no second copy; with --async, the generator thread's copy), and `model/` the merged plain model.
+
 Durable runs (`Run`; tests/test_faults_dpo.py): SIGTERM / SIGINT finish the step, write checkpoint/ and exit; the same
 command with `--resume` continues to the metrics and weights of an uninterrupted run, exactly in every mode (checked
 on CPU in float32). The batches drawn so far are replayed from the loader's own generator (no compute); offline,
@@ -126,6 +129,15 @@ class Args:
     tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the models"""
+
+    # ---- LoRA (peft) ----
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
     # ---- data ----
     mode: Literal["offline", "online"] = "offline"
@@ -490,16 +502,71 @@ def prepare_frozen(model, accelerator: Accelerator):
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model)."""
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def add_lora(model, args):
+    """(--lora-r) LoRA through peft: the model's weights frozen, rank-r adapters A (random) and B (zeros) beside each
+    target module, so training starts from the model itself. Without --lora-r, the model as it is."""
+    if not args.lora_r:
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                             target_modules=args.lora_target_modules or "all-linear")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # a target module the model does not have
+        raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+class LoraReference(torch.nn.Module):
+    """(LoRA) the reference policy: the policy's own frozen weights, its adapters disabled for each forward pass, so
+    no second copy of the model is loaded (TRL and OpenRLHF do the same)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = [policy]  # a list, not a submodule: nothing to prepare, save or count twice
+        self.config = policy.config
+
+    def parameters(self, recurse: bool = True):  # the policy's: code reads their device and dtype
+        return self.policy[0].parameters(recurse)
+
+    def forward(self, *args, **kwargs):
+        with self.policy[0].disable_adapter():
+            return self.policy[0](*args, **kwargs)
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
@@ -1397,6 +1464,11 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+                         "train every weight)")
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1448,11 +1520,15 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
                          f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
                          "(sft.py --add-pad-token)")
-    ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
+    ref_policy = None  # with LoRA: the policy with its adapters disabled (after `prepare`), not a second copy
+    if not args.lora_r:
+        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+        ref_policy = ref_policy.eval().requires_grad_(False)
     if args.pack_pairs and policy.config._attn_implementation not in ("eager", "sdpa"):
         raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {policy.config._attn_implementation} attention does not "
                          "take; pass --no-pack-pairs (or use sdpa / eager attention)")
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy = add_lora(policy, args)
     reward_model = None
     if args.reward_model_path and (args.judge == "rm" or not online):
         reward_model = load_reward_model(args, tokenizer)
@@ -1491,7 +1567,8 @@ def main(args: Args) -> dict:
     else:
         loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, drop_last=True,
                                              generator=generator, collate_fn=lambda b: collate_pairs(b, pad, args.pack_pairs))
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
     configure_deepspeed(accelerator, args.per_device_train_batch_size, args.max_grad_norm)  # pairs per backward pass
     policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
@@ -1506,6 +1583,8 @@ def main(args: Args) -> dict:
     if total_steps == 0:
         raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
     ref_policy, reward_model = prepare_frozen(ref_policy, accelerator), prepare_frozen(reward_model, accelerator)
+    if args.lora_r:  # the unwrapped policy itself, its adapters disabled for each reference forward pass
+        ref_policy = LoraReference(accelerator.unwrap_model(policy))
     if not online and args.precompute_ref_logprobs:  # the loader's collate reads the cached values from the pairs
         # on --resume they are computed again, to the same values (the same frozen model, batches and precision)
         t0 = time.time()
@@ -1574,9 +1653,12 @@ def main(args: Args) -> dict:
         rows_of = lambda idx: [train[i] for i in idx.tolist()]  # noqa: E731
         if args.async_generation:  # the generator samples with its own copy of the weights, synced after each step
             gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
+            # LoRA: the thread's reference is its copy with the adapters disabled; disabling the learner's adapters
+            # from the thread would switch them off under the learner's own forward pass
+            gen_ref = LoraReference(gen_policy) if args.lora_r else ref_policy
             executor = ThreadPoolExecutor(max_workers=1)
             if pending is None:  # the first batch, sampled by the initial policy
-                pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer,
+                pending = executor.submit(sample_pairs, gen_policy, gen_ref, reward_model, tokenizer,
                                           rows_of(draw()), args, device, 0, gen_threads, synced, accelerator.autocast)
             else:  # a resumed run: the batch sampled before the checkpoint
                 pending = done_future(pending)
@@ -1594,7 +1676,7 @@ def main(args: Args) -> dict:
                 pending = None
                 if step < total_steps:  # the generator's copy synced to the current weights (step - 1) samples the next
                     gen_policy.load_state_dict(unwrapped.state_dict())
-                    pending = executor.submit(sample_pairs, gen_policy, ref_policy, reward_model, tokenizer,
+                    pending = executor.submit(sample_pairs, gen_policy, gen_ref, reward_model, tokenizer,
                                               rows_of(draw()), args, device, step - 1, gen_threads, synced,
                                               accelerator.autocast)
             else:  # synchronous: this step's batch, sampled now by the current weights (or restored by --resume)

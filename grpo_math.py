@@ -33,6 +33,14 @@ bounds 3e-4 / 4e-4 and no KL term. `--advantage-estimator reinforce_pp` / `reinf
 REINFORCE++ puts beta * k1 KL into the reward (the return of token t sums the KL of the tokens from t on),
 REINFORCE++-baseline subtracts the group's mean reward and keeps the KL as a k2 loss term.
 
+Beyond the loss: `--sampler-correction` weights each token by pi_trainer / pi_sampler, truncated (TIS) or masked
+(Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training") when the sampler's logprobs
+are not the trainer's (vLLM, bf16); `--async` samples step s+1 with the weights step s starts from while step s trains
+(one step off-policy; Noukhovitch et al. 2024, arXiv:2410.18252); `--advantage-estimator distill` is on-policy
+distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649): each sampled token's advantage is log pi_teacher -
+log pi_student, the per-token reverse KL; `--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) through
+peft, the reference being the same model with its adapters disabled.
+
 Rewards. Success (1 if the final answer is right, else 0): GSM8K answers are the number after the last `####`
 (commas and `$` stripped), compared numerically; MATH answers are the last `\\boxed{}`, graded with math-verify
 (`verify(parse(gold), parse(pred))`, gold first; an exception or timeout gives 0). Optional: a format reward; a
@@ -148,6 +156,13 @@ class Args:
     tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the policy, the reference and the reward models"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     sampler_logprobs: bool | None = None
     """take the old policy's logprobs from the sampler instead of a forward pass after sampling; default: on when
     sampling with the policy itself in float32 without mixed precision (the two agree to 1e-5), off with vLLM, half
@@ -534,16 +549,71 @@ def prepare_frozen(model, accelerator: Accelerator):
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model)."""
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def add_lora(model, args):
+    """(--lora-r) LoRA through peft: the model's weights frozen, rank-r adapters A (random) and B (zeros) beside each
+    target module, so training starts from the model itself. Without --lora-r, the model as it is."""
+    if not args.lora_r:
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                             target_modules=args.lora_target_modules or "all-linear")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # a target module the model does not have
+        raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+class LoraReference(torch.nn.Module):
+    """(LoRA) the reference policy: the policy's own frozen weights, its adapters disabled for each forward pass, so
+    no second copy of the model is loaded (TRL and OpenRLHF do the same)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = [policy]  # a list, not a submodule: nothing to prepare, save or count twice
+        self.config = policy.config
+
+    def parameters(self, recurse: bool = True):  # the policy's: code reads their device and dtype
+        return self.policy[0].parameters(recurse)
+
+    def forward(self, *args, **kwargs):
+        with self.policy[0].disable_adapter():
+            return self.policy[0](*args, **kwargs)
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
@@ -1230,7 +1300,10 @@ class VLLMSampler:
     def load_weights(self, model) -> None:
         executor = self.llm.llm_engine.model_executor
         worker = getattr(executor.driver_worker, "worker", executor.driver_worker)
-        worker.model_runner.model.load_weights(model.state_dict().items())
+        state_dict = model.state_dict()
+        if hasattr(model, "peft_config"):  # LoRA: vLLM takes the plain model's weights, the adapters merged in
+            state_dict = merge_lora(state_dict, model.peft_config["default"])
+        worker.model_runner.model.load_weights(state_dict.items())
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
 
     def __call__(self, prompts: list[list[int]], max_new_tokens: int,
@@ -1494,6 +1567,11 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+                         "train every weight)")
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1573,8 +1651,9 @@ def main(args: Args) -> dict:
 
     # ---- models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models ----
     tokenizer = load_tokenizer(args)
-    policy = load_causal_lm(args, tokenizer)
-    ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False) if args.beta > 0 else None
+    policy = add_lora(load_causal_lm(args, tokenizer), args)
+    # with LoRA the reference is the policy with its adapters disabled (after `prepare`), not a second copy
+    ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False) if args.beta > 0 and not args.lora_r else None
     rm = None
     if args.reward_model_path:
         rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
@@ -1603,7 +1682,8 @@ def main(args: Args) -> dict:
                                   args.eval_split, positions)
     stream = question_stream(train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index)
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
     configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
     model, optimizer = accelerator.prepare(policy, optimizer)
     if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
@@ -1612,6 +1692,8 @@ def main(args: Args) -> dict:
                          f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config")
     ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
     unwrapped = accelerator.unwrap_model(model)
+    if args.lora_r and args.beta > 0:
+        ref_policy = LoraReference(unwrapped)
     check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
     accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint

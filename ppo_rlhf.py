@@ -24,6 +24,8 @@ reference policy (the SFT model) and the reward model. One update:
   3. Advantages. GAE (gamma 1, lambda 0.95) on the per-token rewards; advantages whitened over the valid tokens.
   4. Optimise. `num_ppo_epochs` passes over shuffled minibatches: clipped policy loss and clipped value loss
      (`vf_coef` 0.1), one AdamW optimizer over policy and value, learning rate annealed linearly to 0.
+`--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) on the policy through peft, the value model in full
+(as TRL's PPOTrainer with a peft_config); the reference policy is then the policy with its adapters disabled.
 
 N+ hyperparameters (Pythia 1B/2.8B/6.9B, TL;DR): lr 3e-6, 1M episodes, batch 512, 4 PPO epochs, clip 0.2,
 vf_coef 0.1, kl_coef 0.05, gamma 1, lambda 0.95, response length 53, temperature 0.7, penalty -1 without EOS.
@@ -121,6 +123,15 @@ class Args:
     """keep the rollout logprobs of the sampling loop instead of a forward pass after sampling; default: on in float32
     without mixed precision (the two agree to 1e-5), off in half precision or bf16 mixed precision, where the KV-cache
     and full-sequence kernels differ enough to move the first ratio off 1 (the N+ reason to recompute them)"""
+
+    # ---- LoRA (peft) ----
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -690,25 +701,41 @@ class PolicyAndValue(nn.Module):
         normalisation included (N+'s critic is the normalised reward model)."""
         logits, needed = None, index.unique()
         if with_policy:
-            policy_body = getattr(self.policy, self.policy.base_model_prefix)
+            policy_body = body_of(self.policy)
             with last_mlp_only_at(policy_body, needed):
                 hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
             logits = self.policy.get_output_embeddings()(hidden[0, index])
         if not with_value:
             return logits, None
-        value_body = getattr(self.value_model, self.value_model.base_model_prefix)
+        value_body = body_of(self.value_model)
         with last_mlp_only_at(value_body, needed):
             hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         bias = getattr(self.value_model.config, "reward_bias", 0.0)
         return logits, self.value_model.score(hidden[0, index]).squeeze(-1) + bias
 
 
+def body_of(model):
+    """The transformer body of a causal LM or sequence classifier, without its head; of a peft (LoRA) model, the body
+    of its base model, the adapters inside it (peft's own `base_model_prefix` would name the whole model)."""
+    model = model.get_base_model() if hasattr(model, "peft_config") else model
+    return getattr(model, model.base_model_prefix)
+
+
 def packed_hidden(model, packed: dict, at: torch.Tensor) -> torch.Tensor:
     """Last hidden states of a frozen model's body at the positions `at` (any shape) of a `pack`ed row, for its heads."""
-    body = getattr(model, model.base_model_prefix)
+    body = body_of(model)
     with last_mlp_only_at(body, at.unique()):
         hidden = body(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).last_hidden_state
     return hidden[0, at]
+
+
+def reference_logits(ref_policy, packed: dict) -> torch.Tensor:
+    """The reference policy's logits at the `index` positions of a `pack`ed row (no gradient: call it under no_grad).
+    A LoraReference is the policy itself, its body and head run with the adapters disabled."""
+    if isinstance(ref_policy, LoraReference):
+        with ref_policy.policy[0].disable_adapter():
+            return reference_logits(ref_policy.policy[0], packed)
+    return ref_policy.get_output_embeddings()(packed_hidden(ref_policy, packed, packed["index"]))
 
 
 def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
@@ -1250,16 +1277,71 @@ def prepare_frozen(model, accelerator: Accelerator):
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model)."""
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def add_lora(model, args):
+    """(--lora-r) LoRA through peft: the model's weights frozen, rank-r adapters A (random) and B (zeros) beside each
+    target module, so training starts from the model itself. Without --lora-r, the model as it is."""
+    if not args.lora_r:
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                             target_modules=args.lora_target_modules or "all-linear")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # a target module the model does not have
+        raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+class LoraReference(torch.nn.Module):
+    """(LoRA) the reference policy: the policy's own frozen weights, its adapters disabled for each forward pass, so
+    no second copy of the model is loaded (TRL and OpenRLHF do the same)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = [policy]  # a list, not a submodule: nothing to prepare, save or count twice
+        self.config = policy.config
+
+    def parameters(self, recurse: bool = True):  # the policy's: code reads their device and dtype
+        return self.policy[0].parameters(recurse)
+
+    def forward(self, *args, **kwargs):
+        with self.policy[0].disable_adapter():
+            return self.policy[0](*args, **kwargs)
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
@@ -1490,6 +1572,11 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+                         "train every weight)")
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1592,6 +1679,8 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
                          f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
                          "(sft.py --add-pad-token)")
+    # --lora-r: adapters on the policy only; the value model is trained in full (TRL's PPOTrainer with a peft_config)
+    policy = add_lora(policy, args)
 
     # ---- data: every field training and evaluation use is checked now, before the first update ----
     max_positions = (getattr(policy.config, "max_position_embeddings", None)
@@ -1605,7 +1694,10 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
                          f"batch of --per-device-batch-size {args.per_device_batch_size}")
 
-    ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
+    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
+    if not args.lora_r:
+        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference",
+                                     "--sft-model-path").eval().requires_grad_(False)
     reward_model, prm = None, None
     if args.reward_source == "model":
         reward_model = load_reward_model(args, tokenizer, args.reward_model_path, "--reward-model-path", "outcome")
@@ -1622,7 +1714,8 @@ def main(args: Args) -> dict:
                          "model")
     value_model.config.pad_token_id = tokenizer.pad_token_id
     for m in (policy, ref_policy):
-        m.generation_config.pad_token_id = tokenizer.pad_token_id
+        if m is not None:
+            m.generation_config.pad_token_id = tokenizer.pad_token_id
     for m in (reward_model, prm):  # their own forward refuses batches without a pad id (the score is read by position)
         if m is not None:
             m.config.pad_token_id = tokenizer.pad_token_id
@@ -1633,11 +1726,15 @@ def main(args: Args) -> dict:
                                          drop_last=True, generator=torch.Generator().manual_seed(args.seed))
 
     model = PolicyAndValue(policy, value_model)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
     # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, fused=device.type in ("cpu", "cuda"))
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps,
+                                  fused=device.type in ("cpu", "cuda"))
     configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
+    if args.lora_r:
+        ref_policy = LoraReference(accelerator.unwrap_model(model).policy)
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
 
     def batches():
@@ -1735,7 +1832,7 @@ def main(args: Args) -> dict:
                 probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
                 entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
                 del logits, probs_logits
-            ref_logits = ref_policy.get_output_embeddings()(packed_hidden(ref_policy, packed, packed["index"]))
+            ref_logits = reference_logits(ref_policy, packed)
             ref_logprobs[:, :width] = response_logprobs(ref_logits, packed["targets"], args.temperature)[:, :width]
             del ref_logits
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)

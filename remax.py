@@ -17,7 +17,8 @@ low). The loss is -sum_t A_t log pi(y_t | x, y_<t) over every valid response tok
 ONE gradient step (on-policy, no ratio, no clipping of the ratio). Compared with PPO there is no value model to
 hold, train or keep optimizer state for (the paper: about 46% less GPU memory than PPO at 7B, 1.6x faster); the
 price is one extra greedy generation per prompt. `benchmark/memory_speed_family.py` measures both against
-ppo_rlhf.py.
+ppo_rlhf.py. `--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) through peft; the reference is then the
+policy with its adapters disabled (the greedy baseline is decoded with them, by the current policy).
 
 Everything else is ppo_rlhf.py's (the N+ details of Huang et al. 2024, arXiv:2403.17031): left-padded prompts,
 logprobs of the logits divided by the sampling temperature (recomputed by a forward pass, or, in float32 where the
@@ -114,6 +115,15 @@ class Args:
     """take the rollout logprobs from the sampler instead of a forward pass after sampling; default: on in float32
     without mixed precision (the two agree to 1e-5), off in half precision or bf16 mixed precision, where the
     KV-cache and full-sequence kernels differ enough to matter (the N+ reason to recompute them)"""
+
+    # ---- LoRA (peft) ----
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -1003,16 +1013,71 @@ def prepare_frozen(model, accelerator: Accelerator):
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model)."""
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def add_lora(model, args):
+    """(--lora-r) LoRA through peft: the model's weights frozen, rank-r adapters A (random) and B (zeros) beside each
+    target module, so training starts from the model itself. Without --lora-r, the model as it is."""
+    if not args.lora_r:
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                             target_modules=args.lora_target_modules or "all-linear")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # a target module the model does not have
+        raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+class LoraReference(torch.nn.Module):
+    """(LoRA) the reference policy: the policy's own frozen weights, its adapters disabled for each forward pass, so
+    no second copy of the model is loaded (TRL and OpenRLHF do the same)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = [policy]  # a list, not a submodule: nothing to prepare, save or count twice
+        self.config = policy.config
+
+    def parameters(self, recurse: bool = True):  # the policy's: code reads their device and dtype
+        return self.policy[0].parameters(recurse)
+
+    def forward(self, *args, **kwargs):
+        with self.policy[0].disable_adapter():
+            return self.policy[0](*args, **kwargs)
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
@@ -1243,6 +1308,11 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+                         "train every weight)")
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1282,12 +1352,16 @@ def main(args: Args) -> dict:
         raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
                          f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
                          "(sft.py --add-pad-token)")
-    ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path").eval().requires_grad_(False)
+    policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy = add_lora(policy, args)  # --lora-r: the adapters alone are trained
+    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
+    if not args.lora_r:
+        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference",
+                                     "--sft-model-path").eval().requires_grad_(False)
+        ref_policy.generation_config.pad_token_id = tokenizer.pad_token_id
     reward_model = load_reward_model(args, tokenizer) if args.reward_source == "model" else None
     if reward_model is not None:
         check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
-    for m in (policy, ref_policy):
-        m.generation_config.pad_token_id = tokenizer.pad_token_id
     if reward_model is not None:  # its own forward refuses batches without a pad id (the score is read by position)
         reward_model.config.pad_token_id = tokenizer.pad_token_id
 
@@ -1308,10 +1382,13 @@ def main(args: Args) -> dict:
     loader = torch.utils.data.DataLoader(list(range(len(train_rows))), batch_size=args.per_device_batch_size, shuffle=True,
                                          drop_last=True, generator=torch.Generator().manual_seed(args.seed))
 
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
     configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
     ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
+    if args.lora_r:
+        ref_policy = LoraReference(accelerator.unwrap_model(model))
     use_sampler_logprobs = (args.sampler_logprobs if args.sampler_logprobs is not None
                             else args.dtype == "float32" and accelerator.mixed_precision == "no")
     synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks

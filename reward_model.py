@@ -423,16 +423,37 @@ def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, 
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model)."""
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
@@ -1212,6 +1233,11 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+                         "train every weight)")
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------

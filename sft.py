@@ -23,6 +23,9 @@ Details that matter (N+ paper, sections 3-5):
   * Real-track hyperparameters (N+ paper, Table 3 and the repository's `sft.py`): learning rate 3e-6,
     cosine schedule, 1 epoch, batch size 128, AdamW with eps 1e-5, dropout disabled.
 
+`--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) through peft instead of every weight; `model/` is the
+plain model with the adapters merged in, so the next stage loads it without peft.
+
 Usage:
     python -m benchmark.assets                 # builds the tiny offline world under runs/assets
     python sft.py tiny-tldr                    # CPU, a few minutes
@@ -101,6 +104,15 @@ class Args:
     tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
+
+    # ---- LoRA (peft) ----
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); `model/` is saved as the plain model, the adapters merged into its weights"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -349,16 +361,71 @@ def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, 
 def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
     """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
     `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model)."""
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def add_lora(model, args):
+    """(--lora-r) LoRA through peft: the model's weights frozen, rank-r adapters A (random) and B (zeros) beside each
+    target module, so training starts from the model itself. Without --lora-r, the model as it is."""
+    if not args.lora_r:
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+                             target_modules=args.lora_target_modules or "all-linear")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # a target module the model does not have
+        raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+class LoraReference(torch.nn.Module):
+    """(LoRA) the reference policy: the policy's own frozen weights, its adapters disabled for each forward pass, so
+    no second copy of the model is loaded (TRL and OpenRLHF do the same)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = [policy]  # a list, not a submodule: nothing to prepare, save or count twice
+        self.config = policy.config
+
+    def parameters(self, recurse: bool = True):  # the policy's: code reads their device and dtype
+        return self.policy[0].parameters(recurse)
+
+    def forward(self, *args, **kwargs):
+        with self.policy[0].disable_adapter():
+            return self.policy[0](*args, **kwargs)
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
@@ -1007,6 +1074,11 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+                         "train every weight)")
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1033,12 +1105,13 @@ def main(args: Args) -> dict:
     eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
     evals = tokenize_split(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args,
                            args.eval_split, evaluation=True, positions=positions)  # what `evaluate` needs, checked now
-    model = load_causal_lm(args, tokenizer)
+    model = add_lora(load_causal_lm(args, tokenizer), args)
 
     generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
     loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
                                          collate_fn=lambda b: collate_right_padded(b, tokenizer.pad_token_id), drop_last=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
     configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)

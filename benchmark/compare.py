@@ -208,9 +208,10 @@ def plot(runs: list[Run], metric: str, out_png: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    colors = plt.get_cmap("tab20").colors  # more than the default 10: no two curves share a colour
     for ax, x in zip(axes, ("episode", "time")):
-        for group, agg in group_curves(runs, metric, x).items():
-            (line,) = ax.plot(agg["x"], agg["mean"], label=curve_label(group, agg))
+        for i, (group, agg) in enumerate(group_curves(runs, metric, x).items()):
+            (line,) = ax.plot(agg["x"], agg["mean"], label=curve_label(group, agg), color=colors[2 * i % 20 + i // 10])
             if agg["band"] is not None:
                 ax.fill_between(agg["x"], agg["low"], agg["high"], alpha=0.2, color=line.get_color())
         ax.set_xlabel("episodes" if x == "episode" else "wall-clock seconds")

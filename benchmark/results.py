@@ -25,6 +25,8 @@ TRACKS = {
     "tiny-math": ["eval/accuracy", "eval/completion_length"],
 }
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
+# grpo_math.py's variants (benchmark/run.py's tiny-math stages), plotted on their own beside GRPO
+GRPO_FAMILY = ["grpo", "dr-grpo", "dapo", "gspo", "cispo", "reinforce-pp-baseline", "distill", "async-grpo", "lora-grpo"]
 
 
 def _cell(values: list[float]) -> str:
@@ -113,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         (runs_dir / f"results_{track}.md").write_text(md)
         plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png")
         print(f"## {track}\n\n{md}\nwrote {runs_dir / f'results_{track}.md'} and {runs_dir / f'results_{track}.png'}")
+        if track == "tiny-math" and (family := [r for r in runs if r.group.split("_")[0] in GRPO_FAMILY]):
+            plot(family, TRACKS[track][0], runs_dir / "results_tiny-math_grpo.png")  # the variants, beside GRPO
+            print(f"wrote {runs_dir / 'results_tiny-math_grpo.png'}")
         if track == "tiny-math" and (prm := prm_table(runs_dir)):
             (runs_dir / "results_tiny-math_prm.md").write_text(prm)
             print(f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}\nwrote {runs_dir / 'results_tiny-math_prm.md'}")

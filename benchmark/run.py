@@ -113,6 +113,9 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("gspo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--importance-sampling-level", "sequence"]),
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
             rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
+            # LoRA at 10x the full fine-tuning learning rate ("LoRA Without Regret", Schulman et al. 2025)
+            rl_stage("lora-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft,
+                     ["--lora-r", "16", "--lora-alpha", "32", "--learning-rate", "5e-4"]),
             rl_stage("reinforce-pp-baseline", "grpo_math.py", "tiny", s, "tiny-math", sft,
                      ["--advantage-estimator", "reinforce_pp_baseline"]),
             # on-policy distillation: the SFT policy learns from the GRPO policy of the same seed, on its own samples

@@ -1,8 +1,8 @@
 """dpo.py's own bad inputs (tests/bad_inputs.py runs them with the shared ones): preference pairs with a missing, null
 or mistyped prompt / chosen / rejected field, in the training and in the evaluation data; pairs whose chosen and
 rejected are the same everywhere; TRL's conversational formats it cannot take; evaluation prompts without the reference
-or facts evaluation needs; prompts longer than the model's positions; online DPO without a judge; bad tokenizers and
-DPO flags. Each ends before the first step in one `error:` line naming the row, field or flag."""
+or facts evaluation needs; prompts longer than the model's positions; online DPO without a judge; bad tokenizers,
+DPO and LoRA flags. Each ends before the first step in one `error:` line naming the row, field or flag."""
 
 from __future__ import annotations
 
@@ -138,4 +138,12 @@ CASES = [
              lambda s, w: ["--label-smoothing", "0.5"], ["dpo"]),
     BadInput("dpo-eval-pairs-negative", "--num-eval-pairs -1", "--num-eval-pairs",
              lambda s, w: ["--num-eval-pairs", "-1"], ["dpo"]),
+    # ---- LoRA (--lora-r) ----
+    BadInput("dpo-lora-r-0", "--lora-r 0 (a rank-0 adapter; it trained every weight instead)", "--lora-r is 0",
+             lambda s, w: ["--lora-r", "0"], ["dpo"]),
+    BadInput("dpo-lora-alpha-nan", "--lora-alpha nan", "--lora-alpha is nan",
+             lambda s, w: ["--lora-r", "4", "--lora-alpha", "nan"], ["dpo"]),
+    BadInput("dpo-lora-target-missing", "--lora-target-modules naming no module of the model",
+             "--lora-target-modules ['no_such_module']: Target modules {'no_such_module'} not found",
+             lambda s, w: ["--lora-r", "4", "--lora-target-modules", "no_such_module"], ["dpo"]),
 ]

@@ -144,4 +144,12 @@ CASES = [
              lambda s, w: ["--reward-model-path", str(w.tmp / "nowhere")], S),
     BadInput("prm-is-outcome-model", "an outcome reward model given as `--prm-path`", "is not a process reward model",
              lambda s, w: ["--prm-path", str(w.rm)], S),
+    # ---- LoRA ----
+    BadInput("lora-r-0", "`--lora-r 0` (a rank of 0 would silently train every weight instead)",
+             "--lora-r is 0; a LoRA rank must be at least 1", lambda s, w: ["--lora-r", "0"], S),
+    BadInput("lora-alpha-0", "`--lora-alpha 0` (the adapters would change nothing)", "--lora-alpha is 0.0",
+             lambda s, w: ["--lora-r", "4", "--lora-alpha", "0"], S),
+    BadInput("lora-target-missing", "`--lora-target-modules` naming a module the model does not have",
+             "--lora-target-modules ['nope']: Target modules {'nope'} not found",
+             lambda s, w: ["--lora-r", "4", "--lora-target-modules", "nope"], S),
 ]

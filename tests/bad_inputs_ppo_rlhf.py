@@ -169,4 +169,14 @@ CASES = [
     BadInput("kl-coef-negative", "`--kl-coef -0.05`", "--kl-coef is -0.05", lambda s, w: ["--kl-coef", "-0.05"], S),
     BadInput("adaptive-kl-target-0", "`--adaptive-kl --target-kl 0` (divides by the target)", "--target-kl",
              lambda s, w: ["--adaptive-kl", "--target-kl", "0"], S),
+    # ---- LoRA (on the policy) ----
+    BadInput("lora-r-0", "`--lora-r 0` (a rank of 0 would silently train every weight instead)",
+             "--lora-r is 0; a LoRA rank must be at least 1", lambda s, w: ["--lora-r", "0"], S),
+    BadInput("lora-alpha-0", "`--lora-alpha 0` (the adapters would change nothing)", "--lora-alpha is 0.0",
+             lambda s, w: ["--lora-r", "4", "--lora-alpha", "0"], S),
+    BadInput("lora-alpha-nan", "`--lora-alpha nan`", "--lora-alpha is nan; give a finite number",
+             lambda s, w: ["--lora-r", "4", "--lora-alpha", "nan"], S),
+    BadInput("lora-target-missing", "`--lora-target-modules` naming a module the model does not have",
+             "--lora-target-modules ['nope']: Target modules {'nope'} not found",
+             lambda s, w: ["--lora-r", "4", "--lora-target-modules", "nope"], S),
 ]

@@ -193,8 +193,25 @@ def prompt_cases(script: str) -> list[BadInput]:
     ]
 
 
+def lora_cases(script: str) -> list[BadInput]:
+    """The LoRA flags (rloo.py and remax.py alike): a rank or scale that trains nothing, modules the model lacks."""
+    S = [script]
+    return [
+        BadInput("lora-r-0", "`--lora-r 0` (a rank of 0 would silently train every weight instead)",
+                 "--lora-r is 0; a LoRA rank must be at least 1", lambda s, w: ["--lora-r", "0"], S),
+        BadInput("lora-alpha-0", "`--lora-alpha 0` (the adapters would change nothing)", "--lora-alpha is 0.0",
+                 lambda s, w: ["--lora-r", "4", "--lora-alpha", "0"], S),
+        BadInput("lora-alpha-nan", "`--lora-alpha nan`", "--lora-alpha is nan; give a finite number",
+                 lambda s, w: ["--lora-r", "4", "--lora-alpha", "nan"], S),
+        BadInput("lora-target-missing", "`--lora-target-modules` naming a module the model does not have",
+                 "--lora-target-modules ['nope']: Target modules {'nope'} not found",
+                 lambda s, w: ["--lora-r", "4", "--lora-target-modules", "nope"], S),
+    ]
+
+
 CASES = [
     *prompt_cases("rloo"),
+    *lora_cases("rloo"),
     BadInput("rloo-k-not-dividing", "`--rloo-k` that does not divide the batch (a prompt's k samples must stay on one "
              "process)", "--per-device-batch-size 6 is not a multiple of rloo_k (--rloo-k 4)",
              lambda s, w: ["--per-device-batch-size", "6", "--rloo-k", "4"], ["rloo"]),

@@ -3,7 +3,8 @@ missing, null or mistyped, in the training and in the evaluation data (a null re
 `None`, a list on its Python repr); TRL's conversational formats that cannot be rendered; the fields only evaluation
 uses (`facts` for `--eval-task tldr`, a final answer for gsm8k / boxed), checked when the evaluation split is loaded and
 not at the first evaluation; rows longer than the limits or the model's positions; tokenizers without a distinct pad
-token or a chat template. Each ends before the first step in one `error:` line naming the split, row, field or flag."""
+token or a chat template; LoRA flags (rank 0, a non-finite alpha, target modules the model lacks). Each ends before
+the first step in one `error:` line naming the split, row, field or flag."""
 
 from __future__ import annotations
 
@@ -162,4 +163,12 @@ CASES = [
              lambda s, w: model_copy(w, "pad-eos", {"pad_token": "<|endoftext|>"}), S),
     BadInput("sft-no-pad", "a tokenizer without a pad token", "has no pad token",
              lambda s, w: model_copy(w, "no-pad", {"pad_token": None}), S),
+    # ---- LoRA (--lora-r) ----
+    BadInput("sft-lora-r-0", "--lora-r 0 (a rank-0 adapter; it trained every weight instead)", "--lora-r is 0",
+             lambda s, w: ["--lora-r", "0"], S),
+    BadInput("sft-lora-alpha-nan", "--lora-alpha nan", "--lora-alpha is nan",
+             lambda s, w: ["--lora-r", "4", "--lora-alpha", "nan"], S),
+    BadInput("sft-lora-target-missing", "--lora-target-modules naming no module of the model",
+             "--lora-target-modules ['no_such_module']: Target modules {'no_such_module'} not found",
+             lambda s, w: ["--lora-r", "4", "--lora-target-modules", "no_such_module"], S),
 ]

@@ -16,6 +16,7 @@ COPIED = ["gold_judge", "extract_gsm8k_answer", "extract_boxed_answer", "numbers
 # check_packing for its one-row packed_sdpa attention, are not listed)
 ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 RL = ["ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+LORA = ["sft", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verify) in every script that grades answers
 GLOBAL_MEAN = ["sft", "reward_model", "ppo_rlhf", "remax", "dpo"]  # RLOO and GRPO keep their own (equal-size) means
 BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_responses": ["rloo", "ppo_rlhf"],
@@ -32,7 +33,9 @@ BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_resp
                    "load_split": ALL, "require_hub": ALL, "Run": ALL, "replace_dir": ALL, "check_args": ALL,
                    "chat_messages": ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "dpo"],
                    "reference_text": ["ppo_rlhf", "rloo", "remax", "dpo"],
-                   "non_finite_policy": ["rloo", "remax"], "check_finite_weights": ["rloo", "remax"]}
+                   "non_finite_policy": ["rloo", "remax"], "check_finite_weights": ["rloo", "remax"],
+                   # LoRA through peft (tests/test_lora*.py); save_model merges the adapters in every script
+                   "add_lora": LORA, "LoraReference": LORA, "merge_lora": ALL}
 
 
 def _definitions(path: Path) -> dict[str, str]:

@@ -11,7 +11,8 @@ frozen, the reference policy the base with its adapters disabled instead of a se
 learning rate (`--lora-learning-rate`; "LoRA Without Regret", Schulman et al. 2025: about 10x full fine-tuning's).
 Each run's `perf/peak_mem_gb` (the largest value logged: torch.cuda.max_memory_allocated on a GPU; on a CPU the peak
 resident memory of the process, which includes the Python and torch runtime, so on tiny models the ratio is close to
-1), its last `perf/episodes_per_sec` and its last evaluation are read from metrics.jsonl.
+1; glibc is told to map every block over 64 KiB on its own, so that a freed tensor leaves the resident set), its last
+`perf/episodes_per_sec` and its last evaluation are read from metrics.jsonl.
 
 `--full-size NAME` first builds a random-weight model of the real architecture at its published size (Qwen2.5-0.5B:
 24 layers, hidden 896, 494M parameters) with the real tokenizer (`--assets`, default ../shared/real-assets), so the
@@ -57,14 +58,12 @@ def build_full_size(name: str, out: Path, assets: Path) -> Path:
 def measure(run_dir: Path) -> dict:
     rows = read_run(run_dir).rows
     train = [r for r in rows if "perf/peak_mem_gb" in r]
-    evals = [r for r in rows if any(k.startswith("eval/") for k in r)]
     if not train:
         raise SystemExit(f"error: {run_dir}/metrics.jsonl has no perf/peak_mem_gb row")
-    last = evals[-1] if evals else {}
-    quality = next((k for k in ("eval/accuracy", "eval/gold_reward", "eval/score") if k in last), None)
+    quality = next((k for k in ("eval/accuracy", "eval/gold_reward", "eval/score") if any(k in r for r in rows)), None)
     return {"peak_mem_gb": max(r["perf/peak_mem_gb"] for r in train),
             "episodes_per_sec": train[-1].get("perf/episodes_per_sec"), "quality_metric": quality,
-            "quality": last.get(quality) if quality else None}
+            "quality": [r[quality] for r in rows if quality in r][-1] if quality else None}
 
 
 def main() -> None:
@@ -88,7 +87,9 @@ def main() -> None:
                              "CLEAN_RLHF_REAL_ASSETS")
         model = build_full_size(cli.full_size, Path(cli.output_dir) / "models" / f"{cli.full_size}-full", cli.assets)
         extra = ["--model-name-or-path", str(model), *extra]
-    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false"}
+    # glibc keeps freed blocks, so a process's peak resident memory on CPU counts memory freed long before; with every
+    # block over 64 KiB mapped on its own, freeing a tensor returns it and the peak follows the live tensors
+    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "MALLOC_MMAP_THRESHOLD_": "65536"}
     results = {}
     for mode in ("full", "lora"):
         name = f"lora_bench_{Path(cli.script).stem}_{cli.preset}_{mode}"

@@ -26,7 +26,8 @@ TRACKS = {
 }
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
 # grpo_math.py's variants (benchmark/run.py's tiny-math stages), plotted on their own beside GRPO
-GRPO_FAMILY = ["grpo", "dr-grpo", "dapo", "gspo", "cispo", "reinforce-pp-baseline", "distill", "async-grpo", "lora-grpo"]
+GRPO_FAMILY = ["grpo", "dr-grpo", "dapo", "gspo", "cispo", "reinforce-pp-baseline", "distill", "async-grpo",
+               "lora-grpo"]
 
 
 def _cell(values: list[float]) -> str:

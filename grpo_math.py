@@ -128,7 +128,7 @@ class Args:
     """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
     see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
     resume: bool = False
@@ -167,8 +167,9 @@ class Args:
     """take the old policy's logprobs from the sampler instead of a forward pass after sampling; default: on when
     sampling with the policy itself in float32 without mixed precision (the two agree to 1e-5), off with vLLM, half
     precision or bf16 mixed precision, whose kernels differ enough to move the first ratio off 1 (N+ recomputes them)"""
-    sampler_correction: Literal["auto", "none", "token_truncate", "sequence_truncate", "token_mask",
-                                "sequence_mask"] = "auto"
+    sampler_correction: Literal[
+        "auto", "none", "token_truncate", "sequence_truncate", "token_mask", "sequence_mask"
+    ] = "auto"
     """correct the update for the sampler's logprobs differing from the trainer's (Yao et al. 2025, "Your efficient RL
     framework secretly brings you off-policy RL training"): weight each token's loss by pi_trainer / pi_sampler of the
     token (`token_*`) or of the completion (`sequence_*`), truncated at `sampler_correction_cap` (TIS) or zeroed above
@@ -275,7 +276,8 @@ class Args:
     overlong_filtering: bool = False
     """mask completions that hit the length limit out of the loss (DAPO's overlong filtering)"""
     overlong_buffer: int | None = None
-    """soft overlong punishment over the last N tokens before the limit (DAPO); default: limit/5 for dapo, else 0 (off)"""
+    """soft overlong punishment over the last N tokens before the limit (DAPO); default: limit/5 for dapo, else 0
+    (off)"""
     overlong_penalty_factor: float = 1.0
     """soft overlong punishment at the limit (DAPO: 1, a reward of -1)"""
 
@@ -302,7 +304,8 @@ class Args:
     num_eval_examples: int = 500
     """evaluation questions"""
     pass_k: int = 8
-    """at the end, k samples per evaluation question: `eval/pass@k` (any right) and `eval/maj@k` (majority vote); 0 skips"""
+    """at the end, k samples per evaluation question: `eval/pass@k` (any right) and `eval/maj@k` (majority vote); 0
+    skips"""
     log_every: int = 1
     """log training metrics every N steps"""
     save_model: bool = True
@@ -313,48 +316,913 @@ class Args:
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do. They checkpoint ten times a run (`save_every`; their
 # step times are not measured here): a checkpoint is the policy and AdamW's two moments, 3 x the float32 weights.
 PRESETS = {
-    "gsm8k-qwen2.5-0.5b": ("GRPO on GSM8K, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
-        # DeepSeekMath section 4.2: lr 1e-6, beta 0.04 (the default: beta None, so `--loss-type dapo` gets DAPO's 0),
-        # one policy update per batch of 1024 completions; G=64 there, 8 here (TRL's default, affordable for 0.5B):
-        # 8 GPUs x 16 questions x 8 = 1024 completions.
-        # Lengths (Qwen2.5-Instruct tokenizer and chat template, default system prompt): the longest rendered prompt
-        # is 256 tokens over GSM8K train (7,473 rows) and 232 over test (1,319), within max_prompt_length 512.
-        exp_name="grpo_gsm8k_qwen2.5-0.5b", model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
-        dataset_name_or_path="openai/gsm8k", dataset_config="main", eval_split="test",
-        prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
-        use_chat_template=True, reference_template="{answer}", answer_format="gsm8k", loss_type="grpo",
-        num_generations=8, questions_per_device=16, total_steps=200, max_completion_length=512, temperature=1.0,
-        beta=None, learning_rate=1e-6, micro_batch_size=16, eval_every=20, num_eval_examples=1319, save_every=20)),
-    "math-qwen2.5-math-1.5b": ("Dr. GRPO on MATH, Qwen2.5-Math-1.5B base, MATH-500 eval (8 GPUs)", Args(
-        # Dr. GRPO's Oat-Zero recipe (github.com/sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh): lr 1e-6
-        # constant, beta 0, G=8, temperature 1, 128 questions per step (16 per GPU), 3000-token budget, mini-batches
-        # of 128 completions (8 optimizer steps per batch), greedy evaluation, Qwen-Math prompt (chat template).
-        # The prompt is the problem alone: the Qwen2.5-Math chat template's default system prompt carries the
-        # instruction "Please reason step by step, and put your final answer within \boxed{}." once, exactly Oat-Zero's
-        # qwen_math template. The base tokenizer sets PAD = EOS, hence add_pad_token ([PAD] fits a spare embedding row).
-        # Lengths (that tokenizer and template): the longest rendered prompt is 1,083 tokens over the MATH test set
-        # (1,000 rows; the next 735) and 819 over MATH-500; Qwen2.5-Math-1.5B has 4,096 positions, so prompts get
-        # 4096 - 3000 (completion budget) = 1096 tokens, and drop_overlong skips the rare longer training problem
-        # (a MATH-lighteval train row we could not measure offline) instead of stopping the run.
-        exp_name="grpo_math_qwen2.5-math-1.5b", model_name_or_path="Qwen/Qwen2.5-Math-1.5B", add_pad_token=True,
-        dataset_name_or_path="DigitalLearningGmbH/MATH-lighteval", dataset_config="default",
-        eval_dataset_name_or_path="HuggingFaceH4/MATH-500", eval_split="test", prompt_template="{problem}",
-        use_chat_template=True, reference_template="{solution}", answer_format="boxed", max_prompt_length=1096,
-        drop_overlong=True,
-        loss_type="dr_grpo", num_generations=8, questions_per_device=16, num_mini_batches=8, total_steps=400,
-        max_completion_length=3000, temperature=1.0, beta=0.0, learning_rate=1e-6, micro_batch_size=4,
-        eval_every=16, num_eval_examples=500, save_every=40)),
-    "tiny": ("tiny-math on CPU from the SFT policy (needs `python -m benchmark.assets` and `python sft.py tiny-math`)", Args(
-        exp_name="grpo_tiny", model_name_or_path="runs/sft_tiny-math__1/model", dtype="float32",
-        dataset_name_or_path="runs/assets/tiny-math/gsm8k", dataset_config=None, eval_split="test",
-        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", answer_format="gsm8k",
-        # The SFT policy mostly answers without working (greedy accuracy 0.165) but writes the steps out in 38% of its
-        # samples, right 33% of the time against 10%: GRPO teaches it to show its work (0.49 over 3 seeds). lr 1e-4 without
-        # warm-up wrecks the policy in one step (Adam's first update is lr * sign(g) for every weight), hence the warm-up.
-        max_prompt_length=96, max_completion_length=80, loss_type="grpo", num_generations=8, questions_per_device=16,
-        total_steps=40, temperature=0.7, beta=None, learning_rate=5e-5, warmup_steps=20, num_mini_batches=2,
-        micro_batch_size=64, eval_every=10, num_eval_examples=200, pass_k=8)),
+    "gsm8k-qwen2.5-0.5b": (
+        "GRPO on GSM8K, Qwen2.5-0.5B-Instruct (8 GPUs)",
+        Args(
+            # DeepSeekMath section 4.2: lr 1e-6, beta 0.04 (the default: beta None, so `--loss-type dapo` gets DAPO's
+            # 0), one policy update per batch of 1024 completions; G=64 there, 8 here (TRL's default, affordable for
+            # 0.5B): 8 GPUs x 16 questions x 8 = 1024 completions.
+            # Lengths (Qwen2.5-Instruct tokenizer and chat template, default system prompt): the longest rendered prompt
+            # is 256 tokens over GSM8K train (7,473 rows) and 232 over test (1,319), within max_prompt_length 512.
+            exp_name="grpo_gsm8k_qwen2.5-0.5b",
+            model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
+            dataset_name_or_path="openai/gsm8k",
+            dataset_config="main",
+            eval_split="test",
+            prompt_template='{question}\nLet\'s think step by step and output the final answer after "####".',
+            use_chat_template=True,
+            reference_template="{answer}",
+            answer_format="gsm8k",
+            loss_type="grpo",
+            num_generations=8,
+            questions_per_device=16,
+            total_steps=200,
+            max_completion_length=512,
+            temperature=1.0,
+            beta=None,
+            learning_rate=1e-6,
+            micro_batch_size=16,
+            eval_every=20,
+            num_eval_examples=1319,
+            save_every=20,
+        ),
+    ),
+    "math-qwen2.5-math-1.5b": (
+        "Dr. GRPO on MATH, Qwen2.5-Math-1.5B base, MATH-500 eval (8 GPUs)",
+        Args(
+            # Dr. GRPO's Oat-Zero recipe (github.com/sail-sg/understand-r1-zero, examples/qwen2.5-math-1.5b.sh): lr 1e-6
+            # constant, beta 0, G=8, temperature 1, 128 questions per step (16 per GPU), 3000-token budget, mini-batches
+            # of 128 completions (8 optimizer steps per batch), greedy evaluation, Qwen-Math prompt (chat template).
+            # The prompt is the problem alone: the Qwen2.5-Math chat template's default system prompt carries the
+            # instruction "Please reason step by step, and put your final answer within \boxed{}." once, exactly
+            # Oat-Zero's qwen_math template. The base tokenizer sets PAD = EOS, hence add_pad_token ([PAD] fits a spare
+            # embedding row). Lengths (that tokenizer and template): the longest rendered prompt is 1,083 tokens over
+            # the MATH test set (1,000 rows; the next 735) and 819 over MATH-500; Qwen2.5-Math-1.5B has 4,096 positions,
+            # so prompts get 4096 - 3000 (completion budget) = 1096 tokens, and drop_overlong skips the rare longer
+            # training problem (a MATH-lighteval train row we could not measure offline) instead of stopping the run.
+            exp_name="grpo_math_qwen2.5-math-1.5b",
+            model_name_or_path="Qwen/Qwen2.5-Math-1.5B",
+            add_pad_token=True,
+            dataset_name_or_path="DigitalLearningGmbH/MATH-lighteval",
+            dataset_config="default",
+            eval_dataset_name_or_path="HuggingFaceH4/MATH-500",
+            eval_split="test",
+            prompt_template="{problem}",
+            use_chat_template=True,
+            reference_template="{solution}",
+            answer_format="boxed",
+            max_prompt_length=1096,
+            drop_overlong=True,
+            loss_type="dr_grpo",
+            num_generations=8,
+            questions_per_device=16,
+            num_mini_batches=8,
+            total_steps=400,
+            max_completion_length=3000,
+            temperature=1.0,
+            beta=0.0,
+            learning_rate=1e-6,
+            micro_batch_size=4,
+            eval_every=16,
+            num_eval_examples=500,
+            save_every=40,
+        ),
+    ),
+    "tiny": (
+        "tiny-math on CPU from the SFT policy (needs `python -m benchmark.assets` and `python sft.py tiny-math`)",
+        Args(
+            exp_name="grpo_tiny",
+            model_name_or_path="runs/sft_tiny-math__1/model",
+            dtype="float32",
+            dataset_name_or_path="runs/assets/tiny-math/gsm8k",
+            dataset_config=None,
+            eval_split="test",
+            prompt_template="Question: {question}\nAnswer:\n",
+            reference_template="{answer}",
+            answer_format="gsm8k",
+            # The SFT policy mostly answers without working (greedy accuracy 0.165) but writes the steps out in 38% of
+            # its samples, right 33% of the time against 10%: GRPO teaches it to show its work (0.49 over 3 seeds). lr
+            # 1e-4 without warm-up wrecks the policy in one step (Adam's first update is lr * sign(g) for every weight),
+            # hence the warm-up.
+            max_prompt_length=96,
+            max_completion_length=80,
+            loss_type="grpo",
+            num_generations=8,
+            questions_per_device=16,
+            total_steps=40,
+            temperature=0.7,
+            beta=None,
+            learning_rate=5e-5,
+            warmup_steps=20,
+            num_mini_batches=2,
+            micro_batch_size=64,
+            eval_every=10,
+            num_eval_examples=200,
+            pass_k=8,
+        ),
+    ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The GRPO math: small pure functions, each checked against hand-computed values in tests/test_grpo_math.py
+# --------------------------------------------------------------------------------------------------
+
+
+def group_advantages(rewards: torch.Tensor, scale: bool, eps: float = 1e-4) -> torch.Tensor:
+    """Advantages of a (num_questions, G) reward matrix: r - group mean, divided by (group std + eps) when `scale`
+    (GRPO, DAPO; the unbiased std, as in TRL and verl), not divided for Dr. GRPO."""
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    return centered / (rewards.std(dim=1, keepdim=True) + eps) if scale else centered
+
+
+def groups_with_signal(rewards: torch.Tensor) -> torch.Tensor:
+    """True for the rows of a (num_questions, G) matrix whose values are not all equal. A group of equal rewards has
+    zero advantage everywhere: it adds no policy gradient and only dilutes the batch."""
+    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+
+def groups_to_keep(batch: dict, G: int, dynamic_sampling: bool) -> list[bool]:
+    """Which groups of a sampled batch (G completions per question, in order) enter the loss: all of them, or with
+    DAPO's dynamic sampling those whose accuracy is neither all 0 nor all 1 (DAPO eq. 11:
+    0 < |{o_i : is_equivalent(a, o_i)}| < G), read from the success reward alone: an all-wrong group that differs
+    only in its overlong penalty or format reward is dropped, not trained on a length-only advantage."""
+    if not dynamic_sampling:
+        return [True] * (len(batch["success"]) // G)
+    return groups_with_signal(batch["success"].view(-1, G)).tolist()
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate k3 = exp(ref - logp) - (ref - logp) - 1 (DeepSeekMath eq. 4)."""
+    delta = ref_logprobs - logprobs
+    return torch.exp(delta) - delta - 1
+
+
+def k2_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k2 = (logp - ref)^2 / 2 (Schulman 2020), the KL loss of REINFORCE++-baseline (Hu 2025): its gradient
+    is the gradient of KL(policy || reference), where k3's is not (arXiv:2501.03262, section 3)."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def importance_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, level: str
+) -> torch.Tensor:
+    """log(pi / pi_old) per token (B, T): each token's own (`token`: GRPO, PPO), or GSPO's sequence ratio
+    s_i = (pi(o_i) / pi_old(o_i))^(1 / |o_i|) (Zheng et al. 2025, arXiv:2507.18071, eq. 7): the mean of the completion's
+    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi."""
+    log_ratio = logprobs - old_logprobs
+    if level == "token":
+        return log_ratio
+    mask = mask.to(log_ratio.dtype)
+    return ((log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token loss -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), ratio = exp(`log_ratio`),
+    `advantages` (B,) broadcast over the tokens or (B, T) per token; and where the clip is active (no gradient):
+    ratio > 1 + eps_high with A > 0, < 1 - eps_low with A < 0."""
+    ratio = torch.exp(log_ratio)
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
+    loss = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv)
+    clipped = ((ratio > 1 + epsilon_high) & (adv > 0)) | ((ratio < 1 - epsilon_low) & (adv < 0))
+    return loss, clipped
+
+
+def cispo_surrogate(
+    logprobs: torch.Tensor, log_ratio: torch.Tensor, advantages: torch.Tensor, max_weight: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): per-token loss -sg(min(ratio, max_weight)) * A * log pi. The
+    importance weight is truncated and carries no gradient, so no token's gradient is dropped (PPO's clip zeroes the
+    tokens past its bound); no lower bound (section 3.1). Also where the weight is truncated."""
+    weight = torch.exp(log_ratio.detach())
+    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
+    return -weight.clamp(max=max_weight) * adv * logprobs, weight > max_weight
+
+
+def sampler_weights(
+    trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance weights (B, T), without gradient, that turn an expectation over the sampler's tokens into one over
+    the trainer's (Yao et al. 2025; TRL's and verl's TIS / MIS): w = pi_trainer / pi_sampler of each token, or for
+    `sequence_*` the completion's ratio exp(sum_t log-ratio) on all its tokens; `*_truncate` keeps min(w, cap),
+    `*_mask` zeroes weights above cap. Also where the cap acted. Computed in log space: a sequence ratio overflows."""
+    mask = mask.to(torch.float32)
+    log_w = (trainer_logprobs - sampler_logprobs).detach().float() * mask
+    if mode.startswith("sequence"):
+        log_w = log_w.sum(1, keepdim=True).expand_as(log_w)
+    over = (log_w > math.log(cap)) & mask.bool()
+    if mode.endswith("truncate"):
+        return torch.exp(log_w.clamp(max=math.log(cap))) * mask, over
+    return torch.exp(log_w.clamp(max=math.log(cap))) * mask * ~over, over
+
+
+def distill_advantages(
+    teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649: the student learns on its own samples; the
+    per-token reverse-KL reward of the 2025 recipes, Lu & Thinking Machines "On-Policy Distillation"): the advantage of
+    each sampled token is log pi_teacher - log pi_student, minus the one-sample reverse KL, with no discount, so a
+    token the teacher finds likelier than the student is pushed up. Summed over a completion, its mean is
+    -KL(student || teacher)."""
+    return (teacher_logprobs - student_logprobs).detach() * mask
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, reduce=lambda t: t, eps: float = 1e-8) -> torch.Tensor:
+    """(values - mean) / std over the masked entries of the whole global batch: `reduce` sums a tensor over the
+    processes (accelerator.reduce), so every process divides by the same statistics. std is the population std, eps
+    inside the square root (OpenRLHF's masked whitening)."""
+    mask = mask.to(values.dtype)
+    stats = reduce(torch.stack([(values * mask).sum(), (values**2 * mask).sum(), mask.sum()]))
+    mean = stats[0] / stats[2].clamp(min=1)
+    var = (stats[1] / stats[2].clamp(min=1) - mean**2).clamp(min=0)
+    return (values - mean) * torch.rsqrt(var + eps) * mask
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    G: int,
+    baseline: bool,
+    kl: torch.Tensor | None = None,
+    beta: float = 0.0,
+    reduce=lambda t: t,
+) -> torch.Tensor:
+    """REINFORCE++ token advantages (B, T) (Hu 2025, arXiv:2501.03262). Without baseline (eq. 8-9): the return of
+    token t, r - beta * sum_{s >= t} KL_s with KL_s = log pi_old(s) - log pi_ref(s) (k1, in the reward; `kl` None: no
+    KL). With baseline (REINFORCE++-baseline): r - the mean reward of its group of G. Then both are normalised over
+    every token of the global batch (eq. 10), not per group: a group-normalised port is GRPO again."""
+    r = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True) if baseline else rewards.view(-1, G)
+    returns = r.reshape(-1, 1).expand(mask.shape).to(torch.float32)
+    if kl is not None and beta:
+        kl = kl * mask
+        returns = returns - beta * (kl.sum(1, keepdim=True) - kl.cumsum(1) + kl)  # sum over s >= t
+    return whiten(returns, mask, reduce)
+
+
+def aggregate_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    max_completion_length: int,
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
+) -> torch.Tensor:
+    """Reduce per-token losses (B, T) and their mask to one number, per variant. grpo: mean over sequences of
+    sum_t loss / |o_i|; dr_grpo: sum of everything / (num_sequences * max_completion_length); dapo: sum of everything
+    / num_tokens. `num_sequences` and `num_tokens` default to this batch's; pass the whole mini-batch's (for dapo: the
+    token count of all processes / processes) when `per_token` is one micro-batch, so the pieces sum to the whole."""
+    mask = mask.to(per_token.dtype)
+    num_sequences = per_token.shape[0] if num_sequences is None else num_sequences
+    if loss_type == "grpo":
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_sequences
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (num_sequences * max_completion_length)
+    if loss_type in ("dapo", "cispo"):  # CISPO (MiniMax-M1 eq. 4): 1 / sum_i |o_i|, DAPO's token mean
+        return (per_token * mask).sum() / (mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
+    raise ValueError(f"unknown loss_type {loss_type}")
+
+
+def dapo_num_tokens(local_tokens: float, accelerator: Accelerator) -> float:
+    """DAPO's `num_tokens` for `aggregate_loss` on this process: the loss tokens of the mini-batch of every process
+    divided by the number of processes. DDP averages the processes' gradients, so each process's token sum over
+    (all tokens / processes), averaged, is the token sum of all processes over all their tokens, however the tokens are
+    spread. grpo and dr_grpo divide by `num_sequences`, this process's mini-batch size, equal on every process, so
+    DDP's average is already their mean over every sequence."""
+    total = accelerator.reduce(torch.tensor(float(local_tokens), device=accelerator.device), "sum")
+    return total.item() / accelerator.num_processes
+
+
+def micro_batch_loss(
+    model,
+    packed: dict,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    args: Args,
+    num_sequences: int,
+    num_tokens: float,
+    sampler_logprobs: torch.Tensor | None = None,
+) -> dict:
+    """The loss of one micro-batch as `main` backpropagates it: the clipped surrogate of the `pack`ed completions
+    (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient) plus beta * k3 KL to `ref_logprobs` (None: no
+    KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens`, so the
+    micro-batches' losses sum to the mini-batch's. Also the detached pieces `main` logs: `surrogate` (the loss without
+    the KL term), `clipped`, `ratio`, `kl` and `entropy`, per token."""
+    logprobs, entropy = completion_logprobs(model, packed, args.temperature)
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
+    if args.loss_type == "cispo":
+        per_token, clipped = cispo_surrogate(logprobs, log_ratio, advantages, 1 + args.epsilon_high)
+    else:
+        per_token, clipped = clipped_surrogate(log_ratio, advantages, args.epsilon_low, args.epsilon_high)
+    kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
+    kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
+    kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward
+    per_token = per_token + kl_coef * kl_loss
+    weights = capped = mismatch = None
+    if sampler_logprobs is not None:  # the tokens were drawn by the sampler: reweight towards the trainer's policy
+        sampler_logprobs = torch.where(torch.isnan(sampler_logprobs), old, sampler_logprobs)  # unscored: weight 1
+        weights, capped = sampler_weights(
+            old, sampler_logprobs, mask, args.sampler_correction, args.sampler_correction_cap
+        )
+        per_token = per_token * weights
+        mismatch = (old - sampler_logprobs).detach() * mask  # log pi_trainer - log pi_sampler of each token
+    agg = dict(
+        loss_type=args.loss_type,
+        max_completion_length=args.max_completion_length,
+        num_sequences=num_sequences,
+        num_tokens=num_tokens,
+    )
+    return {
+        "loss": aggregate_loss(per_token, mask, **agg),
+        "surrogate": aggregate_loss(per_token.detach(), mask, **agg),
+        "clipped": clipped,
+        "ratio": torch.exp(log_ratio.detach()),
+        "kl": kl.detach(),
+        "entropy": entropy,
+        "is_weight": weights,
+        "is_capped": capped,
+        "mismatch": mismatch,
+    }
+
+
+def format_reward(text: str, ended: bool, answer_format: str) -> float:
+    """1.0 if the completion stopped by itself (EOS) and its last non-empty line is a well-formed final answer
+    (`#### <number>` alone on the line, or a line with a closed `\\boxed{}`), else 0.0."""
+    lines = [line.strip() for line in text.split("\n") if line.strip()]
+    if not ended or not lines:
+        return 0.0
+    if answer_format == "gsm8k":
+        return float(re.fullmatch(r"####\s*\$?\s*-?[\d,]*\.?\d+\.?", lines[-1]) is not None)
+    return float(extract_boxed_answer(lines[-1]) is not None)
+
+
+def soft_overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (eq. 13): 0 up to max_length - buffer tokens, then linear down to -factor at
+    max_length. buffer 0 switches it off."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float)
+    over = (lengths.float() - (max_length - buffer)).clamp(min=0)
+    return -factor * (over / buffer).clamp(max=1.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# main: the training loop, as numbered steps
+# --------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
+    resolve_variant(args)
+    # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
+    # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
+    mini_size = args.questions_per_device * args.num_generations // args.num_mini_batches
+    micro_steps = math.ceil(mini_size / args.micro_batch_size)
+    accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
+    gen_threads = None
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        threads = args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes)
+        if args.async_generation:  # learner and generator thread split the process's share
+            gen_threads = args.generation_threads or max(1, threads // 2)
+            threads = max(1, threads - gen_threads)
+        torch.set_num_threads(threads)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
+    set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
+    device, G, Q = accelerator.device, args.num_generations, args.questions_per_device
+    synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
+    if args.async_generation and (synced or args.use_vllm):
+        raise SystemExit(
+            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
+            "(sharded weights) nor with --use-vllm"
+        )
+    if args.use_vllm and synced:
+        raise SystemExit(
+            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
+            "processes; use DDP or ZeRO-2 with vLLM"
+        )
+
+    # ---- models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models ----
+    tokenizer = load_tokenizer(args)
+    policy = add_lora(load_causal_lm(args, tokenizer), args)
+    # with LoRA the reference is the policy with its adapters disabled (after `prepare`), not a second copy
+    ref_policy = (
+        load_causal_lm(args, tokenizer).eval().requires_grad_(False) if args.beta > 0 and not args.lora_r else None
+    )
+    rm = None
+    if args.reward_model_path:
+        rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
+    prm = load_reward_model(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
+    teacher = None
+    if args.teacher_model_path:
+        if not os.path.isdir(args.teacher_model_path):
+            require_hub(args.teacher_model_path, "model", "--teacher-model-path")
+        teacher = (
+            load_causal_lm(
+                dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None), tokenizer
+            )
+            .eval()
+            .requires_grad_(False)
+        )
+        if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
+            raise SystemExit(
+                f"error: --teacher-model-path {args.teacher_model_path} has "
+                f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
+                f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer"
+            )
+
+    # ---- data: every process samples its own shard of questions, and a question's whole group stays on its process,
+    # so group statistics (mean, std, the dynamic-sampling filter) need no communication ----
+    # (prompt + completion budget must fit the policy's positions)
+    positions = getattr(policy.config, "max_position_embeddings", None)
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_questions(train_ds, tokenizer, args, args.train_split, positions)
+    eval_flag = "--eval-dataset-name-or-path" if args.eval_dataset_name_or_path else "--dataset-name-or-path"
+    eval_ds = load_split(
+        args.eval_dataset_name_or_path or args.dataset_name_or_path,
+        args.eval_split,
+        None if args.eval_dataset_name_or_path else args.dataset_config,
+        eval_flag,
+    )
+    eval_rows = prepare_questions(
+        eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split, positions
+    )
+    stream = question_stream(
+        train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index
+    )
+
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
+    configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
+    model, optimizer = accelerator.prepare(policy, optimizer)
+    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
+        raise SystemExit(
+            f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
+            f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
+            f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config"
+        )
+    ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
+    unwrapped = accelerator.unwrap_model(model)
+    if args.lora_r and args.beta > 0:
+        ref_policy = LoraReference(unwrapped)
+    check_packing(unwrapped)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0
+    )
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
+    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
+        raise SystemExit(
+            f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
+            f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
+            "which vLLM refuses as its max_model_len; lower --max-prompt-length"
+        )
+    vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
+    use_sampler_logprobs = (
+        args.sampler_logprobs
+        if args.sampler_logprobs is not None
+        else (not args.use_vllm and args.dtype == "float32" and accelerator.mixed_precision == "no")
+    )
+    if use_sampler_logprobs and args.use_vllm:
+        raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
+    correction = args.sampler_correction  # the old logprobs are the sampler's own: nothing to correct
+    correction = ("none" if use_sampler_logprobs else "token_truncate") if correction == "auto" else correction
+    args.sampler_correction = correction
+    if correction != "none" and use_sampler_logprobs:
+        raise SystemExit(
+            f"error: --sampler-correction {correction} weights the trainer's old logprobs against the "
+            "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs"
+        )
+
+    def sample(
+        prompts: list[list[int]], temperature: float, sampler: torch.nn.Module | None = None
+    ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+        if vllm_sampler is not None:
+            return vllm_sampler(prompts, args.max_completion_length, temperature)
+        return hf_sample(
+            sampler or unwrapped,
+            prompts,
+            tokenizer.pad_token_id,
+            tokenizer.eos_token_id,
+            args.max_completion_length,
+            temperature,
+            args.generation_batch_size,
+            synced,
+        )
+
+    def sample_and_score(rows: list[dict], sampler=None) -> dict:
+        """G completions of each question and every part of their reward."""
+        prompts = [r["prompt_ids"] for r in rows for _ in range(G)]
+        completions, sample_logprobs = sample(prompts, args.temperature, sampler)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+        ended = [tokenizer.eos_token_id in c for c in completions]
+        lengths = torch.tensor([len(c) for c in completions])
+        golds = [r["gold"] for r in rows for _ in range(G)]
+        parts = {
+            "success": torch.tensor([success_reward(t, g, args.answer_format) for t, g in zip(texts, golds)]),
+            "format": args.format_reward_coef
+            * torch.tensor([format_reward(t, e, args.answer_format) for t, e in zip(texts, ended)]),
+            "overlong": soft_overlong_penalty(
+                lengths, args.max_completion_length, args.overlong_buffer, args.overlong_penalty_factor
+            ),
+        }
+        if rm is not None:  # the score at the last token of prompt + completion (its EOS when it ended), by micro-batch
+            scores = []
+            for i in range(0, len(prompts), args.micro_batch_size):
+                chunk = [
+                    p + c
+                    for p, c in zip(prompts[i : i + args.micro_batch_size], completions[i : i + args.micro_batch_size])
+                ]
+                ids, mask = (x.to(device) for x in right_pad(chunk, tokenizer.pad_token_id))
+                with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
+                    scores.append(outcome_reward(rm, ids, mask).float().cpu())
+            parts["outcome_rm"] = args.rm_coef * torch.cat(scores)
+        if prm is not None:  # Clip / Delta refined step rewards, placed on the steps' last tokens: their sum
+            responses = right_pad(completions, tokenizer.pad_token_id)[0]
+            with accelerator.autocast():
+                parts["process_rm"] = process_rewards(prm, tokenizer, prompts, responses, args)[0].sum(1)
+        return {
+            "prompts": prompts,
+            "completions": completions,
+            "sample_logprobs": sample_logprobs or [None] * len(prompts),
+            "texts": texts,
+            "truncated": torch.tensor([not e for e in ended]),
+            "lengths": lengths,
+            **parts,
+            "reward": sum(parts.values()),
+            "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts]),
+        }
+
+    def questions_needed(missing: int) -> int:
+        """Questions to sample next on this process; under ZeRO-3 every process samples as many as the one that misses
+        most (the sampler and reward models then make the same forward calls everywhere)."""
+        if not synced:
+            return missing
+        count = torch.tensor([float(missing)], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count.item())
+
+    def concat(batches: list[dict]) -> dict:
+        return {
+            k: (
+                torch.cat([b[k] for b in batches])
+                if torch.is_tensor(batches[0][k])
+                else [x for b in batches for x in b[k]]
+            )
+            for k in batches[0]
+        }
+
+    def select_groups(batch: dict, groups: list[int]) -> dict:
+        idx = [g * G + j for g in groups for j in range(G)]
+        return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
+
+    def collect(sampler=None, version: int = 0, threads: int | None = None) -> dict:
+        """Step 1 of the loop: G completions for each of Q questions of this process, with DAPO's dynamic sampling
+        (groups with some right and some wrong completions; more questions until Q are kept). With --async it runs in
+        the generator thread on `sampler`, a copy of the weights of step `version`, and also returns that copy's
+        logprobs of the kept completions (the old policy of the loss)."""
+        if threads:
+            torch.set_num_threads(threads)  # a new thread starts with the default pool: give it its share
+        t0 = time.time()
+        sampled, kept, dropped, rounds, n = [], [], [], 0, 0
+        while (need := questions_needed(Q - len(kept))) > 0:
+            batch = sample_and_score([next(stream) for _ in range(need)], sampler)
+            n += need
+            sampled.append(batch)
+            rounds += 1
+            keep = groups_to_keep(batch, G, args.dynamic_sampling)
+            kept += [select_groups(batch, [g]) for g, s in enumerate(keep) if s]
+            dropped += [select_groups(batch, [g]) for g, s in enumerate(keep) if not s]
+            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
+            if rounds >= args.max_sampling_rounds and len(kept) < Q:
+                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
+                # (all right or all wrong) instead of sampling forever
+                kept += dropped[: Q - len(kept)]
+        out = {
+            "everything": concat(sampled),
+            "batch": concat(kept),
+            "rounds": rounds,
+            "dropped": len(dropped),
+            "drawn": n,
+            "version": version,
+        }
+        if sampler is not None and not use_sampler_logprobs:  # the sampling weights' own logprobs, by a forward pass
+            b = out["batch"]
+            with torch.no_grad():
+                b["old_logprobs"] = []
+                for i in range(0, len(b["completions"]), args.micro_batch_size):
+                    sl = slice(i, i + args.micro_batch_size)
+                    packed = pack(
+                        b["prompts"][sl],
+                        b["completions"][sl],
+                        tokenizer.pad_token_id,
+                        args.max_prompt_length + args.max_completion_length,
+                    )
+                    lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
+                    b["old_logprobs"] += [lp[j, : len(c)] for j, c in enumerate(b["completions"][sl])]
+        out["gen_time"] = time.time() - t0
+        return out
+
+    run.begin()
+    episode, drawn, start_step = 0, 0, 0  # drawn: questions this process took from `stream`
+    if state := run.resume():  # weights, optimizer, schedule and every process's RNG; the loop's counters here
+        start_step, episode, metrics = state["step"], state["episode"], state["metrics"]
+        drawn = state["drawn"][accelerator.process_index]
+        for _ in range(drawn):  # replay the question order up to the checkpoint, without sampling
+            next(stream)
+        if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
+            vllm_sampler.load_weights(unwrapped)
+    else:
+        metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+        run.log(metrics, 0, 0)
+        accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
+    progress = tqdm(
+        range(start_step + 1, args.total_steps + 1),
+        initial=start_step,
+        total=args.total_steps,
+        disable=not accelerator.is_main_process,
+        desc=f"grpo ({args.loss_type})",
+    )
+    gen_policy = executor = pending = None
+
+    def settle() -> None:
+        """(--async) let the generator thread finish before a checkpoint reads the RNG states. The checkpoint's
+        `drawn` excludes the questions it drew ahead: a resumed run samples that batch again, with the checkpoint's
+        weights and RNG, so an asynchronous run resumes in place but not to the same numbers."""
+        if pending is not None:
+            pending.result()
+
+    if args.async_generation:  # the generator samples with its own copy of the weights, synced before each step
+        gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
+        executor = ThreadPoolExecutor(max_workers=1)
+        pending = executor.submit(collect, gen_policy, start_step, gen_threads)
+    for step in progress:
+        t_step = time.time()
+        before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
+        # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with some right and some
+        # wrong completions and samples more questions until this process has Q of them (--async: the batch the
+        # generator thread sampled with the weights this step's predecessor started from) ----
+        wait_start = time.time()
+        if executor is not None:
+            data = pending.result()
+            gen_policy.load_state_dict(unwrapped.state_dict())  # the weights this step starts from sample the next
+            pending = executor.submit(collect, gen_policy, step - 1, gen_threads) if step < args.total_steps else None
+        else:
+            model.eval()
+            data = collect()
+            model.train()
+        wait = time.time() - wait_start
+        everything, batch, rounds, drawn = data["everything"], data["batch"], data["rounds"], drawn + data["drawn"]
+        dropped = [None] * data["dropped"]
+        # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage
+        # (REINFORCE++: token advantages, after the logprobs of step 4) ----
+        advantages = (
+            group_advantages(batch["reward"].view(-1, G), args.scale_rewards, args.advantage_eps).view(-1).to(device)
+        )
+
+        # ---- 3. completions as right-padded (B, width) tensors for the loss; the forward passes run on `pack`ed
+        # micro-batches (no padding). Overlong filtering masks truncated completions out of the loss ----
+        B = len(batch["completions"])
+        completion_mask = right_pad(batch["completions"], tokenizer.pad_token_id)[1].to(device)
+        loss_mask = (
+            completion_mask * (~batch["truncated"].to(device)).long()[:, None]
+            if args.overlong_filtering
+            else completion_mask
+        )
+        width, capacity = completion_mask.shape[1], args.max_prompt_length + args.max_completion_length
+
+        # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches;
+        # the sampler's own, or a forward pass) and of the reference, without gradients ----
+        off_policy = args.num_iterations > 1 or args.num_mini_batches > 1 or args.async_generation
+        kl_in_reward = args.advantage_estimator == "reinforce_pp" and ref_policy is not None
+        need_old = off_policy or kl_in_reward or teacher is not None
+        old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
+        teacher_logprobs = torch.zeros(B, width, device=device) if teacher is not None else None
+        async_old = batch.get("old_logprobs")  # --async: the sampling weights' logprobs, from the generator thread
+        if need_old and (use_sampler_logprobs or async_old is not None):
+            for i, lp in enumerate(async_old if async_old is not None else batch["sample_logprobs"]):
+                old_logprobs[i, : len(lp)] = lp.to(device)
+        with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
+            for start in range(0, B, args.micro_batch_size):
+                idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
+                packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
+                if need_old and not use_sampler_logprobs and async_old is None:
+                    old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
+                if ref_policy is not None:
+                    ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
+                if teacher is not None:
+                    teacher_logprobs[idx, :c_end] = completion_logprobs(teacher, packed, args.temperature)[0]
+        sampler_lp = None
+        if args.sampler_correction != "none":  # the sampler's logprobs; a token it did not score (appended EOS): w 1
+            sampler_lp = torch.full((B, width), float("nan"), device=device)
+            for i, lp in enumerate(batch["sample_logprobs"]):
+                sampler_lp[i, : len(lp)] = lp.to(device)
+        if teacher is not None:  # on-policy distillation: the teacher's per-token verdict is the advantage
+            advantages = distill_advantages(teacher_logprobs, old_logprobs, loss_mask)
+        elif args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
+            kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
+            advantages = reinforce_pp_advantages(
+                batch["reward"].to(device),
+                loss_mask,
+                G,
+                args.advantage_estimator == "reinforce_pp_baseline",
+                kl,
+                args.beta,
+                lambda t: accelerator.reduce(t, "sum"),
+            )
+
+        # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
+        # passes (accelerate.accumulate: DDP all-reduces, and DeepSpeed steps, on the last one only) ----
+        stats = {
+            k: []
+            for k in (
+                "loss",
+                "kl",
+                "clipped",
+                "tokens",
+                "ratio",
+                "entropy",
+                "grad_norm",
+                "is_weight",
+                "is_capped",
+                "mismatch_abs",
+                "mismatch_max",
+                "ratio_error",
+                "first_tokens",
+            )
+        }
+        for iteration in range(args.num_iterations):
+            # --async: the generator thread draws from the global RNG meanwhile, so the order has its own generator
+            order = (
+                torch.randperm(B, generator=torch.Generator().manual_seed(args.seed * 100003 + step)).to(device)
+                if executor is not None
+                else torch.randperm(B, device=device)
+            )
+            for mb_start in range(0, B, mini_size):
+                mini = order[mb_start : mb_start + mini_size]
+                # DAPO normalises by the tokens of the whole mini-batch of every process (dapo_num_tokens)
+                num_tokens = dapo_num_tokens(loss_mask[mini].sum().item(), accelerator)
+                update_loss = torch.zeros((), device=device)
+                for micro_start in range(0, mini_size, args.micro_batch_size):
+                    idx = mini[micro_start : micro_start + args.micro_batch_size]
+                    with accelerator.accumulate(model):
+                        packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
+                        cm, mask = completion_mask[idx, :c_end], loss_mask[idx, :c_end]
+                        old = old_logprobs[idx, :c_end] if off_policy else None
+                        ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
+                        adv = advantages[idx, :c_end] if advantages.dim() == 2 else advantages[idx]
+                        slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
+                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp)
+                        if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
+                            settle()
+                            run.stop(
+                                grpo_loop_state(*before),
+                                f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards",
+                            )
+                        # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
+                        # (DeepSpeed: its engine) divides every backward by the accumulation steps: undo that
+                        accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)
+                    update_loss += out["surrogate"]
+                    stats["clipped"].append((out["clipped"] & mask.bool()).sum().float())
+                    stats["tokens"].append(mask.sum().float())
+                    stats["ratio"].append((out["ratio"] * mask).sum())
+                    if iteration == 0:
+                        stats["kl"].append((out["kl"] * cm).sum())
+                        stats["entropy"].append((out["entropy"] * cm).sum())
+                    if out["mismatch"] is not None:
+                        stats["is_weight"].append((out["is_weight"] * mask).sum())
+                        stats["is_capped"].append(out["is_capped"].sum().float())
+                        if iteration == 0:  # the old logprobs: the trainer's, at the weights that sampled
+                            stats["mismatch_abs"].append(out["mismatch"].abs().sum())
+                            stats["mismatch_max"].append(out["mismatch"].abs().max())
+                            stats["ratio_error"].append(((out["mismatch"].exp() - 1).abs() * mask).sum())
+                            stats["first_tokens"].append(mask.sum().float())
+                stats["loss"].append(update_loss)
+                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
+                if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                    settle()
+                    run.stop(
+                        grpo_loop_state(*before), f"non-finite gradient norm at step {step}: lower --learning-rate"
+                    )
+                stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
+                optimizer.step()
+                optimizer.zero_grad()
+                scheduler.step()
+        if vllm_sampler is not None:
+            vllm_sampler.load_weights(unwrapped)
+
+        # ---- 6. logging: every sampled completion counts towards `episode`, kept by dynamic sampling or not ----
+        n_sampled = accelerator.reduce(torch.tensor(float(len(everything["completions"])), device=device), "sum").item()
+        episode += int(n_sampled)
+        if step % args.log_every == 0 or step == args.total_steps:
+            mean = lambda x: accelerator.gather(x.float().mean().to(device)[None]).mean().item()  # noqa: E731
+            total = lambda x: accelerator.reduce(torch.stack(x).sum().float().to(device), "sum").item()  # noqa: E731
+            tokens = max(total(stats["tokens"]), 1.0)
+            logged = {
+                "objective/reward": mean(everything["reward"]),
+                "objective/reward_std": mean(everything["reward"].view(-1, G).std(dim=1)),
+                "objective/entropy": total(stats["entropy"]) / (B * accelerator.num_processes),
+                "objective/completion_length": mean(everything["lengths"]),
+                "objective/num_steps": mean(everything["num_steps"]),
+                "objective/truncated_rate": mean(everything["truncated"]),
+                "loss/policy": mean(torch.stack(stats["loss"])),
+                "policy/clipfrac": total(stats["clipped"]) / tokens,
+                "policy/ratio": total(stats["ratio"]) / tokens,
+                "train/grad_norm": mean(torch.stack(stats["grad_norm"])),
+                "lr": scheduler.get_last_lr()[0],
+                "perf/episodes_per_sec": n_sampled / (time.time() - t_step),
+                "perf/peak_mem_gb": peak_mem_gb(device),
+                **{
+                    f"objective/{k}": mean(everything[k])
+                    for k in ("success", "format", "overlong", "outcome_rm", "process_rm")
+                    if k in everything
+                },
+            }
+            if teacher is not None:  # reverse KL(student || teacher) per completion, from the student's samples
+                logged["objective/teacher_kl"] = mean(((old_logprobs - teacher_logprobs) * completion_mask).sum(1))
+            if stats["is_weight"]:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
+                first = max(total(stats["first_tokens"]), 1.0)
+                logged.update(
+                    {
+                        "mismatch/abs_logprob_diff": total(stats["mismatch_abs"]) / first,
+                        "mismatch/max_abs_logprob_diff": accelerator.reduce(
+                            torch.stack(stats["mismatch_max"]).max().to(device), "max"
+                        ).item(),
+                        "mismatch/ratio_error": total(stats["ratio_error"]) / first,
+                        "mismatch/is_weight": total(stats["is_weight"]) / tokens,
+                        "mismatch/capped_frac": total(stats["is_capped"]) / tokens,
+                    }
+                )
+            if (
+                ref_policy is not None
+            ):  # summed over each response's tokens, averaged over responses; beta 0 has no reference
+                logged["objective/kl"] = total(stats["kl"]) / (B * accelerator.num_processes)
+            if executor is not None:  # the batch came from the weights one step back (0 on the first step)
+                logged.update(
+                    {
+                        "async/policy_lag": (step - 1) - data["version"],
+                        "perf/generation_wait_sec": wait,
+                        "perf/generation_sec": data["gen_time"],
+                    }
+                )
+            if args.dynamic_sampling:
+                logged["objective/groups_dropped"] = mean(
+                    torch.tensor(len(dropped) / (len(everything["completions"]) // G))
+                )
+                logged["perf/sampling_rounds"] = mean(torch.tensor(float(rounds)))
+            run.log(logged, step, episode)
+            progress.set_postfix(
+                reward=f"{logged['objective/reward']:.3f}", length=f"{logged['objective/completion_length']:.1f}"
+            )
+        if step % args.eval_every == 0 or step == args.total_steps:
+            metrics, records = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+            run.log(metrics, step, episode)
+            accelerator.print(f"step {step}: eval/accuracy {metrics['eval/accuracy']:.4f}")
+            run.log_samples(
+                [
+                    {
+                        "question": r["question"],
+                        "completion": r["completion"],
+                        "gold": r["gold"],
+                        "correct": r["correct"][0],
+                    }
+                    for r in records[:4]
+                ],
+                step,
+            )
+        if run.stop_requested():  # a collective: every process, every step
+            settle()
+            run.stop(grpo_loop_state(step, episode, drawn, metrics))
+        if args.save_every and step % args.save_every == 0 and step < args.total_steps:
+            settle()
+            run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
+    progress.close()
+    if executor is not None:
+        executor.shutdown()
+
+    # ---- at the end: pass@k and maj@k from k samples per evaluation question ----
+    if args.pass_k > 0:
+        pass_metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, args.pass_k, args.temperature)
+        run.log(pass_metrics, args.total_steps, episode)
+        accelerator.print(
+            f"pass@{args.pass_k} {pass_metrics['eval/pass@k']:.4f}, maj@{args.pass_k} {pass_metrics['eval/maj@k']:.4f}"
+        )
+        metrics = {**metrics, **pass_metrics}
+    run.finish(
+        model,
+        tokenizer,
+        {"step": args.total_steps, "episode": episode, "total_steps": args.total_steps, "total_episodes": episode},
+    )  # every sampled completion, dropped groups included
+    accelerator.end_training()
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
+# across scripts by tests/test_conventions.py)
+# --------------------------------------------------------------------------------------------------
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -362,12 +1230,15 @@ PRESETS = {
 # cannot be reached fails in milliseconds with a message that says what to do.
 # ----------------------------------------------------------------------------------------------------
 
+
 def hub_reachable(timeout: float = 3.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -392,14 +1263,17 @@ def require_hub(name: str, what: str, flag: str) -> None:
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
         return
     raise SystemExit(
-        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub cannot "
-        f"be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli download "
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
+        "download "
         f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
         f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
     )
 
 
-def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+def load_split(
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
     that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
     it; `flag` is the option named when the path is none of these."""
@@ -411,8 +1285,10 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
-            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
-                             f"{split}.parquet or a save_to_disk folder")
+            raise SystemExit(
+                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                f"{split}.parquet or a save_to_disk folder"
+            )
         path = files[0]
     if path.is_file():
         if path.stat().st_size == 0:
@@ -423,14 +1299,18 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
                     try:
                         assert not line.strip() or isinstance(json.loads(line), dict)
                     except (ValueError, AssertionError):
-                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
-                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+                        raise SystemExit(
+                            f"error: {path} ({flag}) line {number} is not a JSON object: "
+                            f"{line.strip()[:60]!r}; is the file complete?"
+                        ) from None
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
             reason = " ".join(str(e).split())[:200]
-            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
-                             "check that the file is complete, one JSON object a line for .jsonl") from None
+            raise SystemExit(
+                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                "check that the file is complete, one JSON object a line for .jsonl"
+            ) from None
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
         return ds
@@ -443,7 +1323,10 @@ def load_tokenizer(args: Args):
     if not local:
         require_hub(args.model_name_or_path, "model", "--model-name-or-path")
     tok = AutoTokenizer.from_pretrained(
-        args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
     )
     return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
 
@@ -451,8 +1334,11 @@ def load_tokenizer(args: Args):
 def load_causal_lm(args: Args, tokenizer):
     local = os.path.isdir(args.model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(
-        args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code,
-        local_files_only=local, dtype=getattr(torch, args.dtype),
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
     )
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
@@ -470,14 +1356,24 @@ def load_reward_model(path: str, args: Args, flag: str, reward_type: str, tokeni
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
-    model = AutoModelForSequenceClassification.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local,
-                                                               dtype=getattr(torch, args.dtype), num_labels=1)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
+        num_labels=1,
+    )
     if getattr(model.config, "reward_type", "outcome") != reward_type:
         article = "an" if reward_type == "outcome" else "a"
-        raise SystemExit(f"error: {flag} {path} is not {article} {reward_type} reward model "
-                         f"(config.reward_type is {getattr(model.config, 'reward_type', None)!r})")
+        raise SystemExit(
+            f"error: {flag} {path} is not {article} {reward_type} reward model "
+            f"(config.reward_type is {getattr(model.config, 'reward_type', None)!r})"
+        )
     if AutoTokenizer.from_pretrained(path, local_files_only=local).get_vocab() != tokenizer.get_vocab():
-        raise SystemExit(f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same tokenizer")
+        raise SystemExit(
+            f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same "
+            "tokenizer"
+        )
     return model.eval().requires_grad_(False)
 
 
@@ -494,8 +1390,9 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
     Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
     engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
     gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
-                                        sync_with_dataloader=sync_with_dataloader)
+    plugin = GradientAccumulationPlugin(
+        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+    )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
 
@@ -572,8 +1469,13 @@ def add_lora(model, args):
         import peft
     except ImportError:
         raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
-    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
-                             target_modules=args.lora_target_modules or "all-linear")
+    config = peft.LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=args.lora_target_modules or "all-linear",
+    )
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # a target module the model does not have
@@ -626,8 +1528,10 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
         return tokenizer
     problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
     if not add_pad_token:
-        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
-                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+        raise SystemExit(
+            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
+        )
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
@@ -637,12 +1541,15 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
 # Padding and reward-model scores (copied from sft.py / ppo_rlhf.py)
 # ----------------------------------------------------------------------------------------------------
 
+
 def render(template: str, row: dict, index: int, split: str, what: str) -> str:
     try:
         text = template.format(**row)
     except KeyError as e:
-        raise SystemExit(f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-                         f"{template!r}; its fields are {sorted(row)}") from None
+        raise SystemExit(
+            f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
+            f"{template!r}; its fields are {sorted(row)}"
+        ) from None
     if not text.strip():
         raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
     return text
@@ -654,8 +1561,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -701,6 +1608,7 @@ def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 # ----------------------------------------------------------------------------------------------------
 # Answer checkers (copied verbatim from benchmark/tiny_world.py; tests check they match) and rewards
 # ----------------------------------------------------------------------------------------------------
+
 
 def extract_gsm8k_answer(text: str) -> str | None:
     """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
@@ -760,26 +1668,6 @@ def success_reward(text: str, gold: str, answer_format: str) -> float:
     return float(numbers_equal(predicted, gold) if answer_format == "gsm8k" else math_verify_equal(gold, predicted))
 
 
-def format_reward(text: str, ended: bool, answer_format: str) -> float:
-    """1.0 if the completion stopped by itself (EOS) and its last non-empty line is a well-formed final answer
-    (`#### <number>` alone on the line, or a line with a closed `\\boxed{}`), else 0.0."""
-    lines = [line.strip() for line in text.split("\n") if line.strip()]
-    if not ended or not lines:
-        return 0.0
-    if answer_format == "gsm8k":
-        return float(re.fullmatch(r"####\s*\$?\s*-?[\d,]*\.?\d+\.?", lines[-1]) is not None)
-    return float(extract_boxed_answer(lines[-1]) is not None)
-
-
-def soft_overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, factor: float) -> torch.Tensor:
-    """DAPO's soft overlong punishment (eq. 13): 0 up to max_length - buffer tokens, then linear down to -factor at
-    max_length. buffer 0 switches it off."""
-    if buffer <= 0:
-        return torch.zeros_like(lengths, dtype=torch.float)
-    over = (lengths.float() - (max_length - buffer)).clamp(min=0)
-    return -factor * (over / buffer).clamp(max=1.0)
-
-
 def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta: float) -> list[float]:
     """Gao et al. 2024 (arXiv:2410.15115): make process rewards safe to optimise. Raw PRM rewards are positive for every
     plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha * min(r_k - eta, 0),
@@ -787,7 +1675,11 @@ def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta:
     is dropped (the final answer is judged by the success reward alone), step K-1 keeps r_{K-1} and every earlier step
     k gets r_k - r_{k+1}, so the return from step k telescopes to r_k whatever the number of steps. `clip_delta`
     clips first, then takes differences."""
-    r = [alpha * x for x in step_rewards] if mode in ("none", "delta") else [alpha * min(x - eta, 0.0) for x in step_rewards]
+    r = (
+        [alpha * x for x in step_rewards]
+        if mode in ("none", "delta")
+        else [alpha * min(x - eta, 0.0) for x in step_rewards]
+    )
     if mode in ("delta", "clip_delta"):
         kept = r[:-1]  # the last step's process reward is dropped
         r = [kept[k] - kept[k + 1] for k in range(len(kept) - 1)] + kept[-1:] + [0.0] * min(len(r), 1)
@@ -795,7 +1687,9 @@ def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta:
 
 
 @torch.no_grad()
-def process_rewards(prm, tokenizer, queries: list[list[int]], responses: torch.Tensor, args: Args) -> tuple[torch.Tensor, list[int]]:
+def process_rewards(
+    prm, tokenizer, queries: list[list[int]], responses: torch.Tensor, args: Args
+) -> tuple[torch.Tensor, list[int]]:
     """Per-token process rewards (B, T): each step of a response (a line; the last step ends at the last
     token) is scored by the PRM as it was trained (prompt, then every step followed by the separator token;
     probability that the step is right = sigmoid of the logit at the separator), refined by Clip / Delta,
@@ -829,7 +1723,9 @@ def process_rewards(prm, tokenizer, queries: list[list[int]], responses: torch.T
     probs = torch.sigmoid(token_scores(prm, ids.to(prm.device), mask.to(prm.device))).cpu()
     for i, (kept, sep_positions) in enumerate(spans):
         if kept:
-            refined = refine_step_rewards(probs[i, sep_positions].tolist(), args.prm_refine, args.prm_coef, args.prm_clip_eta)
+            refined = refine_step_rewards(
+                probs[i, sep_positions].tolist(), args.prm_refine, args.prm_coef, args.prm_clip_eta
+            )
             out[i, kept] = torch.tensor(refined)
     return out, n_steps
 
@@ -839,249 +1735,19 @@ def process_rewards(prm, tokenizer, queries: list[list[int]], responses: torch.T
 # ----------------------------------------------------------------------------------------------------
 
 
-def group_advantages(rewards: torch.Tensor, scale: bool, eps: float = 1e-4) -> torch.Tensor:
-    """Advantages of a (num_questions, G) reward matrix: r - group mean, divided by (group std + eps) when `scale`
-    (GRPO, DAPO; the unbiased std, as in TRL and verl), not divided for Dr. GRPO."""
-    centered = rewards - rewards.mean(dim=1, keepdim=True)
-    return centered / (rewards.std(dim=1, keepdim=True) + eps) if scale else centered
-
-
-def groups_with_signal(rewards: torch.Tensor) -> torch.Tensor:
-    """True for the rows of a (num_questions, G) matrix whose values are not all equal. A group of equal rewards has
-    zero advantage everywhere: it adds no policy gradient and only dilutes the batch."""
-    return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
-
-
-def groups_to_keep(batch: dict, G: int, dynamic_sampling: bool) -> list[bool]:
-    """Which groups of a sampled batch (G completions per question, in order) enter the loss: all of them, or with
-    DAPO's dynamic sampling those whose accuracy is neither all 0 nor all 1 (DAPO eq. 11:
-    0 < |{o_i : is_equivalent(a, o_i)}| < G), read from the success reward alone: an all-wrong group that differs
-    only in its overlong penalty or format reward is dropped, not trained on a length-only advantage."""
-    if not dynamic_sampling:
-        return [True] * (len(batch["success"]) // G)
-    return groups_with_signal(batch["success"].view(-1, G)).tolist()
-
-
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate k3 = exp(ref - logp) - (ref - logp) - 1 (DeepSeekMath eq. 4)."""
-    delta = ref_logprobs - logprobs
-    return torch.exp(delta) - delta - 1
-
-
-def k2_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k2 = (logp - ref)^2 / 2 (Schulman 2020), the KL loss of REINFORCE++-baseline (Hu 2025): its gradient
-    is the gradient of KL(policy || reference), where k3's is not (arXiv:2501.03262, section 3)."""
-    return 0.5 * (logprobs - ref_logprobs) ** 2
-
-
-def importance_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor,
-                         level: str) -> torch.Tensor:
-    """log(pi / pi_old) per token (B, T): each token's own (`token`: GRPO, PPO), or GSPO's sequence ratio
-    s_i = (pi(o_i) / pi_old(o_i))^(1 / |o_i|) (Zheng et al. 2025, arXiv:2507.18071, eq. 7): the mean of the completion's
-    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi."""
-    log_ratio = logprobs - old_logprobs
-    if level == "token":
-        return log_ratio
-    mask = mask.to(log_ratio.dtype)
-    return ((log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
-
-
-def clipped_surrogate(log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float,
-                      epsilon_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token loss -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), ratio = exp(`log_ratio`),
-    `advantages` (B,) broadcast over the tokens or (B, T) per token; and where the clip is active (no gradient):
-    ratio > 1 + eps_high with A > 0, < 1 - eps_low with A < 0."""
-    ratio = torch.exp(log_ratio)
-    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
-    loss = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv)
-    clipped = ((ratio > 1 + epsilon_high) & (adv > 0)) | ((ratio < 1 - epsilon_low) & (adv < 0))
-    return loss, clipped
-
-
-def cispo_surrogate(logprobs: torch.Tensor, log_ratio: torch.Tensor, advantages: torch.Tensor,
-                    max_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): per-token loss -sg(min(ratio, max_weight)) * A * log pi. The
-    importance weight is truncated and carries no gradient, so no token's gradient is dropped (PPO's clip zeroes the
-    tokens past its bound); no lower bound (section 3.1). Also where the weight is truncated."""
-    weight = torch.exp(log_ratio.detach())
-    adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
-    return -weight.clamp(max=max_weight) * adv * logprobs, weight > max_weight
-
-
-def sampler_weights(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor, mode: str,
-                    cap: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Importance weights (B, T), without gradient, that turn an expectation over the sampler's tokens into one over
-    the trainer's (Yao et al. 2025; TRL's and verl's TIS / MIS): w = pi_trainer / pi_sampler of each token, or for
-    `sequence_*` the completion's ratio exp(sum_t log-ratio) on all its tokens; `*_truncate` keeps min(w, cap),
-    `*_mask` zeroes weights above cap. Also where the cap acted. Computed in log space: a sequence ratio overflows."""
-    mask = mask.to(torch.float32)
-    log_w = (trainer_logprobs - sampler_logprobs).detach().float() * mask
-    if mode.startswith("sequence"):
-        log_w = log_w.sum(1, keepdim=True).expand_as(log_w)
-    over = (log_w > math.log(cap)) & mask.bool()
-    if mode.endswith("truncate"):
-        return torch.exp(log_w.clamp(max=math.log(cap))) * mask, over
-    return torch.exp(log_w.clamp(max=math.log(cap))) * mask * ~over, over
-
-
-def distill_advantages(teacher_logprobs: torch.Tensor, student_logprobs: torch.Tensor,
-                       mask: torch.Tensor) -> torch.Tensor:
-    """On-policy distillation (Agarwal et al. 2024, GKD, arXiv:2306.13649: the student learns on its own samples; the
-    per-token reverse-KL reward of the 2025 recipes, Lu & Thinking Machines "On-Policy Distillation"): the advantage of
-    each sampled token is log pi_teacher - log pi_student, minus the one-sample reverse KL, with no discount, so a
-    token the teacher finds likelier than the student is pushed up. Summed over a completion, its mean is
-    -KL(student || teacher)."""
-    return (teacher_logprobs - student_logprobs).detach() * mask
-
-
-def whiten(values: torch.Tensor, mask: torch.Tensor, reduce=lambda t: t, eps: float = 1e-8) -> torch.Tensor:
-    """(values - mean) / std over the masked entries of the whole global batch: `reduce` sums a tensor over the
-    processes (accelerator.reduce), so every process divides by the same statistics. std is the population std, eps
-    inside the square root (OpenRLHF's masked whitening)."""
-    mask = mask.to(values.dtype)
-    stats = reduce(torch.stack([(values * mask).sum(), (values**2 * mask).sum(), mask.sum()]))
-    mean = stats[0] / stats[2].clamp(min=1)
-    var = (stats[1] / stats[2].clamp(min=1) - mean**2).clamp(min=0)
-    return (values - mean) * torch.rsqrt(var + eps) * mask
-
-
-def reinforce_pp_advantages(rewards: torch.Tensor, mask: torch.Tensor, G: int, baseline: bool,
-                            kl: torch.Tensor | None = None, beta: float = 0.0, reduce=lambda t: t) -> torch.Tensor:
-    """REINFORCE++ token advantages (B, T) (Hu 2025, arXiv:2501.03262). Without baseline (eq. 8-9): the return of
-    token t, r - beta * sum_{s >= t} KL_s with KL_s = log pi_old(s) - log pi_ref(s) (k1, in the reward; `kl` None: no
-    KL). With baseline (REINFORCE++-baseline): r - the mean reward of its group of G. Then both are normalised over
-    every token of the global batch (eq. 10), not per group: a group-normalised port is GRPO again."""
-    r = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True) if baseline else rewards.view(-1, G)
-    returns = r.reshape(-1, 1).expand(mask.shape).to(torch.float32)
-    if kl is not None and beta:
-        kl = kl * mask
-        returns = returns - beta * (kl.sum(1, keepdim=True) - kl.cumsum(1) + kl)  # sum over s >= t
-    return whiten(returns, mask, reduce)
-
-
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, loss_type: str, max_completion_length: int,
-                   num_sequences: int | None = None, num_tokens: float | None = None) -> torch.Tensor:
-    """Reduce per-token losses (B, T) and their mask to one number, per variant. grpo: mean over sequences of
-    sum_t loss / |o_i|; dr_grpo: sum of everything / (num_sequences * max_completion_length); dapo: sum of everything
-    / num_tokens. `num_sequences` and `num_tokens` default to this batch's; pass the whole mini-batch's (for dapo: the
-    token count of all processes / processes) when `per_token` is one micro-batch, so the pieces sum to the whole."""
-    mask = mask.to(per_token.dtype)
-    num_sequences = per_token.shape[0] if num_sequences is None else num_sequences
-    if loss_type == "grpo":
-        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_sequences
-    if loss_type == "dr_grpo":
-        return (per_token * mask).sum() / (num_sequences * max_completion_length)
-    if loss_type in ("dapo", "cispo"):  # CISPO (MiniMax-M1 eq. 4): 1 / sum_i |o_i|, DAPO's token mean
-        return (per_token * mask).sum() / (mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
-    raise ValueError(f"unknown loss_type {loss_type}")
-
-
-def dapo_num_tokens(local_tokens: float, accelerator: Accelerator) -> float:
-    """DAPO's `num_tokens` for `aggregate_loss` on this process: the loss tokens of the mini-batch of every process
-    divided by the number of processes. DDP averages the processes' gradients, so each process's token sum over
-    (all tokens / processes), averaged, is the token sum of all processes over all their tokens, however the tokens are
-    spread. grpo and dr_grpo divide by `num_sequences`, this process's mini-batch size, equal on every process, so
-    DDP's average is already their mean over every sequence."""
-    total = accelerator.reduce(torch.tensor(float(local_tokens), device=accelerator.device), "sum")
-    return total.item() / accelerator.num_processes
-
-
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, capacity: int) -> dict:
-    """A padding-free batch for the forward passes. Each prompt + completion is laid end to end with others in rows of
-    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
-    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
-    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: completions of a
-    GSM8K batch range from a few tokens to the limit, so a padded batch is about a third padding, and the matmuls, most
-    of a step's time, scale with the tokens. `rows`, `cols` (N, C) index the positions whose logits predict each
-    completion token (C: the longest completion), `targets` are those tokens and `mask` marks the real ones."""
-    seqs = [p + c for p, c in zip(prompts, completions)]
-    capacity = max(capacity, max(len(s) for s in seqs))
-    members, free = [], []
-    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
-        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= len(seqs[i])
-    width, C = capacity - min(free), max(len(c) for c in completions)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
-    targets, mask = torch.full((len(seqs), C), pad_id, dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            n, P, c = len(seqs[i]), len(prompts[i]), len(completions[i])
-            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
-            position_ids[r, offset : offset + n] = torch.arange(n)
-            rows[i, :c], cols[i, :c] = r, torch.arange(offset + P - 1, offset + P - 1 + c)  # position t predicts token t + 1
-            targets[i, :c], mask[i, :c] = torch.tensor(completions[i]), 1
-            offset += n
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
-    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets, "mask": mask}
-
-
-def check_packing(model) -> None:
-    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
-    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
-    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                         use_cache=False).logits[0, 3:].float()
-        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
-    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
-        raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
-                         "from the position ids (a packed row differs from its sequences alone by "
-                         f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash attention")
-
-
 def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
     (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids."""
     device = next(model.parameters()).device
-    logits = model(input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False).logits
+    logits = model(
+        input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False
+    ).logits
     logits = logits[packed["rows"].to(device), packed["cols"].to(device)].float() / temperature
     logp = logits.log_softmax(dim=-1)
     token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(logp.exp() * logp).sum(-1)
     return token_logp, entropy
-
-
-def micro_batch_loss(model, packed: dict, advantages: torch.Tensor, mask: torch.Tensor,
-                     old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, args: Args,
-                     num_sequences: int, num_tokens: float, sampler_logprobs: torch.Tensor | None = None) -> dict:
-    """The loss of one micro-batch as `main` backpropagates it: the clipped surrogate of the `pack`ed completions
-    (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient) plus beta * k3 KL to `ref_logprobs` (None: no
-    KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens`, so the
-    micro-batches' losses sum to the mini-batch's. Also the detached pieces `main` logs: `surrogate` (the loss without
-    the KL term), `clipped`, `ratio`, `kl` and `entropy`, per token."""
-    logprobs, entropy = completion_logprobs(model, packed, args.temperature)
-    old = logprobs.detach() if old_logprobs is None else old_logprobs
-    log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
-    if args.loss_type == "cispo":
-        per_token, clipped = cispo_surrogate(logprobs, log_ratio, advantages, 1 + args.epsilon_high)
-    else:
-        per_token, clipped = clipped_surrogate(log_ratio, advantages, args.epsilon_low, args.epsilon_high)
-    kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
-    kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
-    kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward
-    per_token = per_token + kl_coef * kl_loss
-    weights = capped = mismatch = None
-    if sampler_logprobs is not None:  # the tokens were drawn by the sampler: reweight towards the trainer's policy
-        sampler_logprobs = torch.where(torch.isnan(sampler_logprobs), old, sampler_logprobs)  # unscored: weight 1
-        weights, capped = sampler_weights(old, sampler_logprobs, mask, args.sampler_correction,
-                                          args.sampler_correction_cap)
-        per_token = per_token * weights
-        mismatch = (old - sampler_logprobs).detach() * mask  # log pi_trainer - log pi_sampler of each token
-    agg = dict(loss_type=args.loss_type, max_completion_length=args.max_completion_length, num_sequences=num_sequences,
-               num_tokens=num_tokens)
-    return {"loss": aggregate_loss(per_token, mask, **agg),
-            "surrogate": aggregate_loss(per_token.detach(), mask, **agg), "clipped": clipped,
-            "ratio": torch.exp(log_ratio.detach()), "kl": kl.detach(), "entropy": entropy, "is_weight": weights,
-            "is_capped": capped, "mismatch": mismatch}
 
 
 def majority_vote(answers: list[str | None]) -> str | None:
@@ -1108,8 +1774,11 @@ def vote_key(answer: str | None, answer_format: str) -> str | None:
 
 def is_conversation(value) -> bool:
     """A list of {"role", "content"} messages: TRL's conversational format."""
-    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) and {"role", "content"} <= m.keys()
-                                                           for m in value)
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value)
+    )
 
 
 def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str, positions: int | None = None) -> list[dict]:
@@ -1135,29 +1804,44 @@ def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str, positions:
             whole = f"{{{f}}}" in (args.prompt_template, args.reference_template)
             if is_conversation(value) and not whole:
                 flag = "--prompt-template" if f in prompt_fields else "--reference-template"
-                raise SystemExit(f"error: {where}: field '{f}' is a conversation (a list of role/content messages) "
-                                 f"inside a template with more text; pass {flag} '{{{f}}}' to use it as a whole")
+                raise SystemExit(
+                    f"error: {where}: field '{f}' is a conversation (a list of role/content messages) "
+                    f"inside a template with more text; pass {flag} '{{{f}}}' to use it as a whole"
+                )
             if is_conversation(value):
                 chats[f] = value
             elif isinstance(value, (list, dict)):
-                raise SystemExit(f"error: {where}: field '{f}' is a {type(value).__name__}, not text: "
-                                 f"{json.dumps(value)[:60]}; give it as a string")
+                raise SystemExit(
+                    f"error: {where}: field '{f}' is a {type(value).__name__}, not text: "
+                    f"{json.dumps(value)[:60]}; give it as a string"
+                )
         if prompt_fields and args.prompt_template == f"{{{prompt_fields[0]}}}" and prompt_fields[0] in chats:
             messages = chats[prompt_fields[0]]
             if messages[-1]["role"] == "assistant":
-                raise SystemExit(f"error: {where}: the conversation in field '{prompt_fields[0]}' ends with an "
-                                 "assistant message; the prompt must end with the user's turn (the policy answers it)")
+                raise SystemExit(
+                    f"error: {where}: the conversation in field '{prompt_fields[0]}' ends with an "
+                    "assistant message; the prompt must end with the user's turn (the policy answers it)"
+                )
             if not has_template:
-                raise SystemExit(f"error: {where}: field '{prompt_fields[0]}' is a conversation and the tokenizer of "
-                                 f"{name} has no chat template to render it; give the question as text")
+                raise SystemExit(
+                    f"error: {where}: field '{prompt_fields[0]}' is a conversation and the tokenizer of "
+                    f"{name} has no chat template to render it; give the question as text"
+                )
             prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                     return_dict=False))
+            ids = list(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
         else:
             prompt = render(args.prompt_template, row, i, split, "prompt")
             if args.use_chat_template:
-                ids = list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                         add_generation_prompt=True, tokenize=True, return_dict=False))
+                ids = list(
+                    tokenizer.apply_chat_template(
+                        [{"role": "user", "content": prompt}],
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    )
+                )
             else:
                 ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         too_many = positions is not None and len(ids) + budget > positions
@@ -1166,12 +1850,16 @@ def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str, positions:
                 dropped += 1
                 continue
             if too_many:
-                raise SystemExit(f"error: {where} has a {len(ids)}-token prompt, which with --max-completion-length "
-                                 f"{budget} needs {len(ids) + budget} positions; {name} has {positions} "
-                                 "(max_position_embeddings). Shorten the prompt, lower --max-completion-length, or "
-                                 "pass --drop-overlong to skip such rows.")
-            raise SystemExit(f"error: {where} has a {len(ids)}-token prompt; the limit is --max-prompt-length "
-                             f"{args.max_prompt_length}. Raise it or pass --drop-overlong.")
+                raise SystemExit(
+                    f"error: {where} has a {len(ids)}-token prompt, which with --max-completion-length "
+                    f"{budget} needs {len(ids) + budget} positions; {name} has {positions} "
+                    "(max_position_embeddings). Shorten the prompt, lower --max-completion-length, or "
+                    "pass --drop-overlong to skip such rows."
+                )
+            raise SystemExit(
+                f"error: {where} has a {len(ids)}-token prompt; the limit is --max-prompt-length "
+                f"{args.max_prompt_length}. Raise it or pass --drop-overlong."
+            )
         if ref_fields and args.reference_template == f"{{{ref_fields[0]}}}" and ref_fields[0] in chats:
             reference = "\n".join(str(m["content"]) for m in chats[ref_fields[0]])
         else:
@@ -1179,9 +1867,11 @@ def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str, positions:
         gold = extract_answer(reference, args.answer_format)
         if gold is None:
             marker = "`#### <number>`" if args.answer_format == "gsm8k" else "`\\boxed{...}`"
-            raise SystemExit(f"error: {where}: field(s) {ref_fields} (--reference-template "
-                             f"{args.reference_template!r}) hold no final answer {marker} "
-                             f"(--answer-format {args.answer_format})")
+            raise SystemExit(
+                f"error: {where}: field(s) {ref_fields} (--reference-template "
+                f"{args.reference_template!r}) hold no final answer {marker} "
+                f"(--answer-format {args.answer_format})"
+            )
         rows.append({"prompt_ids": ids, "prompt": prompt, "gold": gold})
     if dropped:
         limit = args.max_prompt_length if positions is None else min(args.max_prompt_length, positions - budget)
@@ -1215,8 +1905,16 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 
 @torch.no_grad()
-def hf_sample(model, prompts: list[list[int]], pad_id: int, eos_id: int, max_new_tokens: int, temperature: float,
-              batch_size: int, synced: bool = False) -> tuple[list[list[int]], list[torch.Tensor]]:
+def hf_sample(
+    model,
+    prompts: list[list[int]],
+    pad_id: int,
+    eos_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    synced: bool = False,
+) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Completions (token lists, up to and including the first EOS) and the logprob of each sampled token, by plain
     sampling from softmax(logits / T) (no top-k / top-p / repetition penalty, so the loss's logprobs are those of the
     sampling distribution); T = 0 is greedy. A hand-written decoding loop over the model's KV cache rather than
@@ -1244,7 +1942,14 @@ def hf_sample(model, prompts: list[list[int]], pad_id: int, eos_id: int, max_new
         B = len(ids)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
         position, alive = positions[:, -1], torch.arange(B, device=device)  # alive: batch rows still being decoded
         tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
         token_logp = torch.zeros(B, max_new_tokens, device=device)
@@ -1269,7 +1974,13 @@ def hf_sample(model, prompts: list[list[int]], pad_id: int, eos_id: int, max_new
             if t + 1 == max_new_tokens:
                 break
             mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
-            logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
         if chunk:
             for row, lp, n in zip(tokens.tolist(), token_logp.cpu(), lengths.tolist()):
                 completions.append(row[:n])
@@ -1285,17 +1996,28 @@ class VLLMSampler:
         try:
             import vllm
         except ImportError:
-            raise SystemExit("error: --use-vllm needs the `vllm` package (pip install 'clean-rlhf[vllm]'); drop the flag "
-                             "to sample with model.generate") from None
+            raise SystemExit(
+                "error: --use-vllm needs the `vllm` package (pip install 'clean-rlhf[vllm]'); drop the flag "
+                "to sample with model.generate"
+            ) from None
         if accelerator.device.type != "cuda":
             raise SystemExit("error: --use-vllm needs a CUDA GPU; drop the flag to sample with model.generate")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: weights can be loaded into it
+        os.environ.setdefault(
+            "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
+        )  # engine in this process: weights can be loaded into it
         self.vllm, self.eos_id = vllm, eos_id
-        self.llm = vllm.LLM(model=args.model_name_or_path, revision=args.revision, dtype=args.dtype, seed=args.seed + accelerator.process_index,
-                            gpu_memory_utilization=args.vllm_gpu_memory_utilization, max_model_len=args.max_prompt_length + args.max_completion_length,
-                            distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
-                            enable_prefix_caching=True, trust_remote_code=args.trust_remote_code,
-                            logprobs_mode="processed_logprobs")  # logprobs after the temperature, as the trainer's
+        self.llm = vllm.LLM(
+            model=args.model_name_or_path,
+            revision=args.revision,
+            dtype=args.dtype,
+            seed=args.seed + accelerator.process_index,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            max_model_len=args.max_prompt_length + args.max_completion_length,
+            distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
+            enable_prefix_caching=True,
+            trust_remote_code=args.trust_remote_code,
+            logprobs_mode="processed_logprobs",
+        )  # logprobs after the temperature, as the trainer's
 
     def load_weights(self, model) -> None:
         executor = self.llm.llm_engine.model_executor
@@ -1306,11 +2028,13 @@ class VLLMSampler:
         worker.model_runner.model.load_weights(state_dict.items())
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
 
-    def __call__(self, prompts: list[list[int]], max_new_tokens: int,
-                 temperature: float) -> tuple[list[list[int]], list[torch.Tensor]]:
+    def __call__(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
         """Completions and the sampler's logprob of each token (NaN for an EOS appended here)."""
-        params = self.vllm.SamplingParams(temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1,
-                                          logprobs=0)  # 0: the sampled token's logprob only
+        params = self.vllm.SamplingParams(
+            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1, logprobs=0
+        )  # 0: the sampled token's logprob only
         result, logprobs = [], []
         for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
             tokens = list(o.outputs[0].token_ids)
@@ -1331,7 +2055,9 @@ def peak_mem_gb(device: torch.device) -> float:
 
 
 @torch.no_grad()
-def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, k: int, temperature: float) -> tuple[dict, list[dict]]:
+def evaluate(
+    sample, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, k: int, temperature: float
+) -> tuple[dict, list[dict]]:
     """k completions per evaluation question (k = 1 and T = 0: greedy pass@1, `eval/accuracy`); with k > 1 pass@k
     (any of the k right), maj@k (the majority answer right) and mean@k. Each process takes a shard; under ZeRO-3 the
     shards are padded to equal size (every forward pass is a collective) and the padded duplicates dropped after."""
@@ -1344,16 +2070,31 @@ def evaluate(sample, tokenizer, rows: list[dict], args: Args, accelerator: Accel
             correct = [success_reward(t, row["gold"], args.answer_format) for t in texts]
             keys = [vote_key(extract_answer(t, args.answer_format), args.answer_format) for t in texts]
             vote = majority_vote(keys)
-            records.append({"question": row["prompt"], "gold": row["gold"], "completion": texts[0], "correct": correct,
-                            "maj_correct": vote is not None and correct[keys.index(vote)] == 1.0,
-                            "length": sum(len(o) for o in outs) / k, "eos": sum(tokenizer.eos_token_id in o for o in outs) / k})
+            records.append(
+                {
+                    "question": row["prompt"],
+                    "gold": row["gold"],
+                    "completion": texts[0],
+                    "correct": correct,
+                    "maj_correct": vote is not None and correct[keys.index(vote)] == 1.0,
+                    "length": sum(len(o) for o in outs) / k,
+                    "eos": sum(tokenizer.eos_token_id in o for o in outs) / k,
+                }
+            )
     records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     n = len(records)
     if k == 1:
-        return {"eval/accuracy": sum(r["correct"][0] for r in records) / n, "eval/completion_length": sum(r["length"] for r in records) / n,
-                "eval/eos_rate": sum(r["eos"] for r in records) / n}, records
-    return {"eval/pass@k": sum(max(r["correct"]) for r in records) / n, "eval/maj@k": sum(r["maj_correct"] for r in records) / n,
-            "eval/mean@k": sum(sum(r["correct"]) / k for r in records) / n, "eval/k": k}, records
+        return {
+            "eval/accuracy": sum(r["correct"][0] for r in records) / n,
+            "eval/completion_length": sum(r["length"] for r in records) / n,
+            "eval/eos_rate": sum(r["eos"] for r in records) / n,
+        }, records
+    return {
+        "eval/pass@k": sum(max(r["correct"]) for r in records) / n,
+        "eval/maj@k": sum(r["maj_correct"] for r in records) / n,
+        "eval/mean@k": sum(sum(r["correct"]) / k for r in records) / n,
+        "eval/k": k,
+    }, records
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -1395,14 +2136,20 @@ class Run:
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
             if (self.dir / "done.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
+                )
             if not (self.dir / "checkpoint" / "state.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
-                                 "(with --overwrite if the directory is in use)")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    "(with --overwrite if the directory is in use)"
+                )
             self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
         elif self.held and not args.overwrite:
-            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
-                             "delete it and start over, or another --run-name")
+            raise SystemExit(
+                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                "delete it and start over, or another --run-name"
+            )
 
     def begin(self) -> None:
         """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
@@ -1426,8 +2173,15 @@ class Run:
                 id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
                 run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
                 id_file.write_text(run_id)
-                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+                self.wandb = wandb.init(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    name=args.run_name,
+                    id=run_id,
+                    resume="allow",
+                    config=dataclasses.asdict(args),
+                    dir=str(self.dir),
+                )
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -1438,14 +2192,22 @@ class Run:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal = signum
         if self.main:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
-                  "to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                "to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log(self, metrics: dict, step: int, episode: int) -> None:
         if not self.main:
             return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            "episode": episode,
+            "time": round(time.time() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
@@ -1494,8 +2256,10 @@ class Run:
         returns the loop's state; None on a new run."""
         if self.state is not None:
             if self.state["num_processes"] != self.accelerator.num_processes:
-                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
-                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
+                )
             self.accelerator.load_state(str(self.dir / "checkpoint"))
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
@@ -1552,8 +2316,9 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
-        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
-                                    "_episodes", "_k")) or f.name.startswith("num_")
+        positive = f.name.endswith(
+            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
+        ) or f.name.startswith("num_")
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
             raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
@@ -1568,14 +2333,16 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
-        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
-                         "train every weight)")
+        raise SystemExit(
+            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+            "train every weight)"
+        )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
-# Main
+# The script's own argument checks and loop state
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -1584,8 +2351,10 @@ def resolve_variant(args: Args) -> None:
     dapo, cispo = args.loss_type == "dapo", args.loss_type == "cispo"
     gspo = args.importance_sampling_level == "sequence"
     if cispo and gspo:
-        raise SystemExit("error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
-                         "clipped sequence ratio: pick one")
+        raise SystemExit(
+            "error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
+            "clipped sequence ratio: pick one"
+        )
     if args.beta is None:  # DAPO, CISPO (MiniMax-M1), GSPO and distillation (the teacher anchors it) have no KL term
         args.beta = 0.0 if dapo or cispo or gspo or args.advantage_estimator == "distill" else 0.04
     if args.scale_rewards is None:
@@ -1597,427 +2366,123 @@ def resolve_variant(args: Args) -> None:
     if args.kl_estimator is None:
         args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
     if (args.advantage_estimator == "distill") != bool(args.teacher_model_path):
-        raise SystemExit("error: on-policy distillation takes both --advantage-estimator distill and "
-                         "--teacher-model-path (the teacher that scores the student's tokens)")
+        raise SystemExit(
+            "error: on-policy distillation takes both --advantage-estimator distill and "
+            "--teacher-model-path (the teacher that scores the student's tokens)"
+        )
     if args.dynamic_sampling is None:
         args.dynamic_sampling = dapo
     if args.overlong_buffer is None:
         args.overlong_buffer = args.max_completion_length // 5 if dapo else 0  # DAPO: 4096 of 20480
     if args.num_generations < 2:
-        raise SystemExit(f"error: --num-generations is {args.num_generations}; it must be at least 2: advantages are "
-                         "relative to the group")
+        raise SystemExit(
+            f"error: --num-generations is {args.num_generations}; it must be at least 2: advantages are "
+            "relative to the group"
+        )
     if args.questions_per_device < 1:
         raise SystemExit(f"error: --questions-per-device is {args.questions_per_device}; it must be at least 1")
     if args.overlong_buffer >= args.max_completion_length:
-        raise SystemExit(f"error: --overlong-buffer {args.overlong_buffer} must be smaller than "
-                         f"--max-completion-length {args.max_completion_length}")
+        raise SystemExit(
+            f"error: --overlong-buffer {args.overlong_buffer} must be smaller than "
+            f"--max-completion-length {args.max_completion_length}"
+        )
     if (args.questions_per_device * args.num_generations) % args.num_mini_batches:
-        raise SystemExit(f"error: --questions-per-device {args.questions_per_device} x --num-generations "
-                         f"{args.num_generations} = {args.questions_per_device * args.num_generations} completions per "
-                         f"process do not split into --num-mini-batches {args.num_mini_batches} equal mini-batches; "
-                         "change one of them")
-    for flag, value, least in (("--warmup-steps", args.warmup_steps, 0), ("--pass-k", args.pass_k, 0),
-                               ("--max-sampling-rounds", args.max_sampling_rounds, 1)):
+        raise SystemExit(
+            f"error: --questions-per-device {args.questions_per_device} x --num-generations "
+            f"{args.num_generations} = {args.questions_per_device * args.num_generations} completions per "
+            f"process do not split into --num-mini-batches {args.num_mini_batches} equal mini-batches; "
+            "change one of them"
+        )
+    for flag, value, least in (
+        ("--warmup-steps", args.warmup_steps, 0),
+        ("--pass-k", args.pass_k, 0),
+        ("--max-sampling-rounds", args.max_sampling_rounds, 1),
+    ):
         if value < least:
             raise SystemExit(f"error: {flag} is {value}; it must be at least {least}")
 
 
-def main(args: Args) -> dict:
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
-    resolve_variant(args)
-    # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
-    # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
-    mini_size = args.questions_per_device * args.num_generations // args.num_mini_batches
-    micro_steps = math.ceil(mini_size / args.micro_batch_size)
-    accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
-    gen_threads = None
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        threads = args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes)
-        if args.async_generation:  # learner and generator thread split the process's share
-            gen_threads = args.generation_threads or max(1, threads // 2)
-            threads = max(1, threads - gen_threads)
-        torch.set_num_threads(threads)
-    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
-    device, G, Q = accelerator.device, args.num_generations, args.questions_per_device
-    synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
-    if args.async_generation and (synced or args.use_vllm):
-        raise SystemExit("error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
-                         "(sharded weights) nor with --use-vllm")
-    if args.use_vllm and synced:
-        raise SystemExit("error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
-                         "processes; use DDP or ZeRO-2 with vLLM")
+# --------------------------------------------------------------------------------------------------
+# Speed work (skippable on a first reading): the same results, faster
+# --------------------------------------------------------------------------------------------------
 
-    # ---- models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models ----
-    tokenizer = load_tokenizer(args)
-    policy = add_lora(load_causal_lm(args, tokenizer), args)
-    # with LoRA the reference is the policy with its adapters disabled (after `prepare`), not a second copy
-    ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False) if args.beta > 0 and not args.lora_r else None
-    rm = None
-    if args.reward_model_path:
-        rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
-    prm = load_reward_model(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
-    teacher = None
-    if args.teacher_model_path:
-        if not os.path.isdir(args.teacher_model_path):
-            require_hub(args.teacher_model_path, "model", "--teacher-model-path")
-        teacher = load_causal_lm(dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None),
-                                 tokenizer).eval().requires_grad_(False)
-        if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
-            raise SystemExit(f"error: --teacher-model-path {args.teacher_model_path} has "
-                             f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
-                             f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer")
 
-    # ---- data: every process samples its own shard of questions, and a question's whole group stays on its process,
-    # so group statistics (mean, std, the dynamic-sampling filter) need no communication ----
-    # (prompt + completion budget must fit the policy's positions)
-    positions = getattr(policy.config, "max_position_embeddings", None)
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_questions(train_ds, tokenizer, args, args.train_split, positions)
-    eval_flag = "--eval-dataset-name-or-path" if args.eval_dataset_name_or_path else "--dataset-name-or-path"
-    eval_ds = load_split(args.eval_dataset_name_or_path or args.dataset_name_or_path, args.eval_split,
-                         None if args.eval_dataset_name_or_path else args.dataset_config, eval_flag)
-    eval_rows = prepare_questions(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args,
-                                  args.eval_split, positions)
-    stream = question_stream(train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index)
+def pack_rows(batch: dict, idx: torch.Tensor, pad_id: int, capacity: int) -> tuple[dict, int]:
+    """The packed micro-batch of rows idx of a sampled batch, and the width of their longest completion."""
+    rows = idx.tolist()
+    packed = pack([batch["prompts"][i] for i in rows], [batch["completions"][i] for i in rows], pad_id, capacity)
+    return packed, packed["mask"].shape[1]
 
-    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
-    configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
-    model, optimizer = accelerator.prepare(policy, optimizer)
-    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
-        raise SystemExit(f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
-                         f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
-                         f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config")
-    ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
-    unwrapped = accelerator.unwrap_model(model)
-    if args.lora_r and args.beta > 0:
-        ref_policy = LoraReference(unwrapped)
-    check_packing(unwrapped)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0)
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
-    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
-        raise SystemExit(f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
-                         f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
-                         "which vLLM refuses as its max_model_len; lower --max-prompt-length")
-    vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
-    use_sampler_logprobs = args.sampler_logprobs if args.sampler_logprobs is not None else (
-        not args.use_vllm and args.dtype == "float32" and accelerator.mixed_precision == "no")
-    if use_sampler_logprobs and args.use_vllm:
-        raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
-    correction = args.sampler_correction  # the old logprobs are the sampler's own: nothing to correct
-    correction = ("none" if use_sampler_logprobs else "token_truncate") if correction == "auto" else correction
-    args.sampler_correction = correction
-    if correction != "none" and use_sampler_logprobs:
-        raise SystemExit(f"error: --sampler-correction {correction} weights the trainer's old logprobs against the "
-                         "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs")
 
-    def sample(prompts: list[list[int]], temperature: float,
-               sampler: torch.nn.Module | None = None) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-        if vllm_sampler is not None:
-            return vllm_sampler(prompts, args.max_completion_length, temperature)
-        return hf_sample(sampler or unwrapped, prompts, tokenizer.pad_token_id, tokenizer.eos_token_id,
-                         args.max_completion_length, temperature, args.generation_batch_size, synced)
+def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, capacity: int) -> dict:
+    """A padding-free batch for the forward passes. Each prompt + completion is laid end to end with others in rows of
+    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
+    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
+    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: completions of a
+    GSM8K batch range from a few tokens to the limit, so a padded batch is about a third padding, and the matmuls, most
+    of a step's time, scale with the tokens. `rows`, `cols` (N, C) index the positions whose logits predict each
+    completion token (C: the longest completion), `targets` are those tokens and `mask` marks the real ones."""
+    seqs = [p + c for p, c in zip(prompts, completions)]
+    capacity = max(capacity, max(len(s) for s in seqs))
+    members, free = [], []
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= len(seqs[i])
+    width, C = capacity - min(free), max(len(c) for c in completions)
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
+    targets, mask = torch.full((len(seqs), C), pad_id, dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            n, P, c = len(seqs[i]), len(prompts[i]), len(completions[i])
+            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
+            position_ids[r, offset : offset + n] = torch.arange(n)
+            rows[i, :c], cols[i, :c] = (
+                r,
+                torch.arange(offset + P - 1, offset + P - 1 + c),
+            )  # position t predicts token t + 1
+            targets[i, :c], mask[i, :c] = torch.tensor(completions[i]), 1
+            offset += n
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "rows": rows,
+        "cols": cols,
+        "targets": targets,
+        "mask": mask,
+    }
 
-    def sample_and_score(rows: list[dict], sampler=None) -> dict:
-        """G completions of each question and every part of their reward."""
-        prompts = [r["prompt_ids"] for r in rows for _ in range(G)]
-        completions, sample_logprobs = sample(prompts, args.temperature, sampler)
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-        ended = [tokenizer.eos_token_id in c for c in completions]
-        lengths = torch.tensor([len(c) for c in completions])
-        golds = [r["gold"] for r in rows for _ in range(G)]
-        parts = {"success": torch.tensor([success_reward(t, g, args.answer_format) for t, g in zip(texts, golds)]),
-                 "format": args.format_reward_coef * torch.tensor([format_reward(t, e, args.answer_format) for t, e in zip(texts, ended)]),
-                 "overlong": soft_overlong_penalty(lengths, args.max_completion_length, args.overlong_buffer, args.overlong_penalty_factor)}
-        if rm is not None:  # the score at the last token of prompt + completion (its EOS when it ended), by micro-batch
-            scores = []
-            for i in range(0, len(prompts), args.micro_batch_size):
-                chunk = [p + c for p, c in zip(prompts[i : i + args.micro_batch_size], completions[i : i + args.micro_batch_size])]
-                ids, mask = (x.to(device) for x in right_pad(chunk, tokenizer.pad_token_id))
-                with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
-                    scores.append(outcome_reward(rm, ids, mask).float().cpu())
-            parts["outcome_rm"] = args.rm_coef * torch.cat(scores)
-        if prm is not None:  # Clip / Delta refined step rewards, placed on the steps' last tokens: their sum
-            responses = right_pad(completions, tokenizer.pad_token_id)[0]
-            with accelerator.autocast():
-                parts["process_rm"] = process_rewards(prm, tokenizer, prompts, responses, args)[0].sum(1)
-        return {"prompts": prompts, "completions": completions, "sample_logprobs": sample_logprobs or [None] * len(prompts), "texts": texts, "truncated": torch.tensor([not e for e in ended]),
-                "lengths": lengths, **parts, "reward": sum(parts.values()),
-                "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts])}
 
-    def questions_needed(missing: int) -> int:
-        """Questions to sample next on this process; under ZeRO-3 every process samples as many as the one that misses
-        most (the sampler and reward models then make the same forward calls everywhere)."""
-        if not synced:
-            return missing
-        count = torch.tensor([float(missing)], device=device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        return int(count.item())
-
-    def concat(batches: list[dict]) -> dict:
-        return {k: (torch.cat([b[k] for b in batches]) if torch.is_tensor(batches[0][k]) else [x for b in batches for x in b[k]]) for k in batches[0]}
-
-    def select_groups(batch: dict, groups: list[int]) -> dict:
-        idx = [g * G + j for g in groups for j in range(G)]
-        return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
-
-    def collect(sampler=None, version: int = 0, threads: int | None = None) -> dict:
-        """Step 1 of the loop: G completions for each of Q questions of this process, with DAPO's dynamic sampling
-        (groups with some right and some wrong completions; more questions until Q are kept). With --async it runs in
-        the generator thread on `sampler`, a copy of the weights of step `version`, and also returns that copy's
-        logprobs of the kept completions (the old policy of the loss)."""
-        if threads:
-            torch.set_num_threads(threads)  # a new thread starts with the default pool: give it its share
-        t0 = time.time()
-        sampled, kept, dropped, rounds, n = [], [], [], 0, 0
-        while (need := questions_needed(Q - len(kept))) > 0:
-            batch = sample_and_score([next(stream) for _ in range(need)], sampler)
-            n += need
-            sampled.append(batch)
-            rounds += 1
-            keep = groups_to_keep(batch, G, args.dynamic_sampling)
-            kept += [select_groups(batch, [g]) for g, s in enumerate(keep) if s]
-            dropped += [select_groups(batch, [g]) for g, s in enumerate(keep) if not s]
-            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
-            if rounds >= args.max_sampling_rounds and len(kept) < Q:
-                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
-                # (all right or all wrong) instead of sampling forever
-                kept += dropped[: Q - len(kept)]
-        out = {"everything": concat(sampled), "batch": concat(kept), "rounds": rounds, "dropped": len(dropped),
-               "drawn": n, "version": version}
-        if sampler is not None and not use_sampler_logprobs:  # the sampling weights' own logprobs, by a forward pass
-            b = out["batch"]
-            with torch.no_grad():
-                b["old_logprobs"] = []
-                for i in range(0, len(b["completions"]), args.micro_batch_size):
-                    sl = slice(i, i + args.micro_batch_size)
-                    packed = pack(b["prompts"][sl], b["completions"][sl], tokenizer.pad_token_id,
-                                  args.max_prompt_length + args.max_completion_length)
-                    lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
-                    b["old_logprobs"] += [lp[j, : len(c)] for j, c in enumerate(b["completions"][sl])]
-        out["gen_time"] = time.time() - t0
-        return out
-
-    run.begin()
-    episode, drawn, start_step = 0, 0, 0  # drawn: questions this process took from `stream`
-    if state := run.resume():  # weights, optimizer, schedule and every process's RNG; the loop's counters here
-        start_step, episode, metrics = state["step"], state["episode"], state["metrics"]
-        drawn = state["drawn"][accelerator.process_index]
-        for _ in range(drawn):  # replay the question order up to the checkpoint, without sampling
-            next(stream)
-        if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
-            vllm_sampler.load_weights(unwrapped)
-    else:
-        metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
-        run.log(metrics, 0, 0)
-        accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
-    progress = tqdm(range(start_step + 1, args.total_steps + 1), initial=start_step, total=args.total_steps,
-                    disable=not accelerator.is_main_process, desc=f"grpo ({args.loss_type})")
-    gen_policy = executor = pending = None
-
-    def settle() -> None:
-        """(--async) let the generator thread finish before a checkpoint reads the RNG states. The checkpoint's
-        `drawn` excludes the questions it drew ahead: a resumed run samples that batch again, with the checkpoint's
-        weights and RNG, so an asynchronous run resumes in place but not to the same numbers."""
-        if pending is not None:
-            pending.result()
-
-    if args.async_generation:  # the generator samples with its own copy of the weights, synced before each step
-        gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
-        executor = ThreadPoolExecutor(max_workers=1)
-        pending = executor.submit(collect, gen_policy, start_step, gen_threads)
-    for step in progress:
-        t_step = time.time()
-        before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
-        # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with some right and some
-        # wrong completions and samples more questions until this process has Q of them (--async: the batch the
-        # generator thread sampled with the weights this step's predecessor started from) ----
-        wait_start = time.time()
-        if executor is not None:
-            data = pending.result()
-            gen_policy.load_state_dict(unwrapped.state_dict())  # the weights this step starts from sample the next
-            pending = executor.submit(collect, gen_policy, step - 1, gen_threads) if step < args.total_steps else None
-        else:
-            model.eval()
-            data = collect()
-            model.train()
-        wait = time.time() - wait_start
-        everything, batch, rounds, drawn = data["everything"], data["batch"], data["rounds"], drawn + data["drawn"]
-        dropped = [None] * data["dropped"]
-        # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage
-        # (REINFORCE++: token advantages, after the logprobs of step 4) ----
-        advantages = group_advantages(batch["reward"].view(-1, G), args.scale_rewards, args.advantage_eps).view(-1).to(device)
-
-        # ---- 3. completions as right-padded (B, width) tensors for the loss; the forward passes run on `pack`ed
-        # micro-batches (no padding). Overlong filtering masks truncated completions out of the loss ----
-        B = len(batch["completions"])
-        completion_mask = right_pad(batch["completions"], tokenizer.pad_token_id)[1].to(device)
-        loss_mask = completion_mask * (~batch["truncated"].to(device)).long()[:, None] if args.overlong_filtering else completion_mask
-        width, capacity = completion_mask.shape[1], args.max_prompt_length + args.max_completion_length
-
-        def micro(idx: torch.Tensor) -> tuple[dict, int]:
-            """The packed batch of rows idx, and the width of their longest completion."""
-            rows = idx.tolist()
-            packed = pack([batch["prompts"][i] for i in rows], [batch["completions"][i] for i in rows], tokenizer.pad_token_id, capacity)
-            return packed, packed["mask"].shape[1]
-
-        # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches;
-        # the sampler's own, or a forward pass) and of the reference, without gradients ----
-        off_policy = args.num_iterations > 1 or args.num_mini_batches > 1 or args.async_generation
-        kl_in_reward = args.advantage_estimator == "reinforce_pp" and ref_policy is not None
-        need_old = off_policy or kl_in_reward or teacher is not None
-        old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
-        teacher_logprobs = torch.zeros(B, width, device=device) if teacher is not None else None
-        async_old = batch.get("old_logprobs")  # --async: the sampling weights' logprobs, from the generator thread
-        if need_old and (use_sampler_logprobs or async_old is not None):
-            for i, lp in enumerate(async_old if async_old is not None else batch["sample_logprobs"]):
-                old_logprobs[i, : len(lp)] = lp.to(device)
-        with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
-            for start in range(0, B, args.micro_batch_size):
-                idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
-                packed, c_end = micro(idx)
-                if need_old and not use_sampler_logprobs and async_old is None:
-                    old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
-                if ref_policy is not None:
-                    ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
-                if teacher is not None:
-                    teacher_logprobs[idx, :c_end] = completion_logprobs(teacher, packed, args.temperature)[0]
-        sampler_lp = None
-        if args.sampler_correction != "none":  # the sampler's logprobs; a token it did not score (appended EOS): w 1
-            sampler_lp = torch.full((B, width), float("nan"), device=device)
-            for i, lp in enumerate(batch["sample_logprobs"]):
-                sampler_lp[i, : len(lp)] = lp.to(device)
-        if teacher is not None:  # on-policy distillation: the teacher's per-token verdict is the advantage
-            advantages = distill_advantages(teacher_logprobs, old_logprobs, loss_mask)
-        elif args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
-            kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
-            advantages = reinforce_pp_advantages(batch["reward"].to(device), loss_mask, G,
-                                                 args.advantage_estimator == "reinforce_pp_baseline", kl, args.beta,
-                                                 lambda t: accelerator.reduce(t, "sum"))
-
-        # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
-        # passes (accelerate.accumulate: DDP all-reduces, and DeepSpeed steps, on the last one only) ----
-        stats = {k: [] for k in ("loss", "kl", "clipped", "tokens", "ratio", "entropy", "grad_norm", "is_weight",
-                                 "is_capped", "mismatch_abs", "mismatch_max", "ratio_error", "first_tokens")}
-        for iteration in range(args.num_iterations):
-            # --async: the generator thread draws from the global RNG meanwhile, so the order has its own generator
-            order = (torch.randperm(B, generator=torch.Generator().manual_seed(args.seed * 100003 + step)).to(device)
-                     if executor is not None else torch.randperm(B, device=device))
-            for mb_start in range(0, B, mini_size):
-                mini = order[mb_start : mb_start + mini_size]
-                # DAPO normalises by the tokens of the whole mini-batch of every process (dapo_num_tokens)
-                num_tokens = dapo_num_tokens(loss_mask[mini].sum().item(), accelerator)
-                update_loss = torch.zeros((), device=device)
-                for micro_start in range(0, mini_size, args.micro_batch_size):
-                    idx = mini[micro_start : micro_start + args.micro_batch_size]
-                    with accelerator.accumulate(model):
-                        packed, c_end = micro(idx)
-                        cm, mask = completion_mask[idx, :c_end], loss_mask[idx, :c_end]
-                        old = old_logprobs[idx, :c_end] if off_policy else None
-                        ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
-                        adv = advantages[idx, :c_end] if advantages.dim() == 2 else advantages[idx]
-                        slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
-                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp)
-                        if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
-                            settle()
-                            run.stop(grpo_loop_state(*before), f"non-finite GRPO loss at step {step}: lower "
-                                     "--learning-rate or check the rewards")
-                        # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
-                        # (DeepSpeed: its engine) divides every backward by the accumulation steps: undo that
-                        accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)
-                    update_loss += out["surrogate"]
-                    stats["clipped"].append((out["clipped"] & mask.bool()).sum().float())
-                    stats["tokens"].append(mask.sum().float())
-                    stats["ratio"].append((out["ratio"] * mask).sum())
-                    if iteration == 0:
-                        stats["kl"].append((out["kl"] * cm).sum())
-                        stats["entropy"].append((out["entropy"] * cm).sum())
-                    if out["mismatch"] is not None:
-                        stats["is_weight"].append((out["is_weight"] * mask).sum())
-                        stats["is_capped"].append(out["is_capped"].sum().float())
-                        if iteration == 0:  # the old logprobs: the trainer's, at the weights that sampled
-                            stats["mismatch_abs"].append(out["mismatch"].abs().sum())
-                            stats["mismatch_max"].append(out["mismatch"].abs().max())
-                            stats["ratio_error"].append(((out["mismatch"].exp() - 1).abs() * mask).sum())
-                            stats["first_tokens"].append(mask.sum().float())
-                stats["loss"].append(update_loss)
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
-                if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                    settle()
-                    run.stop(grpo_loop_state(*before),
-                             f"non-finite gradient norm at step {step}: lower --learning-rate")
-                stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
-                optimizer.step()
-                optimizer.zero_grad()
-                scheduler.step()
-        if vllm_sampler is not None:
-            vllm_sampler.load_weights(unwrapped)
-
-        # ---- 6. logging: every sampled completion counts towards `episode`, kept by dynamic sampling or not ----
-        n_sampled = accelerator.reduce(torch.tensor(float(len(everything["completions"])), device=device), "sum").item()
-        episode += int(n_sampled)
-        if step % args.log_every == 0 or step == args.total_steps:
-            mean = lambda x: accelerator.gather(x.float().mean().to(device)[None]).mean().item()  # noqa: E731
-            total = lambda x: accelerator.reduce(torch.stack(x).sum().float().to(device), "sum").item()  # noqa: E731
-            tokens = max(total(stats["tokens"]), 1.0)
-            logged = {
-                "objective/reward": mean(everything["reward"]), "objective/reward_std": mean(everything["reward"].view(-1, G).std(dim=1)),
-                "objective/entropy": total(stats["entropy"]) / (B * accelerator.num_processes),
-                "objective/completion_length": mean(everything["lengths"]), "objective/num_steps": mean(everything["num_steps"]),
-                "objective/truncated_rate": mean(everything["truncated"]), "loss/policy": mean(torch.stack(stats["loss"])),
-                "policy/clipfrac": total(stats["clipped"]) / tokens, "policy/ratio": total(stats["ratio"]) / tokens,
-                "train/grad_norm": mean(torch.stack(stats["grad_norm"])), "lr": scheduler.get_last_lr()[0],
-                "perf/episodes_per_sec": n_sampled / (time.time() - t_step), "perf/peak_mem_gb": peak_mem_gb(device),
-                **{f"objective/{k}": mean(everything[k]) for k in ("success", "format", "overlong", "outcome_rm", "process_rm") if k in everything},
-            }
-            if teacher is not None:  # reverse KL(student || teacher) per completion, from the student's samples
-                logged["objective/teacher_kl"] = mean(((old_logprobs - teacher_logprobs) * completion_mask).sum(1))
-            if stats["is_weight"]:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
-                first = max(total(stats["first_tokens"]), 1.0)
-                logged.update({"mismatch/abs_logprob_diff": total(stats["mismatch_abs"]) / first,
-                               "mismatch/max_abs_logprob_diff": accelerator.reduce(
-                                   torch.stack(stats["mismatch_max"]).max().to(device), "max").item(),
-                               "mismatch/ratio_error": total(stats["ratio_error"]) / first,
-                               "mismatch/is_weight": total(stats["is_weight"]) / tokens,
-                               "mismatch/capped_frac": total(stats["is_capped"]) / tokens})
-            if ref_policy is not None:  # summed over each response's tokens, averaged over responses; beta 0 has no reference
-                logged["objective/kl"] = total(stats["kl"]) / (B * accelerator.num_processes)
-            if executor is not None:  # the batch came from the weights one step back (0 on the first step)
-                logged.update({"async/policy_lag": (step - 1) - data["version"], "perf/generation_wait_sec": wait,
-                               "perf/generation_sec": data["gen_time"]})
-            if args.dynamic_sampling:
-                logged["objective/groups_dropped"] = mean(torch.tensor(len(dropped) / (len(everything["completions"]) // G)))
-                logged["perf/sampling_rounds"] = mean(torch.tensor(float(rounds)))
-            run.log(logged, step, episode)
-            progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", length=f"{logged['objective/completion_length']:.1f}")
-        if step % args.eval_every == 0 or step == args.total_steps:
-            metrics, records = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
-            run.log(metrics, step, episode)
-            accelerator.print(f"step {step}: eval/accuracy {metrics['eval/accuracy']:.4f}")
-            run.log_samples([{"question": r["question"], "completion": r["completion"], "gold": r["gold"],
-                              "correct": r["correct"][0]} for r in records[:4]], step)
-        if run.stop_requested():  # a collective: every process, every step
-            settle()
-            run.stop(grpo_loop_state(step, episode, drawn, metrics))
-        if args.save_every and step % args.save_every == 0 and step < args.total_steps:
-            settle()
-            run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
-    progress.close()
-    if executor is not None:
-        executor.shutdown()
-
-    # ---- at the end: pass@k and maj@k from k samples per evaluation question ----
-    if args.pass_k > 0:
-        pass_metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, args.pass_k, args.temperature)
-        run.log(pass_metrics, args.total_steps, episode)
-        accelerator.print(f"pass@{args.pass_k} {pass_metrics['eval/pass@k']:.4f}, maj@{args.pass_k} {pass_metrics['eval/maj@k']:.4f}")
-        metrics = {**metrics, **pass_metrics}
-    run.finish(model, tokenizer, {"step": args.total_steps, "episode": episode, "total_steps": args.total_steps,
-                                  "total_episodes": episode})  # every sampled completion, dropped groups included
-    accelerator.end_training()
-    return metrics
+def check_packing(model) -> None:
+    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
+    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
+    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        together = (
+            model(
+                input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device),
+                position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                use_cache=False,
+            )
+            .logits[0, 3:]
+            .float()
+        )
+        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
+    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+        raise SystemExit(
+            f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed "
+            "sequences from the position ids (a packed row differs from its sequences alone by "
+            f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash "
+            "attention"
+        )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import ctypes
 import dataclasses
 import json
 import math
@@ -68,11 +67,22 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import (DistributedType, GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object,
-                               set_seed)
+from accelerate.utils import (
+    DistributedType,
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    gather_object,
+    set_seed,
+)
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from tqdm.auto import tqdm
-from transformers import AttentionInterface, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
+from transformers import (
+    AttentionInterface,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DynamicCache,
+)
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -88,7 +98,7 @@ class Args:
     """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
     see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
     resume: bool = False
@@ -248,36 +258,721 @@ class Args:
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do, instead of training bf16 weights directly.
 PRESETS = {
-    "tldr-pythia-1b": ("N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="ppo_tldr_pythia-1b", per_device_batch_size=64, num_mini_batches=4,
-        gradient_accumulation_steps=4, eval_every=100)),
-    "tldr-pythia-2.8b": ("N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="ppo_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
-        reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
-        per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=8, eval_every=100)),
-    "tldr-pythia-6.9b": ("N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)", Args(
-        exp_name="ppo_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
-        reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
-        per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=16, eval_every=100)),
-    "gsm8k-qwen2.5-0.5b": ("PPO on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
-        exp_name="ppo_gsm8k_qwen2.5-0.5b", sft_model_path="Qwen/Qwen2.5-0.5B-Instruct", reward_model_path=None,
-        reward_source="math", dataset_name_or_path="openai/gsm8k", dataset_config="main", eval_split="test",
-        prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
-        use_chat_template=True, reference_template="{answer}", response_length=400, temperature=1.0, kl_coef=0.001,
-        learning_rate=1e-6, total_episodes=7473 * 4, per_device_batch_size=32, num_mini_batches=2,
-        gradient_accumulation_steps=4, eval_task="gsm8k", eval_every=20)),
-    "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
-        exp_name="ppo_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", reward_model_path="runs/rm_tiny-tldr__1/model",
-        dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, response_length=32, total_episodes=1024,
-        per_device_batch_size=64, num_mini_batches=2, learning_rate=3e-5, kl_coef=0.05, eval_task="tldr",
-        eval_every=4, num_eval_examples=200)),
-    "tiny-math": ("tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)", Args(
-        exp_name="ppo_tiny-math", sft_model_path="runs/sft_tiny-math__1/model", reward_model_path=None,
-        reward_source="math", dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",
-        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96,
-        response_length=80, temperature=1.0, total_episodes=2048, per_device_batch_size=64, num_mini_batches=2,
-        learning_rate=3e-5, kl_coef=0.01, eval_task="gsm8k", eval_every=16, num_eval_examples=200)),
+    "tldr-pythia-1b": (
+        "N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)",
+        Args(
+            exp_name="ppo_tldr_pythia-1b",
+            per_device_batch_size=64,
+            num_mini_batches=4,
+            gradient_accumulation_steps=4,
+            eval_every=100,
+        ),
+    ),
+    "tldr-pythia-2.8b": (
+        "N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
+        Args(
+            exp_name="ppo_tldr_pythia-2.8b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
+            reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
+            per_device_batch_size=64,
+            num_mini_batches=4,
+            gradient_accumulation_steps=8,
+            eval_every=100,
+        ),
+    ),
+    "tldr-pythia-6.9b": (
+        "N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
+        Args(
+            exp_name="ppo_tldr_pythia-6.9b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
+            reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
+            per_device_batch_size=64,
+            num_mini_batches=4,
+            gradient_accumulation_steps=16,
+            eval_every=100,
+        ),
+    ),
+    "gsm8k-qwen2.5-0.5b": (
+        "PPO on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
+        Args(
+            exp_name="ppo_gsm8k_qwen2.5-0.5b",
+            sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
+            reward_model_path=None,
+            reward_source="math",
+            dataset_name_or_path="openai/gsm8k",
+            dataset_config="main",
+            eval_split="test",
+            prompt_template='{question}\nLet\'s think step by step and output the final answer after "####".',
+            use_chat_template=True,
+            reference_template="{answer}",
+            response_length=400,
+            temperature=1.0,
+            kl_coef=0.001,
+            learning_rate=1e-6,
+            total_episodes=7473 * 4,
+            per_device_batch_size=32,
+            num_mini_batches=2,
+            gradient_accumulation_steps=4,
+            eval_task="gsm8k",
+            eval_every=20,
+        ),
+    ),
+    "tiny-tldr": (
+        "tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)",
+        Args(
+            exp_name="ppo_tiny-tldr",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            reward_model_path="runs/rm_tiny-tldr__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            max_prompt_length=96,
+            response_length=32,
+            total_episodes=1024,
+            per_device_batch_size=64,
+            num_mini_batches=2,
+            learning_rate=3e-5,
+            kl_coef=0.05,
+            eval_task="tldr",
+            eval_every=4,
+            num_eval_examples=200,
+        ),
+    ),
+    "tiny-math": (
+        "tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)",
+        Args(
+            exp_name="ppo_tiny-math",
+            sft_model_path="runs/sft_tiny-math__1/model",
+            reward_model_path=None,
+            reward_source="math",
+            dataset_name_or_path="runs/assets/tiny-math/gsm8k",
+            eval_split="test",
+            prompt_template="Question: {question}\nAnswer:\n",
+            reference_template="{answer}",
+            max_prompt_length=96,
+            response_length=80,
+            temperature=1.0,
+            total_episodes=2048,
+            per_device_batch_size=64,
+            num_mini_batches=2,
+            learning_rate=3e-5,
+            kl_coef=0.01,
+            eval_task="gsm8k",
+            eval_every=16,
+            num_eval_examples=200,
+        ),
+    ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The PPO math: small pure functions, each checked against hand-computed values in tests/test_ppo_rlhf.py
+# --------------------------------------------------------------------------------------------------
+
+
+def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
+    """Index of the first True in each row, or the row length when there is none."""
+    row_len = bools.size(-1)
+    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(row_len, dtype=dtype, device=bools.device)
+    return torch.min(zero_or_index, dim=-1).values
+
+
+def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) -> torch.Tensor:
+    """Everything after the first stop token (EOS) becomes pad; the stop token itself is kept."""
+    trunc_idxs = first_true_indices(responses == stop_token_id).unsqueeze(-1)
+    idxs = torch.arange(responses.size(1), device=responses.device).view(1, -1)
+    return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum()
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    if unbiased:
+        n = mask.sum()
+        var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
+    """(x - mean) / std over the valid (mask = 1) entries only; padding must not move the statistics."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    return whitened if shift_mean else whitened + mean
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
+    >= 0)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+def per_token_rewards(
+    kl: torch.Tensor, scores: torch.Tensor, sequence_lengths: torch.Tensor, kl_coef: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The RL reward of every response position: -kl_coef * kl, plus the score one position after the last real
+    token (index `sequence_lengths`, the EOS), or at that token when it is in the last column (N+: `actual_end`). The
+    value at EOS+1 is read from the EOS token's hidden state, the state the reward model scored, so the value model
+    learns the score there. Returns (rewards, non_score_reward)."""
+    non_score_reward = -kl_coef * kl
+    rewards = non_score_reward.clone()
+    actual_end = torch.where(sequence_lengths + 1 < rewards.size(1), sequence_lengths + 1, sequence_lengths)
+    rewards[torch.arange(len(rewards), device=rewards.device), actual_end] += scores
+    return rewards, non_score_reward
+
+
+def compute_gae(
+    rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016) over the response tokens. Positions past the
+    end of a response carry reward 0 and value 0, so they add nothing. Returns (advantages, returns)."""
+    lastgaelam, advantages_reversed = 0.0, []
+    length = rewards.shape[1]
+    for t in reversed(range(length)):
+        nextvalues = values[:, t + 1] if t < length - 1 else 0.0
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lam * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)
+    return advantages, advantages + values
+
+
+def policy_loss(
+    new_logprobs, old_logprobs, advantages, mask, cliprange: float, count: float | None = None
+) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
+    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which `backward_share`
+    divides by the valid tokens of the whole minibatch). The statistics are means over these valid tokens."""
+    log_ratio = new_logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    losses = -advantages * ratio
+    losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    loss = (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
+    stats = {
+        "clipfrac": masked_mean((losses_clipped > losses).float(), mask),
+        "approxkl": 0.5 * masked_mean(log_ratio**2, mask),
+        "ratio": masked_mean(ratio, mask),
+    }
+    return loss, stats
+
+
+def value_loss(
+    vpred, old_values, returns, mask, cliprange_value: float, count: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2) summed over the valid positions and
+    divided by `count` (default: their number, the mean). Returns (loss, clip fraction over these positions)."""
+    vpred_clipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
+    losses, losses_clipped = (vpred - returns) ** 2, (vpred_clipped - returns) ** 2
+    loss = 0.5 * (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
+    return loss, masked_mean((losses_clipped > losses).float(), mask)
+
+
+def ppo_micro_batch(
+    model,
+    accelerator: Accelerator,
+    queries: list[list[int]],
+    responses: list[list[int]],
+    rollout: dict,
+    counts: tuple[float, float],
+    args: Args,
+    separate_backward: bool,
+    pad_id: int,
+) -> dict:
+    """Forward and backward passes of one micro-batch of a PPO minibatch. `queries` / `responses`: its token lists (the
+    responses truncated after EOS); `rollout`: its rows of the rollout's (n, W) tensors `logprobs`, `values`, `returns`,
+    `advantages`, `padding_mask` (tokens past the last real one) and `padding_mask_p1` (values past EOS+1); `counts`:
+    the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). The policy
+    loss is the mean over the minibatch's valid tokens and the value loss the mean over its valid value positions: each
+    micro-batch adds its sum / count (`backward_share`), so the gradient does not depend on how the minibatch is split
+    into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
+    when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
+    then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
+    packed = {k: v.to(accelerator.device) for k, v in pack(queries, responses, pad_id).items()}
+    # the longest response of this micro-batch + 1 (the value one past EOS is trained); every later position is masked
+    width = min(rollout["values"].shape[1], packed["targets"].shape[1])
+    mask, mask_p1 = rollout["padding_mask"][:, :width], rollout["padding_mask_p1"][:, :width]
+    inputs = {k: packed[k] for k in ("input_ids", "position_ids", "index")}
+    new_logits, vpred = model(**inputs, with_value=not separate_backward)
+    new_logprobs = response_logprobs(new_logits[:, :width], packed["targets"][:, :width], args.temperature)
+    new_logprobs = new_logprobs.masked_fill(mask, INVALID_LOGPROB)
+    pg_sum, pg_stats = policy_loss(
+        new_logprobs, rollout["logprobs"][:, :width], rollout["advantages"][:, :width], ~mask, args.cliprange, count=1.0
+    )
+    if separate_backward:
+        # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
+        # are freed before the value model's forward pass makes its own
+        backward_share(accelerator, pg_sum, counts[0])
+        _, vpred = model(**inputs, with_policy=False)
+    vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
+    vf_sum, vf_clipfrac = value_loss(
+        vpred, rollout["values"][:, :width], rollout["returns"][:, :width], ~mask_p1, args.cliprange_value, count=1.0
+    )
+    if separate_backward:
+        backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
+    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
+        backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
+    return {
+        "pg_loss": pg_sum.detach() / (~mask).sum(),
+        "vf_loss": vf_sum.detach() / (~mask_p1).sum(),
+        "vf_clipfrac": vf_clipfrac,
+        **{k: v.detach() for k, v in pg_stats.items()},
+    }
+
+
+def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta: float) -> list[float]:
+    """Gao et al. 2024 (arXiv:2410.15115): make process rewards safe to optimise. Raw PRM rewards are positive for every
+    plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha * min(r_k - eta, 0),
+    so no step earns a positive reward and padding a solution with steps only costs. `delta`: the last step's reward
+    is dropped (the final answer is judged by the success reward alone), step K-1 keeps r_{K-1} and every earlier step
+    k gets r_k - r_{k+1}, so the return from step k telescopes to r_k whatever the number of steps. `clip_delta`
+    clips first, then takes differences."""
+    r = (
+        [alpha * x for x in step_rewards]
+        if mode in ("none", "delta")
+        else [alpha * min(x - eta, 0.0) for x in step_rewards]
+    )
+    if mode in ("delta", "clip_delta"):
+        kept = r[:-1]  # the last step's process reward is dropped
+        r = [kept[k] - kept[k + 1] for k in range(len(kept) - 1)] + kept[-1:] + [0.0] * min(len(r), 1)
+    return r
+
+
+class AdaptiveKLController:
+    """Ziegler et al. 2019: multiply kl_coef by 1 + clip(KL/target - 1, -0.2, 0.2) * n / horizon after each batch."""
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: int):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        proportional_error = max(min(current_kl / self.target - 1, 0.2), -0.2)
+        self.value *= 1 + proportional_error * n_steps / self.horizon
+
+
+# --------------------------------------------------------------------------------------------------
+# main: the training loop, as numbered steps
+# --------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    check_ppo_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
+    set_seed(args.seed)
+    device = accelerator.device
+
+    # ---- batch arithmetic ----
+    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
+    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
+    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
+        raise SystemExit(
+            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
+            f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps} equal micro-batches"
+        )
+    batch_size = args.per_device_batch_size * accelerator.num_processes
+    separate_backward = (
+        args.separate_backward
+        if args.separate_backward is not None
+        else accelerator.distributed_type == DistributedType.NO
+    )
+    if separate_backward and accelerator.distributed_type != DistributedType.NO:
+        raise SystemExit(
+            f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
+            "policy and value model are one engine that takes one backward pass per step (leave --separate-backward "
+            "unset)"
+        )
+    num_updates = args.total_episodes // batch_size
+    if num_updates == 0:
+        raise SystemExit(
+            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
+            f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
+            "processes)"
+        )
+
+    # ---- models: policy + value (trained), reference + reward model (frozen) ----
+    tokenizer = load_tokenizer(args)
+    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
+        raise SystemExit(
+            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+            f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
+            "(sft.py --add-pad-token)"
+        )
+    # --lora-r: adapters on the policy only; the value model is trained in full (TRL's PPOTrainer with a peft_config)
+    policy = add_lora(policy, args)
+
+    # ---- data: every field training and evaluation use is checked now, before the first update ----
+    max_positions = getattr(policy.config, "max_position_embeddings", None) or getattr(
+        policy.config, "n_positions", None
+    )
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
+    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    eval_rows = prepare_prompts(
+        eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))),
+        tokenizer,
+        args,
+        args.eval_split,
+        max_positions,
+        evaluation=True,
+    )
+    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
+        raise SystemExit(
+            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
+            f"batch of --per-device-batch-size {args.per_device_batch_size}"
+        )
+
+    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
+    if not args.lora_r:
+        ref_policy = (
+            load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+            .eval()
+            .requires_grad_(False)
+        )
+    reward_model, prm = None, None
+    if args.reward_source == "model":
+        reward_model = load_reward_model(args, tokenizer, args.reward_model_path, "--reward-model-path", "outcome")
+    if args.prm_path:
+        prm = load_reward_model(args, tokenizer, args.prm_path, "--prm-path", "process")
+    value_path = args.value_model_path or args.reward_model_path or args.sft_model_path
+    value_flag = (
+        "--value-model-path"
+        if args.value_model_path
+        else "--reward-model-path"
+        if args.reward_model_path
+        else "--sft-model-path"
+    )
+    value_model = load_pretrained(
+        AutoModelForSequenceClassification, value_path, args, "value model", value_flag, num_labels=1
+    )
+    if len(tokenizer) > value_model.config.vocab_size:
+        raise SystemExit(
+            f"error: the value model ({value_flag} {value_path}) has {value_model.config.vocab_size} "
+            f"embedding rows, fewer than the policy's {len(tokenizer)} tokens; start it from the same SFT "
+            "model"
+        )
+    value_model.config.pad_token_id = tokenizer.pad_token_id
+    for m in (policy, ref_policy):
+        if m is not None:
+            m.generation_config.pad_token_id = tokenizer.pad_token_id
+    for m in (reward_model, prm):  # their own forward refuses batches without a pad id (the score is read by position)
+        if m is not None:
+            m.config.pad_token_id = tokenizer.pad_token_id
+    for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows (`pack`)
+        use_packed_attention(m)
+
+    loader = torch.utils.data.DataLoader(
+        list(range(len(train_rows))),
+        batch_size=args.per_device_batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+
+    model = PolicyAndValue(policy, value_model)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
+    # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
+    optimizer = torch.optim.AdamW(
+        trainable, lr=args.learning_rate, eps=args.adam_eps, fused=device.type in ("cpu", "cuda")
+    )
+    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
+    if args.lora_r:
+        ref_policy = LoraReference(accelerator.unwrap_model(model).policy)
+    kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
+
+    def batches():
+        while True:
+            yield from loader
+
+    unwrapped = accelerator.unwrap_model(model)
+    check_packing(unwrapped.policy)
+    use_sampler_logprobs = (
+        args.sampler_logprobs
+        if args.sampler_logprobs is not None
+        else args.dtype == "float32" and accelerator.mixed_precision == "no"
+    )
+    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    run.begin()
+
+    def loop_state(update: int) -> dict:
+        """The loop's state after `update` updates: the counters, the adaptive KL coefficient and the last evaluation
+        (the learning rate follows from `update`; the data position is replayed from it on resume)."""
+        return {
+            "step": update,
+            "episode": update * batch_size,
+            "kl_coef": kl_ctl.value if kl_ctl else None,
+            "metrics": metrics,
+        }
+
+    iterator, start = batches(), 0
+    if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
+        start, metrics = state["step"], state["metrics"]
+        if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
+            kl_ctl.value = state["kl_coef"]
+        for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
+            next(iterator)
+    else:  # before training (on resume it is in metrics.jsonl already)
+        metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
+        run.log(metrics, 0, 0)
+        accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    start_time = time.time()
+    progress = tqdm(
+        range(start + 1, num_updates + 1),
+        initial=start,
+        total=num_updates,
+        disable=not accelerator.is_main_process,
+        desc="ppo",
+    )
+    for update in progress:
+        if args.anneal_lr:
+            for group in optimizer.param_groups:
+                group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
+        kl_coef = kl_ctl.value if kl_ctl else args.kl_coef
+        indices = next(iterator).tolist()
+        rows = [train_rows[i] for i in indices]
+
+        # ---- 1. rollout: sample; then (step 2) recompute logprobs, reference logprobs and values with forward passes
+        # ----
+        with torch.no_grad():
+            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
+            queries, qmask = queries.to(device), qmask.to(device)
+            # When every sample stops early, fewer than response_length columns come back (R); they are kept as they
+            # are (not padded back to the full length), so no tensor below spends time on all-pad columns.
+            # --stop-token none: an EOS id no token has, so every row decodes response_length tokens (N+:
+            # min_new_tokens)
+            sampled = None
+            try:
+                with padded_attention(unwrapped.policy):
+                    sampled = sample_responses(
+                        unwrapped.policy,
+                        queries,
+                        qmask,
+                        tokenizer.eos_token_id if args.stop_token == "eos" else -1,
+                        tokenizer.pad_token_id,
+                        args.response_length,
+                        args.temperature,
+                        synced=synced,
+                    )
+            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
+                if "probability tensor" not in str(e):
+                    raise
+            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
+                run.stop(
+                    loop_state(update - 1),
+                    f"non-finite policy logits while sampling at update {update}: lower "
+                    f"--learning-rate (now {args.learning_rate:g}) or check --sft-model-path",
+                )
+            responses, sampled_logprobs, sampled_entropy = sampled
+            postprocessed = (
+                truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id)
+                if args.stop_token == "eos"
+                else responses
+            )
+            sequence_lengths = (
+                first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
+            )  # index of the last real token
+            if run.any_process(bool((sequence_lengths < 0).any())):
+                run.stop(
+                    loop_state(update - 1),
+                    f"a response sampled at update {update} is empty (its first token is "
+                    f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path",
+                )
+
+            # ---- 2. forward passes on the `pack`ed query + truncated response token lists (no padding), then the
+            # reward: score the truncated response, penalise responses that never end ----
+            query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
+            response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
+            packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id).items()}
+            # W: rewards, values and masks get one column more than the longest response when there is room in
+            # response_length, so that the score lands one past EOS (`per_token_rewards`) as in N+'s full-width tensors
+            R, C = responses.shape[1], packed["targets"].shape[1] - 1
+            W = min(R + 1, args.response_length)
+            width = min(W, C + 1)  # the columns the forward passes give: up to the last token of the longest response
+            logits, packed_values = model(
+                **{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=not use_sampler_logprobs
+            )
+            logprobs, entropy = F.pad(sampled_logprobs, (0, W - R)), F.pad(sampled_entropy, (0, W - R))
+            values, ref_logprobs = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
+            values[:, :width] = packed_values[:, :width].float()
+            if not use_sampler_logprobs:
+                logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
+                probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
+                entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(
+                    -1
+                )
+                del logits, probs_logits
+            ref_logits = reference_logits(ref_policy, packed)
+            ref_logprobs[:, :width] = response_logprobs(ref_logits, packed["targets"], args.temperature)[:, :width]
+            del ref_logits
+            texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
+            if (
+                args.reward_source == "model"
+            ):  # as outcome_reward: the score head at the last token, plus the stored bias
+                scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
+                scores = scores + getattr(reward_model.config, "reward_bias", 0.0)
+            else:
+                scores = torch.tensor(
+                    [success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=device
+                )
+            contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
+            if args.non_eos_penalty:
+                scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
+            step_rewards, n_steps = None, None
+            if prm is not None:
+                step_rewards, n_steps = process_rewards(
+                    prm, tokenizer, [r["prompt_ids"] for r in rows], postprocessed.cpu(), args
+                )
+                step_rewards = step_rewards.to(device)
+
+            # masks: logprobs past the last real token (the EOS); values from two positions after it (N+'s
+            # padding_mask_p1): the value at EOS+1, where the score is, is trained, the ones after are not
+            response_idxs = torch.arange(W, device=device).repeat(responses.shape[0], 1)
+            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+            padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
+            logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
+            ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
+            values = values.masked_fill(padding_mask_p1, 0)
+
+            # ---- 3. per-token rewards and GAE ----
+            kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
+            rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
+            if step_rewards is not None:
+                rewards = rewards + F.pad(step_rewards, (0, W - R)).masked_fill(padding_mask, 0)
+            if args.whiten_rewards:
+                rewards = masked_whiten(rewards, ~padding_mask_p1, shift_mean=False).masked_fill(padding_mask_p1, 0)
+            advantages, returns = compute_gae(rewards, values, args.gamma, args.lam)
+            advantages = masked_whiten(advantages, ~padding_mask).masked_fill(padding_mask, 0)
+
+        # ---- 4. PPO epochs over minibatches ----
+        stats = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "ratio")}
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(args.per_device_batch_size, device=device)
+            for mb_start in range(0, args.per_device_batch_size, mini_batch_size):
+                mini = order[mb_start : mb_start + mini_batch_size]
+                # the losses are means over the whole minibatch of every process (`ppo_micro_batch`)
+                counts = (
+                    global_count((~padding_mask[mini]).sum().item(), accelerator),
+                    global_count((~padding_mask_p1[mini]).sum().item(), accelerator),
+                )
+                for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
+                    with accelerator.accumulate(model):
+                        mb = order[micro_start : micro_start + micro_batch_size]
+                        mb_list = mb.tolist()
+                        rollout = {
+                            "logprobs": logprobs[mb],
+                            "values": values[mb],
+                            "returns": returns[mb],
+                            "advantages": advantages[mb],
+                            "padding_mask": padding_mask[mb],
+                            "padding_mask_p1": padding_mask_p1[mb],
+                        }
+                        mb_stats = ppo_micro_batch(
+                            model,
+                            accelerator,
+                            [query_tokens[i] for i in mb_list],
+                            [response_tokens[i] for i in mb_list],
+                            rollout,
+                            counts,
+                            args,
+                            separate_backward,
+                            tokenizer.pad_token_id,
+                        )
+                        # before the optimizer step, so this micro-batch moves no parameter (the checkpoint holds the
+                        # weights after the minibatches of this update that were finite, and resumes the update)
+                        if not run.all_finite(mb_stats["pg_loss"], mb_stats["vf_loss"]):
+                            run.stop(
+                                loop_state(update - 1),
+                                f"non-finite PPO loss at update {update} (policy "
+                                f"{mb_stats['pg_loss'].item():g}, value {mb_stats['vf_loss'].item():g}): lower "
+                                f"--learning-rate (now {args.learning_rate:g}) or check the rewards",
+                            )
+                        if accelerator.sync_gradients:
+                            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                            if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                                run.stop(
+                                    loop_state(update - 1),
+                                    f"non-finite gradient norm at update {update}: lower "
+                                    f"--learning-rate (now {args.learning_rate:g})",
+                                )
+                        optimizer.step()
+                        optimizer.zero_grad()
+                    for k in stats:
+                        stats[k].append(mb_stats[k])
+
+        # ---- logging ----
+        episode = update * batch_size
+        mean_kl = kl.sum(1).mean()
+        if kl_ctl:
+            kl_ctl.update(accelerator.gather(mean_kl[None]).mean().item(), batch_size)
+        if update % args.log_every == 0 or update == num_updates:
+            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
+            logged = {
+                "objective/reward": g(scores),
+                "objective/kl": g(mean_kl),
+                "objective/entropy": g((entropy * ~padding_mask).sum(1)),
+                "objective/non_score_reward": g(non_score_reward.sum(1)),
+                "objective/rlhf_reward": g(scores + non_score_reward.sum(1)),
+                "objective/completion_length": g((sequence_lengths + 1).float()),
+                "objective/eos_rate": g(contain_eos.float()),
+                "policy/approxkl_avg": g(torch.stack(stats["approxkl"])),
+                "policy/clipfrac_avg": g(torch.stack(stats["clipfrac"])),
+                "loss/policy_avg": g(torch.stack(stats["pg_loss"])),
+                "loss/value_avg": g(torch.stack(stats["vf_loss"])),
+                "val/clipfrac_avg": g(torch.stack(stats["vf_clipfrac"])),
+                "val/ratio": g(torch.stack(stats["ratio"])),
+                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()),
+                "objective/kl_coef": kl_coef,
+                "lr": optimizer.param_groups[0]["lr"],
+                "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
+                "perf/peak_mem_gb": peak_mem_gb(device),
+            }
+            if step_rewards is not None:
+                logged["objective/process_reward"] = g(step_rewards.sum(1))
+                logged["objective/num_steps"] = g(torch.tensor(n_steps, dtype=torch.float, device=device))
+            run.log(logged, update, episode)
+            progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
+        if update % args.eval_every == 0 or update == num_updates:
+            metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
+            run.log(metrics, update, episode)
+            accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
+        if run.stop_requested():  # a collective: every process asks after every update
+            run.stop(loop_state(update))
+        if args.save_every and update % args.save_every == 0 and update < num_updates:
+            run.checkpoint(loop_state(update))
+    progress.close()
+
+    # the policy only (prefix), on every rank: under ZeRO-3 the weights are gathered from all of them
+    run.finish(
+        model,
+        tokenizer,
+        {
+            "step": num_updates,
+            "episode": num_updates * batch_size,
+            "total_steps": num_updates,
+            "total_episodes": num_updates * batch_size,
+        },
+        prefix="policy.",
+    )
+    accelerator.end_training()
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
+# across scripts by tests/test_conventions.py)
+# --------------------------------------------------------------------------------------------------
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -291,7 +986,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -316,14 +1013,17 @@ def require_hub(name: str, what: str, flag: str) -> None:
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
         return
     raise SystemExit(
-        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub cannot "
-        f"be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli download "
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
+        "download "
         f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
         f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
     )
 
 
-def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+def load_split(
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
     that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
     it; `flag` is the option named when the path is none of these."""
@@ -335,8 +1035,10 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
-            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
-                             f"{split}.parquet or a save_to_disk folder")
+            raise SystemExit(
+                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                f"{split}.parquet or a save_to_disk folder"
+            )
         path = files[0]
     if path.is_file():
         if path.stat().st_size == 0:
@@ -347,14 +1049,18 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
                     try:
                         assert not line.strip() or isinstance(json.loads(line), dict)
                     except (ValueError, AssertionError):
-                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
-                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+                        raise SystemExit(
+                            f"error: {path} ({flag}) line {number} is not a JSON object: "
+                            f"{line.strip()[:60]!r}; is the file complete?"
+                        ) from None
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
             reason = " ".join(str(e).split())[:200]
-            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
-                             "check that the file is complete, one JSON object a line for .jsonl") from None
+            raise SystemExit(
+                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                "check that the file is complete, one JSON object a line for .jsonl"
+            ) from None
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
         return ds
@@ -369,16 +1075,22 @@ def template_fields(template: str, flag: str) -> list[str]:
     except ValueError as e:
         raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
     if any(name == "" or name.isdigit() for name in names):
-        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
-                         "e.g. {question}")
+        raise SystemExit(
+            f"error: {flag} {template!r} has a positional field {{}}; name the row's field, e.g. {{question}}"
+        )
     return [re.match(r"[^.\[]*", name).group() for name in names]
 
 
 def chat_messages(value) -> bool:
     """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
     format)."""
-    return isinstance(value, list) and len(value) > 0 and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
 
 
 def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
@@ -387,23 +1099,32 @@ def render(template: str, row: dict, index: int, split: str, what: str, flag: st
     for name in template_fields(template, flag):
         value = row.get(name)
         if name not in row:
-            raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                             f"({flag} {template!r}); its fields are {sorted(row)}")
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
+                f"({flag} {template!r}); its fields are {sorted(row)}"
+            )
         if value is None:  # a JSON Lines row without the field reads as null too (datasets unites the columns)
-            raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
-                             f"{what} template ({flag} {template!r}); fill it in or drop the row")
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
+                f"{what} template ({flag} {template!r}); fill it in or drop the row"
+            )
         if chat_messages(value):
-            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                             f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                             "tokenizer's chat template")
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
+                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
+                "tokenizer's chat template"
+            )
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                             f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}")
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
+            )
     try:
         text = template.format(**row)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: "
-                         f"{e}") from None
+        raise SystemExit(
+            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
+        ) from None
     if not text.strip():
         raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
     return text
@@ -421,8 +1142,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -458,11 +1179,25 @@ def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 # Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
 # ----------------------------------------------------------------------------------------------------
 
+
 TLDR_FACT_WORDS = {
-    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "who": [
+        "roommate",
+        "boyfriend",
+        "girlfriend",
+        "boss",
+        "sister",
+        "brother",
+        "neighbor",
+        "friend",
+        "coworker",
+        "landlord",
+    ],
     "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
     "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
 }
+
+
 TLDR_MAX_WORDS = 12
 
 
@@ -526,164 +1261,8 @@ def peak_mem_gb(device: torch.device) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The PPO math: small pure functions, each checked against hand-computed values in tests/test_ppo_rlhf.py
-# ----------------------------------------------------------------------------------------------------
-
-
-def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
-    """Index of the first True in each row, or the row length when there is none."""
-    row_len = bools.size(-1)
-    zero_or_index = row_len * (~bools).type(dtype) + torch.arange(row_len, dtype=dtype, device=bools.device)
-    return torch.min(zero_or_index, dim=-1).values
-
-
-def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) -> torch.Tensor:
-    """Everything after the first stop token (EOS) becomes pad; the stop token itself is kept."""
-    trunc_idxs = first_true_indices(responses == stop_token_id).unsqueeze(-1)
-    idxs = torch.arange(responses.size(1), device=responses.device).view(1, -1)
-    return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum()
-
-
-def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean) ** 2, mask)
-    if unbiased:
-        n = mask.sum()
-        var = var * n / (n - 1)
-    return var
-
-
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True) -> torch.Tensor:
-    """(x - mean) / std over the valid (mask = 1) entries only; padding must not move the statistics."""
-    mean, var = masked_mean(values, mask), masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
-    return whitened if shift_mean else whitened + mean
-
-
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
-    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased, >= 0)."""
-    log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    return torch.exp(-log_ratio) - 1 + log_ratio
-
-
-def per_token_rewards(kl: torch.Tensor, scores: torch.Tensor, sequence_lengths: torch.Tensor, kl_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The RL reward of every response position: -kl_coef * kl, plus the score one position after the last real
-    token (index `sequence_lengths`, the EOS), or at that token when it is in the last column (N+: `actual_end`). The
-    value at EOS+1 is read from the EOS token's hidden state, the state the reward model scored, so the value model
-    learns the score there. Returns (rewards, non_score_reward)."""
-    non_score_reward = -kl_coef * kl
-    rewards = non_score_reward.clone()
-    actual_end = torch.where(sequence_lengths + 1 < rewards.size(1), sequence_lengths + 1, sequence_lengths)
-    rewards[torch.arange(len(rewards), device=rewards.device), actual_end] += scores
-    return rewards, non_score_reward
-
-
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016) over the response tokens. Positions past the
-    end of a response carry reward 0 and value 0, so they add nothing. Returns (advantages, returns)."""
-    lastgaelam, advantages_reversed = 0.0, []
-    length = rewards.shape[1]
-    for t in reversed(range(length)):
-        nextvalues = values[:, t + 1] if t < length - 1 else 0.0
-        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
-        lastgaelam = delta + gamma * lam * lastgaelam
-        advantages_reversed.append(lastgaelam)
-    advantages = torch.stack(advantages_reversed[::-1], dim=1)
-    return advantages, advantages + values
-
-
-def policy_loss(new_logprobs, old_logprobs, advantages, mask, cliprange: float,
-                count: float | None = None) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
-    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which `backward_share`
-    divides by the valid tokens of the whole minibatch). The statistics are means over these valid tokens."""
-    log_ratio = new_logprobs - old_logprobs
-    ratio = torch.exp(log_ratio)
-    losses = -advantages * ratio
-    losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
-    stats = {"clipfrac": masked_mean((losses_clipped > losses).float(), mask), "approxkl": 0.5 * masked_mean(log_ratio**2, mask),
-             "ratio": masked_mean(ratio, mask)}
-    return loss, stats
-
-
-def value_loss(vpred, old_values, returns, mask, cliprange_value: float,
-               count: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped value loss: 0.5 * max((v - R)^2, (clip(v, v_old +- eps) - R)^2) summed over the valid positions and
-    divided by `count` (default: their number, the mean). Returns (loss, clip fraction over these positions)."""
-    vpred_clipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
-    losses, losses_clipped = (vpred - returns) ** 2, (vpred_clipped - returns) ** 2
-    loss = 0.5 * (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
-    return loss, masked_mean((losses_clipped > losses).float(), mask)
-
-
-def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta: float) -> list[float]:
-    """Gao et al. 2024 (arXiv:2410.15115): make process rewards safe to optimise. Raw PRM rewards are positive for every
-    plausible step, so a policy earns more by writing more steps (reward hacking). `clip`: alpha * min(r_k - eta, 0),
-    so no step earns a positive reward and padding a solution with steps only costs. `delta`: the last step's reward
-    is dropped (the final answer is judged by the success reward alone), step K-1 keeps r_{K-1} and every earlier step
-    k gets r_k - r_{k+1}, so the return from step k telescopes to r_k whatever the number of steps. `clip_delta`
-    clips first, then takes differences."""
-    r = [alpha * x for x in step_rewards] if mode in ("none", "delta") else [alpha * min(x - eta, 0.0) for x in step_rewards]
-    if mode in ("delta", "clip_delta"):
-        kept = r[:-1]  # the last step's process reward is dropped
-        r = [kept[k] - kept[k + 1] for k in range(len(kept) - 1)] + kept[-1:] + [0.0] * min(len(r), 1)
-    return r
-
-
-class AdaptiveKLController:
-    """Ziegler et al. 2019: multiply kl_coef by 1 + clip(KL/target - 1, -0.2, 0.2) * n / horizon after each batch."""
-
-    def __init__(self, init_kl_coef: float, target: float, horizon: int):
-        self.value, self.target, self.horizon = init_kl_coef, target, horizon
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        proportional_error = max(min(current_kl / self.target - 1, 0.2), -0.2)
-        self.value *= 1 + proportional_error * n_steps / self.horizon
-
-
-# ----------------------------------------------------------------------------------------------------
 # Forward passes
 # ----------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def last_mlp_only_at(body, positions: torch.Tensor):
-    """Run the MLP of the body's last layer only at `positions` (sorted, unique) of a packed row; its output is zero
-    elsewhere. Why: every layer but the last must run on all tokens (the next layer's attention reads their keys and
-    values), but the last layer's output is read only where a head runs (the response positions, or the last token
-    for a reward), and its MLP, two thirds of a layer's matmuls, would otherwise run on every prompt token too. Exact:
-    outputs and gradients at `positions` are unchanged (tested), the other positions are never read. Done with
-    forward hooks on `layers[-1].mlp`, so checkpoints keep their parameter names; a body laid out otherwise runs in full."""
-    layers = getattr(body, "layers", None)
-    mlp = getattr(layers[-1], "mlp", None) if isinstance(layers, nn.ModuleList) and len(layers) else None
-    if mlp is None:
-        yield
-        return
-    tokens = {}
-
-    def keep_positions(module, args):  # (1, T, hidden) -> (1, len(positions), hidden)
-        tokens["T"] = args[0].shape[1]
-        return (args[0].index_select(1, positions), *args[1:])
-
-    def put_back(module, args, out):  # (1, len(positions), hidden) -> (1, T, hidden), zeros elsewhere
-        x = out[0] if isinstance(out, tuple) else out
-        x = x.new_zeros(x.shape[0], tokens["T"], x.shape[2]).index_copy(1, positions, x)
-        return (x, *out[1:]) if isinstance(out, tuple) else x
-
-    handles = [mlp.register_forward_pre_hook(keep_positions), mlp.register_forward_hook(put_back)]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 class PolicyAndValue(nn.Module):
@@ -722,10 +1301,13 @@ def body_of(model):
 
 
 def packed_hidden(model, packed: dict, at: torch.Tensor) -> torch.Tensor:
-    """Last hidden states of a frozen model's body at the positions `at` (any shape) of a `pack`ed row, for its heads."""
+    """Last hidden states of a frozen model's body at the positions `at` (any shape) of a `pack`ed row, for its
+    heads."""
     body = body_of(model)
     with last_mlp_only_at(body, at.unique()):
-        hidden = body(input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False).last_hidden_state
+        hidden = body(
+            input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False
+        ).last_hidden_state
     return hidden[0, at]
 
 
@@ -743,12 +1325,24 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
     the first real token, so a left-padded query scores the same as an unpadded one."""
     attention_mask = (query_responses != pad_id).long()
     position_ids = (attention_mask.cumsum(1) - attention_mask).clamp(min=0)
-    return {"input_ids": query_responses.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "position_ids": position_ids}
+    return {
+        "input_ids": query_responses.masked_fill(attention_mask == 0, 0),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
 
 
 @torch.no_grad()
-def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
-                     temperature: float, synced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_responses(
+    model,
+    queries: torch.Tensor,
+    qmask: torch.Tensor,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    synced: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)
     at every sampled token (T: the steps decoded, at most max_new_tokens). Plain sampling, no top-k / top-p. A
     hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
@@ -760,7 +1354,14 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
     B, device = len(queries), queries.device
     cache = DynamicCache()
     position = (qmask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=queries, attention_mask=qmask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = model(
+        input_ids=queries,
+        attention_mask=qmask,
+        position_ids=position,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
     mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
     tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
@@ -787,134 +1388,14 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
                 break
         if t + 1 < max_new_tokens:
             mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
-            logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
-
-
-def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None, **kwargs):
-    """Padding-free attention over a `pack`ed row, registered with transformers below as the attention implementation
-    "packed_sdpa". query (1, heads, T, head_dim) and key / value (1, kv_heads, T, head_dim) hold sequences laid end to
-    end, each starting at position id 0; each sequence is attended causally by PyTorch's SDPA on its own tokens. Why:
-    the linear layers, most of the compute, then run on real tokens only, and attention costs the sum of the sequences'
-    squared lengths, not T^2 for a block-diagonal mask over the whole row (flash-attention does the same from the
-    position ids, as variable-length sequences; this is that for SDPA, which has no variable-length kernel). On CPU,
-    one SDPA call per sequence on slices (views) of the row: a third faster than gathering the sequences into a padded
-    batch, which copies every token in and out and pads each sequence to the longest (measured on the tiny preset).
-    On a GPU, one call per sequence would be one small kernel launch per sequence, so there `attend_gathered` does
-    the gather instead. transformers builds no mask for a custom implementation, so left-padded batches (sampling,
-    `generate`) switch back to SDPA with `padded_attention`."""
-    T = query.shape[2]
-    if position_ids is None or query.shape[0] != 1 or position_ids.numel() != T or key.shape[2] != T:
-        raise RuntimeError(f"packed_sdpa attention takes one packed row, without KV cache, with the position ids passed to the "
-                           f"attention layer ({type(module).__name__} got otherwise); padded batches run under `padded_attention`")
-    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        raise RuntimeError(f"{type(module).__name__} needs attention logit softcapping or a position bias, which packed_sdpa "
-                           "does not implement; use flash attention")
-    pos = position_ids.reshape(-1)
-    starts = (pos == 0).nonzero().squeeze(1)
-    if len(starts) == 0 or starts[0] != 0:
-        raise RuntimeError("packed_sdpa attention: a packed row must start a sequence (position id 0) at its first token")
-    lengths = torch.diff(starts, append=starts.new_tensor([T]))
-    window = kwargs.get("sliding_window")
-    if window is not None and window < int(lengths.max()):
-        raise RuntimeError(f"{type(module).__name__} attends within a sliding window of {window} < {int(lengths.max())} tokens, "
-                           "which packed_sdpa does not implement; use flash attention")
-    sdpa = dict(scale=scaling, dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != query.shape[1])
-    if query.device.type != "cpu":
-        return attend_gathered(query, key, value, starts, lengths, **sdpa), None
-    sizes = lengths.tolist()
-    # SDPA keeps its inputs for the backward pass. A value that is a view of a fused QKV projection's output (GPT-NeoX)
-    # would keep all of that output alive, though rotary embedding has already copied the query and key out of it;
-    # a copy of the value alone frees the other two thirds (tiny-tldr PPO: 11% of the activations a pass keeps).
-    storage = value.untyped_storage()
-    if storage.nbytes() > value.nbytes and storage.data_ptr() not in (query.untyped_storage().data_ptr(), key.untyped_storage().data_ptr()):
-        value = value.contiguous()
-    outs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa).transpose(1, 2)  # (1, length, heads, D)
-            for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2))]
-    return torch.cat(outs, 1), None  # (1, T, heads, D), as transformers' attention functions return
-
-
-def attend_gathered(query, key, value, starts, lengths, **sdpa) -> torch.Tensor:
-    """packed_sdpa's attention in one SDPA call (for GPUs): each sequence of the packed row is gathered into its own
-    row of a (sequences, heads, L, head_dim) batch (L: the longest), attended causally and scattered back, (1, T, heads, D)."""
-    T, L = query.shape[2], int(lengths.max())
-    steps = torch.arange(L, device=query.device)
-    valid = steps[None, :] < lengths[:, None]  # (sequences, L): the real tokens of each gathered sequence
-    gather = (starts[:, None] + steps[None, :]).clamp(max=T - 1)  # past a sequence's end: tokens of the next, masked
-
-    def by_sequence(x):  # (1, heads, T, D) -> (sequences, heads, L, D)
-        return x[0].transpose(0, 1)[gather].transpose(1, 2)
-
-    # causal within each gathered row: a real token sees only its own sequence's earlier tokens (the gathered tokens
-    # after its end come later, so they are never seen; their outputs are dropped)
-    out = F.scaled_dot_product_attention(by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, **sdpa)
-    return out.transpose(1, 2)[valid][None]
-
-
-AttentionInterface.register("packed_sdpa", packed_sdpa_attention)
-
-
-def use_packed_attention(model):
-    """Every forward pass on `pack`ed rows goes through packed_sdpa (an SDPA model) or flash-attention, which reads
-    packed sequences from the position ids itself; any other implementation keeps its block-diagonal mask."""
-    if model is not None and model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation("packed_sdpa")
-    return model
-
-
-@contextlib.contextmanager
-def padded_attention(*models):
-    """Back to SDPA (masks from the attention mask) while sampling or `generate` run on left-padded batches."""
-    switched = [m for m in models if m is not None and m.config._attn_implementation == "packed_sdpa"]
-    for m in switched:
-        m.set_attn_implementation("sdpa")
-    try:
-        yield
-    finally:
-        for m in switched:
-            m.set_attn_implementation("packed_sdpa")
-
-
-def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> dict:
-    """A padding-free batch for the forward passes: every query + response laid end to end in one row, position ids
-    restarting at 0 for every sequence and no attention mask (see `packed_sdpa_attention`). Why: prompts and responses
-    vary in length, so a padded batch is a quarter to a third padding, and the matmuls, most of a PPO update, scale
-    with the tokens. `index` (N, C + 1) holds, for a response of c tokens, the c positions whose logits predict them and
-    then its last token, whose value N+ still trains, and the reward model reads (C: the longest response; entries past
-    c repeat the last token and are masked out); `targets` are the response tokens; `last` the position of each
-    sequence's last token."""
-    C = max(len(r) for r in responses)
-    index = torch.zeros((len(queries), C + 1), dtype=torch.long)
-    targets = torch.full((len(queries), C + 1), pad_id, dtype=torch.long)
-    ids, positions, offset = [], [], 0
-    for i, (q, r) in enumerate(zip(queries, responses)):
-        n, c = len(q) + len(r), len(r)
-        ids += q + r
-        positions += range(n)
-        index[i] = torch.arange(offset + len(q) - 1, offset + len(q) + C).clamp(max=offset + n - 1)  # position t predicts token t + 1
-        targets[i, :c] = torch.tensor(r)
-        offset += n
-    return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([positions]), "index": index, "targets": targets,
-            "last": index[torch.arange(len(responses)), torch.tensor([len(r) for r in responses])]}
-
-
-def check_packing(model) -> None:
-    """Packing relies on the attention reading sequence boundaries from the position ids (packed_sdpa and flash-attention
-    do; transformers' eager attention builds a block-diagonal mask from them); with a model whose attention ignores
-    them, packed sequences would see each other and every number would be silently wrong, so fail instead: two
-    sequences in one row must score as each alone in a padded batch."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                         use_cache=False).logits[0].float()
-        with padded_attention(model):
-            alone = model(input_ids=torch.tensor([[5, 6, 7], [8, 9, 0]], device=device), attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]], device=device),
-                          use_cache=False).logits.float()
-    alone = torch.cat([alone[0], alone[1, :2]])
-    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
-        raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
-                         "from the position ids (a packed row differs from its sequences alone by "
-                         f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash attention")
 
 
 def response_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -953,7 +1434,9 @@ def success_reward(text: str, gold: str, answer_format: str) -> float:
 
 
 @torch.no_grad()
-def process_rewards(prm, tokenizer, queries: list[list[int]], responses: torch.Tensor, args: Args) -> tuple[torch.Tensor, list[int]]:
+def process_rewards(
+    prm, tokenizer, queries: list[list[int]], responses: torch.Tensor, args: Args
+) -> tuple[torch.Tensor, list[int]]:
     """Per-token process rewards (B, T): each step of a response (a line; the last step ends at the last
     token) is scored by the PRM as it was trained (prompt, then every step followed by the separator token;
     probability that the step is right = sigmoid of the logit at the separator), refined by Clip / Delta,
@@ -987,7 +1470,9 @@ def process_rewards(prm, tokenizer, queries: list[list[int]], responses: torch.T
     probs = torch.sigmoid(token_scores(prm, ids.to(prm.device), mask.to(prm.device))).cpu()
     for i, (kept, sep_positions) in enumerate(spans):
         if kept:
-            refined = refine_step_rewards(probs[i, sep_positions].tolist(), args.prm_refine, args.prm_coef, args.prm_clip_eta)
+            refined = refine_step_rewards(
+                probs[i, sep_positions].tolist(), args.prm_refine, args.prm_coef, args.prm_clip_eta
+            )
             out[i, kept] = torch.tensor(refined)
     return out, n_steps
 
@@ -1009,14 +1494,18 @@ def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -
             return tokenizer(prompt, add_special_tokens=False)["input_ids"]
         messages = [{"role": "user", "content": prompt}]
     elif messages[-1]["role"] == "assistant":
-        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --prompt-template "
-                         f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
-                         "give the prompt's messages only (TRL's conversational prompt format, the completion "
-                         "elsewhere)")
+        raise SystemExit(
+            f"error: row {index} of split '{split}': the chat messages of --prompt-template "
+            f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
+            "give the prompt's messages only (TRL's conversational prompt format, the completion "
+            "elsewhere)"
+        )
     if not tokenizer.chat_template:
-        raise SystemExit(f"error: the tokenizer of --sft-model-path {args.sft_model_path} has no chat template, so "
-                         f"the chat messages of row {index} of split '{split}' (or --use-chat-template) cannot be "
-                         "rendered; give plain-text prompts")
+        raise SystemExit(
+            f"error: the tokenizer of --sft-model-path {args.sft_model_path} has no chat template, so "
+            f"the chat messages of row {index} of split '{split}' (or --use-chat-template) cannot be "
+            "rendered; give plain-text prompts"
+        )
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
@@ -1028,13 +1517,16 @@ def reference_text(row: dict, index: int, split: str, args: Args) -> str:
         return render(args.reference_template, row, index, split, "reference", "--reference-template")
     text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --reference-template "
-                         f"{args.reference_template!r} hold no assistant turn to take the reference from")
+        raise SystemExit(
+            f"error: row {index} of split '{split}': the chat messages of --reference-template "
+            f"{args.reference_template!r} hold no assistant turn to take the reference from"
+        )
     return text
 
 
-def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None,
-                    evaluation: bool) -> list[dict]:
+def prepare_prompts(
+    ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None, evaluation: bool
+) -> list[dict]:
     """Prompt token ids plus what the reward and evaluation need: the reference response, the gold answer (math) and
     the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
     an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
@@ -1051,32 +1543,44 @@ def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str, max_position
                 dropped += 1
                 continue
             if too_long:
-                raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
-                                 f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
-            raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
-                             f"{args.response_length} more tokens do not fit the {max_positions} positions of "
-                             f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
-                             f"{args.max_prompt_length}) with --drop-overlong, or --response-length")
+                raise SystemExit(
+                    f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
+                    f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong."
+                )
+            raise SystemExit(
+                f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
+                f"{args.response_length} more tokens do not fit the {max_positions} positions of "
+                f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
+                f"{args.max_prompt_length}) with --drop-overlong, or --response-length"
+            )
         item = {"prompt_ids": ids, "reference": None, "facts": None}
         if needs_reference:
             item["reference"] = reference_text(row, i, split, args)
         if needs_gold:
-            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(item["reference"])
+            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(
+                item["reference"]
+            )
             if item["gold"] is None:
-                raise SystemExit(f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
-                                 f"final answer in the {args.answer_format} format (--reference-template, "
-                                 "--answer-format)")
+                raise SystemExit(
+                    f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
+                    f"final answer in the {args.answer_format} format (--reference-template, "
+                    "--answer-format)"
+                )
         if evaluation and args.eval_task == "tldr":
             facts = row.get("facts")
             if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
-                raise SystemExit(f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
-                                 f"'facts' (a list of words, as in tiny-tldr), but it is {str(facts)[:60]!r}; use "
-                                 "--eval-task none for other data")
+                raise SystemExit(
+                    f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
+                    f"'facts' (a list of words, as in tiny-tldr), but it is {str(facts)[:60]!r}; use "
+                    "--eval-task none for other data"
+                )
             item["facts"] = facts
         rows.append(item)
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
-              f"{args.max_prompt_length} or than the model's positions less --response-length")
+        print(
+            f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
+            f"{args.max_prompt_length} or than the model's positions less --response-length"
+        )
     if not rows:
         raise SystemExit(f"error: no usable prompts in split '{split}'")
     return rows
@@ -1095,31 +1599,67 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
             queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
             queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
             with padded_attention(policy, reward_model):
-                out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
-                                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                      synced_gpus=zero3(accelerator))
-                responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+                out = policy.generate(
+                    input_ids=queries,
+                    attention_mask=qmask,
+                    max_new_tokens=args.response_length,
+                    do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                    synced_gpus=zero3(accelerator),
+                )
+                responses = truncate_response(
+                    out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id
+                )
                 scores = [None] * len(batch)
                 if reward_model is not None:
-                    scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
-                                                             if k != "position_ids"}).tolist()
+                    scores = outcome_reward(
+                        reward_model,
+                        **{
+                            k: v
+                            for k, v in padded_inputs(
+                                torch.cat([queries, responses], 1), tokenizer.pad_token_id
+                            ).items()
+                            if k != "position_ids"
+                        },
+                    ).tolist()
             for r, resp, score in zip(batch, responses, scores):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {"score": score, "length": int((resp != tokenizer.pad_token_id).sum()), "eos": bool((resp == tokenizer.eos_token_id).any())}
+                rec = {
+                    "score": score,
+                    "length": int((resp != tokenizer.pad_token_id).sum()),
+                    "eos": bool((resp == tokenizer.eos_token_id).any()),
+                }
                 if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = gold_judge(text, r["facts"]), gold_judge(r["reference"], r["facts"])
+                    rec["gold_reward"], rec["reference_gold_reward"] = (
+                        gold_judge(text, r["facts"]),
+                        gold_judge(r["reference"], r["facts"]),
+                    )
                 elif args.eval_task in ("gsm8k", "boxed"):
                     rec["correct"] = success_reward(text, r["gold"], args.answer_format)
                 records.append(rec)
     records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     policy.train()
     n = len(records)
-    metrics = {"eval/completion_length": sum(r["length"] for r in records) / n, "eval/eos_rate": sum(r["eos"] for r in records) / n}
+    metrics = {
+        "eval/completion_length": sum(r["length"] for r in records) / n,
+        "eval/eos_rate": sum(r["eos"] for r in records) / n,
+    }
     if reward_model is not None:
         metrics["eval/score"] = sum(r["score"] for r in records) / n
     if args.eval_task == "tldr":
         metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = sum(1.0 if r["gold_reward"] > r["reference_gold_reward"] else 0.5 if r["gold_reward"] == r["reference_gold_reward"] else 0.0 for r in records) / n
+        metrics["eval/win_rate"] = (
+            sum(
+                1.0
+                if r["gold_reward"] > r["reference_gold_reward"]
+                else 0.5
+                if r["gold_reward"] == r["reference_gold_reward"]
+                else 0.0
+                for r in records
+            )
+            / n
+        )
     elif args.eval_task in ("gsm8k", "boxed"):
         metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
     return metrics
@@ -1133,15 +1673,23 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, trained_he
     if not local:
         require_hub(path, "model", flag)
     try:
-        model, info = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local,
-                                          dtype=getattr(torch, args.dtype), output_loading_info=True, **kwargs)
+        model, info = cls.from_pretrained(
+            path,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=local,
+            dtype=getattr(torch, args.dtype),
+            output_loading_info=True,
+            **kwargs,
+        )
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
         reason = " ".join(str(e).split())[:200]
         raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
     if trained_head and any(k.split(".")[0] == "score" for k in info["missing_keys"]):
         kind = (model.config.architectures or ["model without a score head"])[0]
-        raise SystemExit(f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
-                         "(it would score with a random one); give a model saved by reward_model.py")
+        raise SystemExit(
+            f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
+            "(it would score with a random one); give a model saved by reward_model.py"
+        )
     for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -1154,12 +1702,14 @@ def load_tokenizer(args: Args):
     if not local:
         require_hub(args.sft_model_path, "model", "--sft-model-path")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code,
-                                                  local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(
+            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
-                         f"load: {reason}") from None
+        raise SystemExit(
+            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can load: {reason}"
+        ) from None
     return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
 
 
@@ -1172,12 +1722,17 @@ def load_reward_model(args: Args, tokenizer, path: str, flag: str, kind: Literal
     model = load_pretrained(AutoModelForSequenceClassification, path, args, what, flag, trained_head=True, num_labels=1)
     found = getattr(model.config, "reward_type", "outcome")
     if found != kind:
-        fix = ("a process reward model (reward_model.py --objective process)" if kind == "process" else
-               "an outcome reward model (reward_model.py --objective outcome); a process one goes to --prm-path")
+        fix = (
+            "a process reward model (reward_model.py --objective process)"
+            if kind == "process"
+            else "an outcome reward model (reward_model.py --objective outcome); a process one goes to --prm-path"
+        )
         raise SystemExit(f"error: {flag} {path} is not a {what}: its config.reward_type is {found!r}; give {fix}")
     if kind == "process" and not isinstance(getattr(model.config, "step_separator", None), str):
-        raise SystemExit(f"error: {flag} {path} has no config.step_separator, the text after each step that it scores; "
-                         "give a process reward model saved by reward_model.py --objective process")
+        raise SystemExit(
+            f"error: {flag} {path} has no config.step_separator, the text after each step that it scores; "
+            "give a process reward model saved by reward_model.py --objective process"
+        )
     try:
         rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
     except (OSError, ValueError, KeyError, TypeError):
@@ -1185,11 +1740,15 @@ def load_reward_model(args: Args, tokenizer, path: str, flag: str, kind: Literal
     if rm_vocab is not None:
         differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
         if differ:
-            raise SystemExit(f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                             f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer")
+            raise SystemExit(
+                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
+            )
     if len(tokenizer) > model.config.vocab_size:
-        raise SystemExit(f"error: {flag} {path} has {model.config.vocab_size} embedding rows, fewer than the policy's "
-                         f"{len(tokenizer)} tokens; train it from the same SFT model")
+        raise SystemExit(
+            f"error: {flag} {path} has {model.config.vocab_size} embedding rows, fewer than the policy's "
+            f"{len(tokenizer)} tokens; train it from the same SFT model"
+        )
     return model.eval().requires_grad_(False)
 
 
@@ -1205,8 +1764,9 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
     Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
     engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
     gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
-                                        sync_with_dataloader=sync_with_dataloader)
+    plugin = GradientAccumulationPlugin(
+        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+    )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
 
@@ -1300,8 +1860,13 @@ def add_lora(model, args):
         import peft
     except ImportError:
         raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
-    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
-                             target_modules=args.lora_target_modules or "all-linear")
+    config = peft.LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=args.lora_target_modules or "all-linear",
+    )
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # a target module the model does not have
@@ -1354,8 +1919,10 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
         return tokenizer
     problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
     if not add_pad_token:
-        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
-                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+        raise SystemExit(
+            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
+        )
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
@@ -1400,14 +1967,20 @@ class Run:
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
             if (self.dir / "done.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
+                )
             if not (self.dir / "checkpoint" / "state.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
-                                 "(with --overwrite if the directory is in use)")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    "(with --overwrite if the directory is in use)"
+                )
             self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
         elif self.held and not args.overwrite:
-            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
-                             "delete it and start over, or another --run-name")
+            raise SystemExit(
+                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                "delete it and start over, or another --run-name"
+            )
 
     def begin(self) -> None:
         """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
@@ -1431,8 +2004,15 @@ class Run:
                 id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
                 run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
                 id_file.write_text(run_id)
-                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+                self.wandb = wandb.init(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    name=args.run_name,
+                    id=run_id,
+                    resume="allow",
+                    config=dataclasses.asdict(args),
+                    dir=str(self.dir),
+                )
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -1443,14 +2023,22 @@ class Run:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal = signum
         if self.main:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
-                  "to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                "to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log(self, metrics: dict, step: int, episode: int) -> None:
         if not self.main:
             return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            "episode": episode,
+            "time": round(time.time() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
@@ -1499,8 +2087,10 @@ class Run:
         returns the loop's state; None on a new run."""
         if self.state is not None:
             if self.state["num_processes"] != self.accelerator.num_processes:
-                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
-                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
+                )
             self.accelerator.load_state(str(self.dir / "checkpoint"))
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
@@ -1557,8 +2147,9 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
-        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
-                                    "_episodes", "_k")) or f.name.startswith("num_")
+        positive = f.name.endswith(
+            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
+        ) or f.name.startswith("num_")
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
             raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
@@ -1573,53 +2164,17 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
-        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
-                         "train every weight)")
+        raise SystemExit(
+            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+            "train every weight)"
+        )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
-# Main
+# The script's own argument checks and loop state
 # ----------------------------------------------------------------------------------------------------
-
-
-def ppo_micro_batch(model, accelerator: Accelerator, queries: list[list[int]], responses: list[list[int]],
-                    rollout: dict, counts: tuple[float, float], args: Args, separate_backward: bool,
-                    pad_id: int) -> dict:
-    """Forward and backward passes of one micro-batch of a PPO minibatch. `queries` / `responses`: its token lists (the
-    responses truncated after EOS); `rollout`: its rows of the rollout's (n, W) tensors `logprobs`, `values`, `returns`,
-    `advantages`, `padding_mask` (tokens past the last real one) and `padding_mask_p1` (values past EOS+1); `counts`:
-    the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). The policy
-    loss is the mean over the minibatch's valid tokens and the value loss the mean over its valid value positions: each
-    micro-batch adds its sum / count (`backward_share`), so the gradient does not depend on how the minibatch is split
-    into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
-    when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
-    then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
-    packed = {k: v.to(accelerator.device) for k, v in pack(queries, responses, pad_id).items()}
-    # the longest response of this micro-batch + 1 (the value one past EOS is trained); every later position is masked
-    width = min(rollout["values"].shape[1], packed["targets"].shape[1])
-    mask, mask_p1 = rollout["padding_mask"][:, :width], rollout["padding_mask_p1"][:, :width]
-    inputs = {k: packed[k] for k in ("input_ids", "position_ids", "index")}
-    new_logits, vpred = model(**inputs, with_value=not separate_backward)
-    new_logprobs = response_logprobs(new_logits[:, :width], packed["targets"][:, :width], args.temperature)
-    new_logprobs = new_logprobs.masked_fill(mask, INVALID_LOGPROB)
-    pg_sum, pg_stats = policy_loss(new_logprobs, rollout["logprobs"][:, :width], rollout["advantages"][:, :width],
-                                   ~mask, args.cliprange, count=1.0)
-    if separate_backward:
-        # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
-        # are freed before the value model's forward pass makes its own
-        backward_share(accelerator, pg_sum, counts[0])
-        _, vpred = model(**inputs, with_policy=False)
-    vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
-    vf_sum, vf_clipfrac = value_loss(vpred, rollout["values"][:, :width], rollout["returns"][:, :width], ~mask_p1,
-                                     args.cliprange_value, count=1.0)
-    if separate_backward:
-        backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
-    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
-        backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
-    return {"pg_loss": pg_sum.detach() / (~mask).sum(), "vf_loss": vf_sum.detach() / (~mask_p1).sum(),
-            "vf_clipfrac": vf_clipfrac, **{k: v.detach() for k, v in pg_stats.items()}}
 
 
 def check_ppo_args(args: Args) -> None:
@@ -1631,318 +2186,222 @@ def check_ppo_args(args: Args) -> None:
         if not 0 <= value <= 1:
             raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
     if args.kl_coef < 0:
-        raise SystemExit(f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the "
-                         "reference policy")
+        raise SystemExit(
+            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
+        )
     if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
-        raise SystemExit(f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
-                         f"{args.target_kl} and {args.kl_horizon})")
+        raise SystemExit(
+            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
+            f"{args.target_kl} and {args.kl_horizon})"
+        )
     if args.reward_source == "model" and args.reward_model_path is None:
         raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
     if args.prm_path is None and args.prm_refine != "none":
-        raise SystemExit(f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass "
-                         "--prm-path too")
+        raise SystemExit(
+            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
+        )
 
 
-def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    check_ppo_args(args)
-    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed)
-    device = accelerator.device
+# --------------------------------------------------------------------------------------------------
+# Speed work (skippable on a first reading): the same results, faster
+# --------------------------------------------------------------------------------------------------
 
-    # ---- batch arithmetic ----
-    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
-    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
-    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
-        raise SystemExit(f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
-                         f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
-                         f"{args.gradient_accumulation_steps} equal micro-batches")
-    batch_size = args.per_device_batch_size * accelerator.num_processes
-    separate_backward = args.separate_backward if args.separate_backward is not None else accelerator.distributed_type == DistributedType.NO
-    if separate_backward and accelerator.distributed_type != DistributedType.NO:
-        raise SystemExit(f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
-                         "policy and value model are one engine that takes one backward pass per step (leave --separate-backward unset)")
-    num_updates = args.total_episodes // batch_size
-    if num_updates == 0:
-        raise SystemExit(f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
-                         f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
-                         "processes)")
 
-    # ---- models: policy + value (trained), reference + reward model (frozen) ----
-    tokenizer = load_tokenizer(args)
-    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
-        raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
-                         f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
-                         "(sft.py --add-pad-token)")
-    # --lora-r: adapters on the policy only; the value model is trained in full (TRL's PPOTrainer with a peft_config)
-    policy = add_lora(policy, args)
+@contextlib.contextmanager
+def last_mlp_only_at(body, positions: torch.Tensor):
+    """Run the MLP of the body's last layer only at `positions` (sorted, unique) of a packed row; its output is zero
+    elsewhere. Why: every layer but the last must run on all tokens (the next layer's attention reads their keys and
+    values), but the last layer's output is read only where a head runs (the response positions, or the last token
+    for a reward), and its MLP, two thirds of a layer's matmuls, would otherwise run on every prompt token too. Exact:
+    outputs and gradients at `positions` are unchanged (tested), the other positions are never read. Done with
+    forward hooks on `layers[-1].mlp`, so checkpoints keep their parameter names; a body laid out otherwise runs in
+    full."""
+    layers = getattr(body, "layers", None)
+    mlp = getattr(layers[-1], "mlp", None) if isinstance(layers, nn.ModuleList) and len(layers) else None
+    if mlp is None:
+        yield
+        return
+    tokens = {}
 
-    # ---- data: every field training and evaluation use is checked now, before the first update ----
-    max_positions = (getattr(policy.config, "max_position_embeddings", None)
-                     or getattr(policy.config, "n_positions", None))
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args,
-                                args.eval_split, max_positions, evaluation=True)
-    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
-        raise SystemExit(f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
-                         f"batch of --per-device-batch-size {args.per_device_batch_size}")
+    def keep_positions(module, args):  # (1, T, hidden) -> (1, len(positions), hidden)
+        tokens["T"] = args[0].shape[1]
+        return (args[0].index_select(1, positions), *args[1:])
 
-    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
-    if not args.lora_r:
-        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference",
-                                     "--sft-model-path").eval().requires_grad_(False)
-    reward_model, prm = None, None
-    if args.reward_source == "model":
-        reward_model = load_reward_model(args, tokenizer, args.reward_model_path, "--reward-model-path", "outcome")
-    if args.prm_path:
-        prm = load_reward_model(args, tokenizer, args.prm_path, "--prm-path", "process")
-    value_path = args.value_model_path or args.reward_model_path or args.sft_model_path
-    value_flag = ("--value-model-path" if args.value_model_path else
-                  "--reward-model-path" if args.reward_model_path else "--sft-model-path")
-    value_model = load_pretrained(AutoModelForSequenceClassification, value_path, args, "value model", value_flag,
-                                  num_labels=1)
-    if len(tokenizer) > value_model.config.vocab_size:
-        raise SystemExit(f"error: the value model ({value_flag} {value_path}) has {value_model.config.vocab_size} "
-                         f"embedding rows, fewer than the policy's {len(tokenizer)} tokens; start it from the same SFT "
-                         "model")
-    value_model.config.pad_token_id = tokenizer.pad_token_id
-    for m in (policy, ref_policy):
-        if m is not None:
-            m.generation_config.pad_token_id = tokenizer.pad_token_id
-    for m in (reward_model, prm):  # their own forward refuses batches without a pad id (the score is read by position)
-        if m is not None:
-            m.config.pad_token_id = tokenizer.pad_token_id
-    for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows (`pack`)
-        use_packed_attention(m)
+    def put_back(module, args, out):  # (1, len(positions), hidden) -> (1, T, hidden), zeros elsewhere
+        x = out[0] if isinstance(out, tuple) else out
+        x = x.new_zeros(x.shape[0], tokens["T"], x.shape[2]).index_copy(1, positions, x)
+        return (x, *out[1:]) if isinstance(out, tuple) else x
 
-    loader = torch.utils.data.DataLoader(list(range(len(train_rows))), batch_size=args.per_device_batch_size, shuffle=True,
-                                         drop_last=True, generator=torch.Generator().manual_seed(args.seed))
+    handles = [mlp.register_forward_pre_hook(keep_positions), mlp.register_forward_hook(put_back)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
-    model = PolicyAndValue(policy, value_model)
-    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
-    # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
-    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps,
-                                  fused=device.type in ("cpu", "cuda"))
-    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
-    if args.lora_r:
-        ref_policy = LoraReference(accelerator.unwrap_model(model).policy)
-    kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
 
-    def batches():
-        while True:
-            yield from loader
+def packed_sdpa_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None, **kwargs
+):
+    """Padding-free attention over a `pack`ed row, registered with transformers below as the attention implementation
+    "packed_sdpa". query (1, heads, T, head_dim) and key / value (1, kv_heads, T, head_dim) hold sequences laid end to
+    end, each starting at position id 0; each sequence is attended causally by PyTorch's SDPA on its own tokens. Why:
+    the linear layers, most of the compute, then run on real tokens only, and attention costs the sum of the sequences'
+    squared lengths, not T^2 for a block-diagonal mask over the whole row (flash-attention does the same from the
+    position ids, as variable-length sequences; this is that for SDPA, which has no variable-length kernel). On CPU,
+    one SDPA call per sequence on slices (views) of the row: a third faster than gathering the sequences into a padded
+    batch, which copies every token in and out and pads each sequence to the longest (measured on the tiny preset).
+    On a GPU, one call per sequence would be one small kernel launch per sequence, so there `attend_gathered` does
+    the gather instead. transformers builds no mask for a custom implementation, so left-padded batches (sampling,
+    `generate`) switch back to SDPA with `padded_attention`."""
+    T = query.shape[2]
+    if position_ids is None or query.shape[0] != 1 or position_ids.numel() != T or key.shape[2] != T:
+        raise RuntimeError(
+            f"packed_sdpa attention takes one packed row, without KV cache, with the position ids passed to the "
+            f"attention layer ({type(module).__name__} got otherwise); padded batches run under `padded_attention`"
+        )
+    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
+        raise RuntimeError(
+            f"{type(module).__name__} needs attention logit softcapping or a position bias, which packed_sdpa "
+            "does not implement; use flash attention"
+        )
+    pos = position_ids.reshape(-1)
+    starts = (pos == 0).nonzero().squeeze(1)
+    if len(starts) == 0 or starts[0] != 0:
+        raise RuntimeError(
+            "packed_sdpa attention: a packed row must start a sequence (position id 0) at its first token"
+        )
+    lengths = torch.diff(starts, append=starts.new_tensor([T]))
+    window = kwargs.get("sliding_window")
+    if window is not None and window < int(lengths.max()):
+        raise RuntimeError(
+            f"{type(module).__name__} attends within a sliding window of {window} < {int(lengths.max())} tokens, "
+            "which packed_sdpa does not implement; use flash attention"
+        )
+    sdpa = dict(scale=scaling, dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != query.shape[1])
+    if query.device.type != "cpu":
+        return attend_gathered(query, key, value, starts, lengths, **sdpa), None
+    sizes = lengths.tolist()
+    # SDPA keeps its inputs for the backward pass. A value that is a view of a fused QKV projection's output (GPT-NeoX)
+    # would keep all of that output alive, though rotary embedding has already copied the query and key out of it;
+    # a copy of the value alone frees the other two thirds (tiny-tldr PPO: 11% of the activations a pass keeps).
+    storage = value.untyped_storage()
+    if storage.nbytes() > value.nbytes and storage.data_ptr() not in (
+        query.untyped_storage().data_ptr(),
+        key.untyped_storage().data_ptr(),
+    ):
+        value = value.contiguous()
+    outs = [
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa).transpose(1, 2)  # (1, length, heads, D)
+        for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2))
+    ]
+    return torch.cat(outs, 1), None  # (1, T, heads, D), as transformers' attention functions return
 
-    unwrapped = accelerator.unwrap_model(model)
-    # On CPU, tensors live in the C library's heap. By default glibc maps each large tensor on its own and unmaps it
-    # when it is freed, and hands the top of its heap back to the OS as soon as a few hundred kB are free there; the
-    # next tensor to need those pages faults them in again, zeroed, one by one (1.5 million page faults in a tiny-tldr
-    # run with one malloc_trim per update). Told to keep its pages (no mapping below 64 MiB, no trimming), it reuses
-    # them: 0.27 million faults and about 4% of the run less, for a few percent more peak memory, as packed batches
-    # differ in length and fragment the heap.
-    if device.type == "cpu" and sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 64 * 2**20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD
-    check_packing(unwrapped.policy)
-    use_sampler_logprobs = (args.sampler_logprobs if args.sampler_logprobs is not None
-                            else args.dtype == "float32" and accelerator.mixed_precision == "no")
-    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
-    run.begin()
 
-    def loop_state(update: int) -> dict:
-        """The loop's state after `update` updates: the counters, the adaptive KL coefficient and the last evaluation
-        (the learning rate follows from `update`; the data position is replayed from it on resume)."""
-        return {"step": update, "episode": update * batch_size, "kl_coef": kl_ctl.value if kl_ctl else None,
-                "metrics": metrics}
+def attend_gathered(query, key, value, starts, lengths, **sdpa) -> torch.Tensor:
+    """packed_sdpa's attention in one SDPA call (for GPUs): each sequence of the packed row is gathered into its own
+    row of a (sequences, heads, L, head_dim) batch (L: the longest), attended causally and scattered back, (1, T, heads,
+    D)."""
+    T, L = query.shape[2], int(lengths.max())
+    steps = torch.arange(L, device=query.device)
+    valid = steps[None, :] < lengths[:, None]  # (sequences, L): the real tokens of each gathered sequence
+    gather = (starts[:, None] + steps[None, :]).clamp(max=T - 1)  # past a sequence's end: tokens of the next, masked
 
-    iterator, start = batches(), 0
-    if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
-        start, metrics = state["step"], state["metrics"]
-        if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
-            kl_ctl.value = state["kl_coef"]
-        for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
-            next(iterator)
-    else:  # before training (on resume it is in metrics.jsonl already)
-        metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
-        run.log(metrics, 0, 0)
-        accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    start_time = time.time()
-    progress = tqdm(range(start + 1, num_updates + 1), initial=start, total=num_updates,
-                    disable=not accelerator.is_main_process, desc="ppo")
-    for update in progress:
-        if args.anneal_lr:
-            for group in optimizer.param_groups:
-                group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
-        kl_coef = kl_ctl.value if kl_ctl else args.kl_coef
-        indices = next(iterator).tolist()
-        rows = [train_rows[i] for i in indices]
+    def by_sequence(x):  # (1, heads, T, D) -> (sequences, heads, L, D)
+        return x[0].transpose(0, 1)[gather].transpose(1, 2)
 
-        # ---- 1. rollout: sample; then (step 2) recompute logprobs, reference logprobs and values with forward passes ----
-        with torch.no_grad():
-            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
-            queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back (R); they are kept as they
-            # are (not padded back to the full length), so no tensor below spends time on all-pad columns.
-            # --stop-token none: an EOS id no token has, so every row decodes response_length tokens (N+:
-            # min_new_tokens)
-            sampled = None
-            try:
-                with padded_attention(unwrapped.policy):
-                    sampled = sample_responses(
-                        unwrapped.policy, queries, qmask, tokenizer.eos_token_id if args.stop_token == "eos" else -1,
-                        tokenizer.pad_token_id, args.response_length, args.temperature, synced=synced)
-            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
-                if "probability tensor" not in str(e):
-                    raise
-            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
-                run.stop(loop_state(update - 1), f"non-finite policy logits while sampling at update {update}: lower "
-                         f"--learning-rate (now {args.learning_rate:g}) or check --sft-model-path")
-            responses, sampled_logprobs, sampled_entropy = sampled
-            postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
-            sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
-            if run.any_process(bool((sequence_lengths < 0).any())):
-                run.stop(loop_state(update - 1), f"a response sampled at update {update} is empty (its first token is "
-                         f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path")
+    # causal within each gathered row: a real token sees only its own sequence's earlier tokens (the gathered tokens
+    # after its end come later, so they are never seen; their outputs are dropped)
+    out = F.scaled_dot_product_attention(
+        by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, **sdpa
+    )
+    return out.transpose(1, 2)[valid][None]
 
-            # ---- 2. forward passes on the `pack`ed query + truncated response token lists (no padding), then the
-            # reward: score the truncated response, penalise responses that never end ----
-            query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
-            response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
-            packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id).items()}
-            # W: rewards, values and masks get one column more than the longest response when there is room in
-            # response_length, so that the score lands one past EOS (`per_token_rewards`) as in N+'s full-width tensors
-            R, C = responses.shape[1], packed["targets"].shape[1] - 1
-            W = min(R + 1, args.response_length)
-            width = min(W, C + 1)  # the columns the forward passes give: up to the last token of the longest response
-            logits, packed_values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=not use_sampler_logprobs)
-            logprobs, entropy = F.pad(sampled_logprobs, (0, W - R)), F.pad(sampled_entropy, (0, W - R))
-            values, ref_logprobs = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
-            values[:, :width] = packed_values[:, :width].float()
-            if not use_sampler_logprobs:
-                logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
-                probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
-                entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
-                del logits, probs_logits
-            ref_logits = reference_logits(ref_policy, packed)
-            ref_logprobs[:, :width] = response_logprobs(ref_logits, packed["targets"], args.temperature)[:, :width]
-            del ref_logits
-            texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
-            if args.reward_source == "model":  # as outcome_reward: the score head at the last token, plus the stored bias
-                scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
-                scores = scores + getattr(reward_model.config, "reward_bias", 0.0)
-            else:
-                scores = torch.tensor([success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=device)
-            contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
-            if args.non_eos_penalty:
-                scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
-            step_rewards, n_steps = None, None
-            if prm is not None:
-                step_rewards, n_steps = process_rewards(prm, tokenizer, [r["prompt_ids"] for r in rows], postprocessed.cpu(), args)
-                step_rewards = step_rewards.to(device)
 
-            # masks: logprobs past the last real token (the EOS); values from two positions after it (N+'s
-            # padding_mask_p1): the value at EOS+1, where the score is, is trained, the ones after are not
-            response_idxs = torch.arange(W, device=device).repeat(responses.shape[0], 1)
-            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
-            padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
-            logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
-            ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
-            values = values.masked_fill(padding_mask_p1, 0)
+AttentionInterface.register("packed_sdpa", packed_sdpa_attention)
 
-            # ---- 3. per-token rewards and GAE ----
-            kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
-            rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
-            if step_rewards is not None:
-                rewards = rewards + F.pad(step_rewards, (0, W - R)).masked_fill(padding_mask, 0)
-            if args.whiten_rewards:
-                rewards = masked_whiten(rewards, ~padding_mask_p1, shift_mean=False).masked_fill(padding_mask_p1, 0)
-            advantages, returns = compute_gae(rewards, values, args.gamma, args.lam)
-            advantages = masked_whiten(advantages, ~padding_mask).masked_fill(padding_mask, 0)
 
-        # ---- 4. PPO epochs over minibatches ----
-        stats = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "ratio")}
-        for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(args.per_device_batch_size, device=device)
-            for mb_start in range(0, args.per_device_batch_size, mini_batch_size):
-                mini = order[mb_start : mb_start + mini_batch_size]
-                # the losses are means over the whole minibatch of every process (`ppo_micro_batch`)
-                counts = (global_count((~padding_mask[mini]).sum().item(), accelerator),
-                          global_count((~padding_mask_p1[mini]).sum().item(), accelerator))
-                for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
-                    with accelerator.accumulate(model):
-                        mb = order[micro_start : micro_start + micro_batch_size]
-                        mb_list = mb.tolist()
-                        rollout = {"logprobs": logprobs[mb], "values": values[mb], "returns": returns[mb],
-                                   "advantages": advantages[mb], "padding_mask": padding_mask[mb],
-                                   "padding_mask_p1": padding_mask_p1[mb]}
-                        mb_stats = ppo_micro_batch(model, accelerator, [query_tokens[i] for i in mb_list],
-                                                   [response_tokens[i] for i in mb_list], rollout, counts, args,
-                                                   separate_backward, tokenizer.pad_token_id)
-                        # before the optimizer step, so this micro-batch moves no parameter (the checkpoint holds the
-                        # weights after the minibatches of this update that were finite, and resumes the update)
-                        if not run.all_finite(mb_stats["pg_loss"], mb_stats["vf_loss"]):
-                            run.stop(loop_state(update - 1), f"non-finite PPO loss at update {update} (policy "
-                                     f"{mb_stats['pg_loss'].item():g}, value {mb_stats['vf_loss'].item():g}): lower "
-                                     f"--learning-rate (now {args.learning_rate:g}) or check the rewards")
-                        if accelerator.sync_gradients:
-                            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                            if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                                run.stop(loop_state(update - 1), f"non-finite gradient norm at update {update}: lower "
-                                         f"--learning-rate (now {args.learning_rate:g})")
-                        optimizer.step()
-                        optimizer.zero_grad()
-                    for k in stats:
-                        stats[k].append(mb_stats[k])
+def use_packed_attention(model):
+    """Every forward pass on `pack`ed rows goes through packed_sdpa (an SDPA model) or flash-attention, which reads
+    packed sequences from the position ids itself; any other implementation keeps its block-diagonal mask."""
+    if model is not None and model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation("packed_sdpa")
+    return model
 
-        # ---- logging ----
-        episode = update * batch_size
-        mean_kl = kl.sum(1).mean()
-        if kl_ctl:
-            kl_ctl.update(accelerator.gather(mean_kl[None]).mean().item(), batch_size)
-        if update % args.log_every == 0 or update == num_updates:
-            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
-            logged = {
-                "objective/reward": g(scores), "objective/kl": g(mean_kl), "objective/entropy": g((entropy * ~padding_mask).sum(1)),
-                "objective/non_score_reward": g(non_score_reward.sum(1)), "objective/rlhf_reward": g(scores + non_score_reward.sum(1)),
-                "objective/completion_length": g((sequence_lengths + 1).float()), "objective/eos_rate": g(contain_eos.float()),
-                "policy/approxkl_avg": g(torch.stack(stats["approxkl"])), "policy/clipfrac_avg": g(torch.stack(stats["clipfrac"])),
-                "loss/policy_avg": g(torch.stack(stats["pg_loss"])), "loss/value_avg": g(torch.stack(stats["vf_loss"])),
-                "val/clipfrac_avg": g(torch.stack(stats["vf_clipfrac"])), "val/ratio": g(torch.stack(stats["ratio"])),
-                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()), "objective/kl_coef": kl_coef,
-                "lr": optimizer.param_groups[0]["lr"],
-                "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
-                "perf/peak_mem_gb": peak_mem_gb(device),
-            }
-            if step_rewards is not None:
-                logged["objective/process_reward"] = g(step_rewards.sum(1))
-                logged["objective/num_steps"] = g(torch.tensor(n_steps, dtype=torch.float, device=device))
-            run.log(logged, update, episode)
-            progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
-        if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator)
-            run.log(metrics, update, episode)
-            accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
-        if run.stop_requested():  # a collective: every process asks after every update
-            run.stop(loop_state(update))
-        if args.save_every and update % args.save_every == 0 and update < num_updates:
-            run.checkpoint(loop_state(update))
-    progress.close()
 
-    # the policy only (prefix), on every rank: under ZeRO-3 the weights are gathered from all of them
-    run.finish(model, tokenizer, {"step": num_updates, "episode": num_updates * batch_size, "total_steps": num_updates,
-                                  "total_episodes": num_updates * batch_size}, prefix="policy.")
-    accelerator.end_training()
-    return metrics
+@contextlib.contextmanager
+def padded_attention(*models):
+    """Back to SDPA (masks from the attention mask) while sampling or `generate` run on left-padded batches."""
+    switched = [m for m in models if m is not None and m.config._attn_implementation == "packed_sdpa"]
+    for m in switched:
+        m.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_attn_implementation("packed_sdpa")
+
+
+def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> dict:
+    """A padding-free batch for the forward passes: every query + response laid end to end in one row, position ids
+    restarting at 0 for every sequence and no attention mask (see `packed_sdpa_attention`). Why: prompts and responses
+    vary in length, so a padded batch is a quarter to a third padding, and the matmuls, most of a PPO update, scale
+    with the tokens. `index` (N, C + 1) holds, for a response of c tokens, the c positions whose logits predict them and
+    then its last token, whose value N+ still trains, and the reward model reads (C: the longest response; entries past
+    c repeat the last token and are masked out); `targets` are the response tokens; `last` the position of each
+    sequence's last token."""
+    C = max(len(r) for r in responses)
+    index = torch.zeros((len(queries), C + 1), dtype=torch.long)
+    targets = torch.full((len(queries), C + 1), pad_id, dtype=torch.long)
+    ids, positions, offset = [], [], 0
+    for i, (q, r) in enumerate(zip(queries, responses)):
+        n, c = len(q) + len(r), len(r)
+        ids += q + r
+        positions += range(n)
+        index[i] = torch.arange(offset + len(q) - 1, offset + len(q) + C).clamp(
+            max=offset + n - 1
+        )  # position t predicts token t + 1
+        targets[i, :c] = torch.tensor(r)
+        offset += n
+    return {
+        "input_ids": torch.tensor([ids]),
+        "position_ids": torch.tensor([positions]),
+        "index": index,
+        "targets": targets,
+        "last": index[torch.arange(len(responses)), torch.tensor([len(r) for r in responses])],
+    }
+
+
+def check_packing(model) -> None:
+    """Packing relies on the attention reading sequence boundaries from the position ids (packed_sdpa and
+    flash-attention do; transformers' eager attention builds a block-diagonal mask from them); with a model whose
+    attention ignores them, packed sequences would see each other and every number would be silently wrong, so fail
+    instead: two sequences in one row must score as each alone in a padded batch."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        together = (
+            model(
+                input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device),
+                position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                use_cache=False,
+            )
+            .logits[0]
+            .float()
+        )
+        with padded_attention(model):
+            alone = model(
+                input_ids=torch.tensor([[5, 6, 7], [8, 9, 0]], device=device),
+                attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]], device=device),
+                use_cache=False,
+            ).logits.float()
+    alone = torch.cat([alone[0], alone[1, :2]])
+    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+        raise SystemExit(
+            f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed "
+            "sequences from the position ids (a packed row differs from its sequences alone by "
+            f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash "
+            "attention"
+        )
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ class Args:
     """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
     see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
     resume: bool = False
@@ -205,37 +205,474 @@ class Args:
 # The 2.8B and 6.9B presets keep the batch (8 x 64 prompts) and double the gradient accumulation per size (4 / 8 / 16),
 # as the N+ PPO runs do between these sizes (ppo_rlhf.py's presets), not numbers from the ReMax paper.
 PRESETS = {
-    "tldr-pythia-1b": ("ReMax on TL;DR, Pythia 1B, N+ hyperparameters where they apply (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="remax_tldr_pythia-1b", per_device_batch_size=64, gradient_accumulation_steps=4,
-        learning_rate=3e-6, response_length=53, temperature=0.7, kl_coef=0.05, eval_every=100)),
-    "tldr-pythia-2.8b": ("ReMax on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="remax_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
-        reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr", per_device_batch_size=64,
-        gradient_accumulation_steps=8, learning_rate=3e-6, response_length=53, temperature=0.7, kl_coef=0.05,
-        eval_every=100)),
-    "tldr-pythia-6.9b": ("ReMax on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)", Args(
-        exp_name="remax_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
-        reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr", per_device_batch_size=64,
-        gradient_accumulation_steps=16, learning_rate=3e-6, response_length=53, temperature=0.7, kl_coef=0.05,
-        eval_every=100)),
-    "gsm8k-qwen2.5-0.5b": ("ReMax on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)", Args(
-        exp_name="remax_gsm8k_qwen2.5-0.5b", sft_model_path="Qwen/Qwen2.5-0.5B-Instruct", reward_model_path=None,
-        reward_source="math", dataset_name_or_path="openai/gsm8k", dataset_config="main", eval_split="test",
-        prompt_template="{question}\nLet's think step by step and output the final answer after \"####\".",
-        use_chat_template=True, reference_template="{answer}", response_length=400, temperature=1.0, kl_coef=0.001,
-        learning_rate=1e-6, total_episodes=7473 * 4, per_device_batch_size=32, gradient_accumulation_steps=4,
-        eval_task="gsm8k", eval_every=20)),
-    "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)", Args(
-        exp_name="remax_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model", reward_model_path="runs/rm_tiny-tldr__1/model",
-        dataset_name_or_path="runs/assets/tiny-tldr/sft", max_prompt_length=96, response_length=32, total_episodes=2048,
-        per_device_batch_size=64, learning_rate=3e-5, kl_coef=0.05, eval_task="tldr", eval_every=8, num_eval_examples=200)),
-    "tiny-math": ("tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)", Args(
-        exp_name="remax_tiny-math", sft_model_path="runs/sft_tiny-math__1/model", reward_model_path=None,
-        reward_source="math", dataset_name_or_path="runs/assets/tiny-math/gsm8k", eval_split="test",
-        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96,
-        response_length=80, temperature=0.5, total_episodes=3072, per_device_batch_size=64,
-        learning_rate=3e-5, kl_coef=0.01, eval_task="gsm8k", eval_every=16, num_eval_examples=200)),
+    "tldr-pythia-1b": (
+        "ReMax on TL;DR, Pythia 1B, N+ hyperparameters where they apply (8 GPUs, DeepSpeed ZeRO-2)",
+        Args(
+            exp_name="remax_tldr_pythia-1b",
+            per_device_batch_size=64,
+            gradient_accumulation_steps=4,
+            learning_rate=3e-6,
+            response_length=53,
+            temperature=0.7,
+            kl_coef=0.05,
+            eval_every=100,
+        ),
+    ),
+    "tldr-pythia-2.8b": (
+        "ReMax on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
+        Args(
+            exp_name="remax_tldr_pythia-2.8b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
+            reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
+            per_device_batch_size=64,
+            gradient_accumulation_steps=8,
+            learning_rate=3e-6,
+            response_length=53,
+            temperature=0.7,
+            kl_coef=0.05,
+            eval_every=100,
+        ),
+    ),
+    "tldr-pythia-6.9b": (
+        "ReMax on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
+        Args(
+            exp_name="remax_tldr_pythia-6.9b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
+            reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
+            per_device_batch_size=64,
+            gradient_accumulation_steps=16,
+            learning_rate=3e-6,
+            response_length=53,
+            temperature=0.7,
+            kl_coef=0.05,
+            eval_every=100,
+        ),
+    ),
+    "gsm8k-qwen2.5-0.5b": (
+        "ReMax on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
+        Args(
+            exp_name="remax_gsm8k_qwen2.5-0.5b",
+            sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
+            reward_model_path=None,
+            reward_source="math",
+            dataset_name_or_path="openai/gsm8k",
+            dataset_config="main",
+            eval_split="test",
+            prompt_template='{question}\nLet\'s think step by step and output the final answer after "####".',
+            use_chat_template=True,
+            reference_template="{answer}",
+            response_length=400,
+            temperature=1.0,
+            kl_coef=0.001,
+            learning_rate=1e-6,
+            total_episodes=7473 * 4,
+            per_device_batch_size=32,
+            gradient_accumulation_steps=4,
+            eval_task="gsm8k",
+            eval_every=20,
+        ),
+    ),
+    "tiny-tldr": (
+        "tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)",
+        Args(
+            exp_name="remax_tiny-tldr",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            reward_model_path="runs/rm_tiny-tldr__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            max_prompt_length=96,
+            response_length=32,
+            total_episodes=2048,
+            per_device_batch_size=64,
+            learning_rate=3e-5,
+            kl_coef=0.05,
+            eval_task="tldr",
+            eval_every=8,
+            num_eval_examples=200,
+        ),
+    ),
+    "tiny-math": (
+        "tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)",
+        Args(
+            exp_name="remax_tiny-math",
+            sft_model_path="runs/sft_tiny-math__1/model",
+            reward_model_path=None,
+            reward_source="math",
+            dataset_name_or_path="runs/assets/tiny-math/gsm8k",
+            eval_split="test",
+            prompt_template="Question: {question}\nAnswer:\n",
+            reference_template="{answer}",
+            max_prompt_length=96,
+            response_length=80,
+            temperature=0.5,
+            total_episodes=3072,
+            per_device_batch_size=64,
+            learning_rate=3e-5,
+            kl_coef=0.01,
+            eval_task="gsm8k",
+            eval_every=16,
+            num_eval_examples=200,
+        ),
+    ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The ReMax math: small pure functions, each checked against hand-computed values in tests/test_rloo_remax.py
+# --------------------------------------------------------------------------------------------------
+
+
+def sequence_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str
+) -> torch.Tensor:
+    """Summed per-token KL estimate of each response (B,): padding (after the EOS) contributes nothing."""
+    return kl_penalty(logprobs, ref_logprobs, estimator).masked_fill(padding_mask, 0).sum(1)
+
+
+def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
+    """The KL-penalised reward of a whole response, score - beta * summed KL (logged as objective/rlhf_reward; the
+    advantage takes the KL token by token, `remax_advantages`)."""
+    return scores - kl_coef * seq_kl
+
+
+def remax_advantages(
+    scores: torch.Tensor, greedy_scores: torch.Tensor, token_kl: torch.Tensor, kl_coef: float, reward_clip: float
+) -> torch.Tensor:
+    """ReMax's per-token advantages (B, T), as the official `compute_returns` with gamma = 1:
+    A_t = clip(r(x, y) - r(x, y_bar), -c, c) - beta * KL_t, the sampled response's score minus the greedy response's
+    score to the same prompt, clipped at c = `reward_clip` (0: no clip), plus the KL penalty of token t alone.
+    `token_kl` (B, T) is the per-token KL estimate, 0 at padding."""
+    diff = scores - greedy_scores
+    if reward_clip > 0:
+        diff = diff.clamp(-reward_clip, reward_clip)
+    return diff.unsqueeze(1) - kl_coef * token_kl
+
+
+def remax_loss(new_logprobs: torch.Tensor, advantages: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with per-token advantages: -sum_t A_t * log pi(y_t | x, y_<t) over the valid response tokens, summed,
+    not averaged: main divides it by the valid tokens of the whole batch (`backward_share`), the official token mean."""
+    return -(advantages * new_logprobs).masked_fill(padding_mask, 0).sum()
+
+
+def remax_micro_batch_loss(
+    model,
+    queries: list[list[int]],
+    responses: list[list[int]],
+    advantages: torch.Tensor,
+    pad_id: int,
+    capacity: int,
+    temperature: float,
+) -> torch.Tensor:
+    """One micro-batch's summed ReMax loss: the responses' logprobs under the policy (one packed forward pass), then
+    `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens."""
+    new_logprobs = packed_logprobs(model, pack(queries, responses, pad_id, capacity), temperature)
+    width = new_logprobs.shape[1]  # the longest response of this micro-batch
+    lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
+    padding_mask = torch.arange(width, device=new_logprobs.device)[None] >= lengths[:, None]
+    return remax_loss(new_logprobs, advantages[:, :width], padding_mask)
+
+
+# --------------------------------------------------------------------------------------------------
+# main: the training loop, as numbered steps
+# --------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
+    set_seed(args.seed)
+    device = accelerator.device
+
+    # ---- batch arithmetic ----
+    micro_batch_size = args.per_device_batch_size // args.gradient_accumulation_steps
+    if micro_batch_size * args.gradient_accumulation_steps != args.per_device_batch_size:
+        raise SystemExit(
+            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
+            f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches"
+        )
+    if args.reward_clip < 0:
+        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
+    batch_size = args.per_device_batch_size * accelerator.num_processes
+    num_updates = args.total_episodes // batch_size
+    if num_updates == 0:
+        raise SystemExit(
+            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
+            f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
+            "processes)"
+        )
+
+    # ---- models: policy (trained), reference and reward model (frozen); no value model ----
+    tokenizer = load_tokenizer(args)
+    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    check_finite_weights(policy, run, "--sft-model-path", args.sft_model_path)
+    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
+        raise SystemExit(
+            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+            f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
+            "(sft.py --add-pad-token)"
+        )
+    policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy = add_lora(policy, args)  # --lora-r: the adapters alone are trained
+    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
+    if not args.lora_r:
+        ref_policy = (
+            load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+            .eval()
+            .requires_grad_(False)
+        )
+        ref_policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    reward_model = load_reward_model(args, tokenizer) if args.reward_source == "model" else None
+    if reward_model is not None:
+        check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
+    if reward_model is not None:  # its own forward refuses batches without a pad id (the score is read by position)
+        reward_model.config.pad_token_id = tokenizer.pad_token_id
+
+    # ---- data: every field training and evaluation use is checked now, before the first update ----
+    config = policy.config
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions is not None and args.response_length >= max_positions:
+        raise SystemExit(
+            f"error: --response-length {args.response_length} leaves no room for a prompt in the "
+            f"{max_positions} positions of --sft-model-path (max_position_embeddings)"
+        )
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
+    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    eval_rows = prepare_prompts(
+        eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))),
+        tokenizer,
+        args,
+        args.eval_split,
+        max_positions,
+        evaluation=True,
+    )
+    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
+        raise SystemExit(
+            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
+            f"batch of {args.per_device_batch_size} (--per-device-batch-size)"
+        )
+    loader = torch.utils.data.DataLoader(
+        list(range(len(train_rows))),
+        batch_size=args.per_device_batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+
+    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
+    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
+    model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
+    if args.lora_r:
+        ref_policy = LoraReference(accelerator.unwrap_model(model))
+    use_sampler_logprobs = (
+        args.sampler_logprobs
+        if args.sampler_logprobs is not None
+        else args.dtype == "float32" and accelerator.mixed_precision == "no"
+    )
+    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    unwrapped = accelerator.unwrap_model(model)
+    check_packing(unwrapped)
+    run.begin()
+
+    def batches():
+        while True:
+            yield from loader
+
+    def loop_state(update: int) -> dict:
+        """The loop's state after `update` updates (the learning rate follows from it; the data position is
+        replayed)."""
+        return {"step": update, "episode": update * batch_size, "metrics": metrics}
+
+    iterator, start = batches(), 0
+    if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
+        start, metrics = state["step"], state["metrics"]
+        for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
+            next(iterator)
+    else:
+        metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+        run.log(metrics, 0, 0)
+        accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    start_time = time.time()
+    progress = tqdm(
+        range(start + 1, num_updates + 1),
+        initial=start,
+        total=num_updates,
+        disable=not accelerator.is_main_process,
+        desc="remax",
+    )
+    for update in progress:
+        if args.anneal_lr:
+            for group in optimizer.param_groups:
+                group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
+        rows = [train_rows[i] for i in next(iterator).tolist()]
+
+        # ---- 1. rollout: sample, and the greedy baseline response to the same prompts by the same (current) policy;
+        # the logprobs are the sampler's (or a forward pass's), the reference's a forward pass ----
+        with torch.no_grad():
+            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
+            queries, qmask = queries.to(device), qmask.to(device)
+            # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
+            # time on all-pad columns (as in ppo_rlhf.py).
+            stop_id = tokenizer.eos_token_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
+            sampled = None
+            try:
+                sampled = sample_responses(
+                    unwrapped,
+                    queries,
+                    qmask,
+                    stop_id,
+                    tokenizer.pad_token_id,
+                    args.response_length,
+                    args.temperature,
+                    synced=synced,
+                )
+            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
+                if "probability tensor" not in str(e):
+                    raise
+            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
+                run.stop(loop_state(update - 1), non_finite_policy(update, args))
+            responses, logprobs, entropy = sampled
+            greedy = sample_responses(
+                unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id, args.response_length, 0.0, synced=synced
+            )[0]
+
+            # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
+            postprocessed = (
+                truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id)
+                if args.stop_token == "eos"
+                else responses
+            )
+            sequence_lengths = (
+                first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
+            )  # index of the last real token
+            if run.any_process(bool((sequence_lengths < 0).any())):
+                run.stop(
+                    loop_state(update - 1),
+                    f"a response sampled at update {update} is empty (its first token is "
+                    f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path",
+                )
+            texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
+            scores, contain_eos = score_responses(reward_model, queries, postprocessed, texts, rows, tokenizer, args)
+            greedy = (
+                truncate_response(greedy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+                if args.stop_token == "eos"
+                else greedy
+            )
+            greedy_texts = tokenizer.batch_decode(greedy, skip_special_tokens=True)
+            greedy_scores, _ = score_responses(reward_model, queries, greedy, greedy_texts, rows, tokenizer, args)
+            response_idxs = torch.arange(responses.shape[1], device=device).repeat(responses.shape[0], 1)
+            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
+
+            # every forward pass runs on `pack`ed query + response token lists (no padding, see pack)
+            query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
+            response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
+            capacity = args.max_prompt_length + args.response_length
+            packed = pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity)
+            C = packed["targets"].shape[1]
+            if not use_sampler_logprobs:
+                logprobs = torch.zeros_like(logprobs)
+                logprobs[:, :C] = packed_logprobs(model, packed, args.temperature)
+            ref_logprobs = torch.zeros_like(logprobs)
+            ref_logprobs[:, :C] = packed_logprobs(ref_policy, packed, args.temperature)
+            logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
+            ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
+
+            # ---- 3. per-token advantages: the clipped score difference to the greedy response, minus beta * KL_t ----
+            token_kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
+            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator)
+            rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
+            advantages = remax_advantages(scores, greedy_scores, token_kl, args.kl_coef, args.reward_clip)
+            valid = ~padding_mask
+            clipped = ((scores - greedy_scores).abs() > args.reward_clip) & (args.reward_clip > 0)
+
+        # ---- 4. one REINFORCE step on the batch: the token mean over every micro-batch and process ----
+        total_tokens = global_count(valid.sum().item(), accelerator)
+        pg_losses = []
+        for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
+            with accelerator.accumulate(model):
+                mb = list(range(micro_start, micro_start + micro_batch_size))
+                mb_queries, mb_responses = [query_tokens[i] for i in mb], [response_tokens[i] for i in mb]
+                loss_sum = remax_micro_batch_loss(
+                    model, mb_queries, mb_responses, advantages[mb], tokenizer.pad_token_id, capacity, args.temperature
+                )
+                if not run.all_finite(loss_sum):  # a collective: every process checks every micro-batch
+                    run.stop(
+                        loop_state(update - 1),
+                        f"non-finite ReMax loss at update {update}: lower "
+                        f"--learning-rate (now {args.learning_rate:g}) or check the rewards",
+                    )
+                backward_share(accelerator, loss_sum, total_tokens)
+                if accelerator.sync_gradients:
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                        run.stop(
+                            loop_state(update - 1),
+                            f"non-finite gradient norm at update {update}: lower "
+                            f"--learning-rate (now {args.learning_rate:g})",
+                        )
+                optimizer.step()
+                optimizer.zero_grad()
+            pg_losses.append(loss_sum.detach())
+
+        # ---- logging ----
+        episode = update * batch_size
+        if update % args.log_every == 0 or update == num_updates:
+            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
+            logged = {
+                "objective/reward": g(scores),
+                "objective/kl": g(seq_kl),
+                "objective/entropy": g((entropy * ~padding_mask).sum(1)),
+                "objective/non_score_reward": g(-args.kl_coef * seq_kl),
+                "objective/rlhf_reward": g(rlhf_reward),
+                "objective/greedy_reward": g(greedy_scores),
+                "objective/advantage": g(advantages[valid]),
+                "objective/advantage_std": g(advantages[valid].std()),
+                "objective/reward_clipfrac": g(clipped),
+                "objective/completion_length": g((sequence_lengths + 1).float()),
+                "objective/eos_rate": g(contain_eos.float()),
+                "loss/policy_avg": g(torch.stack(pg_losses).sum() / valid.sum()),
+                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()),
+                "objective/kl_coef": args.kl_coef,
+                "lr": optimizer.param_groups[0]["lr"],
+                "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
+                "perf/peak_mem_gb": peak_mem_gb(device),
+            }
+            run.log(logged, update, episode)
+            progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
+        if update % args.eval_every == 0 or update == num_updates:
+            metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+            run.log(metrics, update, episode)
+            accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
+        if run.stop_requested():  # a collective: every process asks after every update
+            run.stop(loop_state(update))
+        if args.save_every and update % args.save_every == 0 and update < num_updates:
+            run.checkpoint(loop_state(update))
+    progress.close()
+
+    run.finish(
+        model,
+        tokenizer,
+        {
+            "step": num_updates,
+            "episode": num_updates * batch_size,
+            "total_steps": num_updates,
+            "total_episodes": num_updates * batch_size,
+        },
+    )
+    accelerator.end_training()
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
+# across scripts by tests/test_conventions.py)
+# --------------------------------------------------------------------------------------------------
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -249,7 +686,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -274,14 +713,17 @@ def require_hub(name: str, what: str, flag: str) -> None:
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
         return
     raise SystemExit(
-        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub cannot "
-        f"be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli download "
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
+        "download "
         f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
         f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
     )
 
 
-def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+def load_split(
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
     that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
     it; `flag` is the option named when the path is none of these."""
@@ -293,8 +735,10 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
-            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
-                             f"{split}.parquet or a save_to_disk folder")
+            raise SystemExit(
+                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                f"{split}.parquet or a save_to_disk folder"
+            )
         path = files[0]
     if path.is_file():
         if path.stat().st_size == 0:
@@ -305,14 +749,18 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
                     try:
                         assert not line.strip() or isinstance(json.loads(line), dict)
                     except (ValueError, AssertionError):
-                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
-                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+                        raise SystemExit(
+                            f"error: {path} ({flag}) line {number} is not a JSON object: "
+                            f"{line.strip()[:60]!r}; is the file complete?"
+                        ) from None
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
             reason = " ".join(str(e).split())[:200]
-            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
-                             "check that the file is complete, one JSON object a line for .jsonl") from None
+            raise SystemExit(
+                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                "check that the file is complete, one JSON object a line for .jsonl"
+            ) from None
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
         return ds
@@ -327,16 +775,22 @@ def template_fields(template: str, flag: str) -> list[str]:
     except ValueError as e:
         raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
     if any(name == "" or name.isdigit() for name in names):
-        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
-                         "e.g. {question}")
+        raise SystemExit(
+            f"error: {flag} {template!r} has a positional field {{}}; name the row's field, e.g. {{question}}"
+        )
     return [re.match(r"[^.\[]*", name).group() for name in names]
 
 
 def chat_messages(value) -> bool:
     """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
     format)."""
-    return isinstance(value, list) and len(value) > 0 and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
 
 
 def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
@@ -345,23 +799,32 @@ def render(template: str, row: dict, index: int, split: str, what: str, flag: st
     for name in template_fields(template, flag):
         value = row.get(name)
         if name not in row:
-            raise SystemExit(f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                             f"({flag} {template!r}); its fields are {sorted(row)}")
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
+                f"({flag} {template!r}); its fields are {sorted(row)}"
+            )
         if value is None:
-            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                             f"{template!r}) is missing or null; fill it in or drop the row")
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                f"{template!r}) is missing or null; fill it in or drop the row"
+            )
         if chat_messages(value):
-            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                             f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                             "tokenizer's chat template")
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
+                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
+                "tokenizer's chat template"
+            )
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                             f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}")
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
+            )
     try:
         text = template.format(**row)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: "
-                         f"{e}") from None
+        raise SystemExit(
+            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
+        ) from None
     if not text.strip():
         raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
     return text
@@ -379,8 +842,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
     return ids, mask
 
 
@@ -416,8 +879,20 @@ def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
 # Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
 # ----------------------------------------------------------------------------------------------------
 
+
 TLDR_FACT_WORDS = {
-    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "who": [
+        "roommate",
+        "boyfriend",
+        "girlfriend",
+        "boss",
+        "sister",
+        "brother",
+        "neighbor",
+        "friend",
+        "coworker",
+        "landlord",
+    ],
     "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
     "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
 }
@@ -506,7 +981,8 @@ def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) 
 
 def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
-    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased, >= 0)."""
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
+    >= 0)."""
     log_ratio = logprobs - ref_logprobs
     if estimator == "k1":
         return log_ratio
@@ -518,12 +994,24 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
     the first real token, so a left-padded query scores the same as an unpadded one."""
     attention_mask = (query_responses != pad_id).long()
     position_ids = (attention_mask.cumsum(1) - attention_mask).clamp(min=0)
-    return {"input_ids": query_responses.masked_fill(attention_mask == 0, 0), "attention_mask": attention_mask, "position_ids": position_ids}
+    return {
+        "input_ids": query_responses.masked_fill(attention_mask == 0, 0),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
 
 
 @torch.no_grad()
-def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: int, pad_id: int, max_new_tokens: int,
-                     temperature: float, synced: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_responses(
+    model,
+    queries: torch.Tensor,
+    qmask: torch.Tensor,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    synced: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sampled (temperature > 0) or greedy (temperature 0, ReMax's baseline) responses (B, T), PAD after each one's
     first EOS, with the logprob and the entropy of softmax(logits / T) at every sampled token (T: the steps decoded, at
     most max_new_tokens). Plain sampling, no top-k / top-p. A
@@ -536,7 +1024,14 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
     B, device = len(queries), queries.device
     cache = DynamicCache()
     position = (qmask.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=queries, attention_mask=qmask, position_ids=position, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = model(
+        input_ids=queries,
+        attention_mask=qmask,
+        position_ids=position,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
     mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
     tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
     logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
@@ -563,68 +1058,14 @@ def sample_responses(model, queries: torch.Tensor, qmask: torch.Tensor, eos_id: 
                 break
         if t + 1 < max_new_tokens:
             mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
-            logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=position[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
-
-
-def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
-    """A padding-free batch for the forward passes. Each query + response is laid end to end with others in rows of
-    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
-    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
-    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: responses range
-    from a few tokens to the limit, so a padded batch is much padding, and the matmuls, most of the time, scale with the
-    tokens. `rows`, `cols` (N, C) index the positions whose logits predict each response token (C: the longest
-    response), `targets` are those tokens."""
-    seqs = [q + r for q, r in zip(queries, responses)]
-    capacity = max(capacity, max(len(s) for s in seqs))
-    members, free = [], []
-    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
-        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= len(seqs[i])
-    width, C = capacity - min(free), max(len(r) for r in responses)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
-    targets = torch.full((len(seqs), C), pad_id, dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            n, q, c = len(seqs[i]), len(queries[i]), len(responses[i])
-            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
-            position_ids[r, offset : offset + n] = torch.arange(n)
-            rows[i, :c], cols[i, :c] = r, torch.arange(offset + q - 1, offset + q - 1 + c)  # position t predicts token t + 1
-            targets[i, :c] = torch.tensor(responses[i])
-            offset += n
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
-    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
-
-
-def check_packing(model) -> None:
-    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
-    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
-    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        together = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device), position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                         use_cache=False).logits[0, 3:].float()
-        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
-    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
-        raise SystemExit(f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed sequences "
-                         "from the position ids (a packed row differs from its sequences alone by "
-                         f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash attention")
-
-
-def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
-    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail). use_cache=False:
-    with a cache, transformers would not read the packing from the position ids."""
-    device = next(model.parameters()).device
-    logits = model(input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False).logits
-    logits = logits[packed["rows"].to(device), packed["cols"].to(device)].float() / (temperature + 1e-7)
-    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
 
 
 def math_verify_equal(gold: str, predicted: str | None) -> bool:
@@ -652,65 +1093,35 @@ def success_reward(text: str, gold: str, answer_format: str) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------
-# The ReMax math: small pure functions, each checked against hand-computed values in tests/test_rloo_remax.py
-# ----------------------------------------------------------------------------------------------------
-
-
-def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Summed per-token KL estimate of each response (B,): padding (after the EOS) contributes nothing."""
-    return kl_penalty(logprobs, ref_logprobs, estimator).masked_fill(padding_mask, 0).sum(1)
-
-
-def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
-    """The KL-penalised reward of a whole response, score - beta * summed KL (logged as objective/rlhf_reward; the
-    advantage takes the KL token by token, `remax_advantages`)."""
-    return scores - kl_coef * seq_kl
-
-
-def remax_advantages(scores: torch.Tensor, greedy_scores: torch.Tensor, token_kl: torch.Tensor, kl_coef: float,
-                     reward_clip: float) -> torch.Tensor:
-    """ReMax's per-token advantages (B, T), as the official `compute_returns` with gamma = 1:
-    A_t = clip(r(x, y) - r(x, y_bar), -c, c) - beta * KL_t, the sampled response's score minus the greedy response's
-    score to the same prompt, clipped at c = `reward_clip` (0: no clip), plus the KL penalty of token t alone.
-    `token_kl` (B, T) is the per-token KL estimate, 0 at padding."""
-    diff = scores - greedy_scores
-    if reward_clip > 0:
-        diff = diff.clamp(-reward_clip, reward_clip)
-    return diff.unsqueeze(1) - kl_coef * token_kl
-
-
-def remax_loss(new_logprobs: torch.Tensor, advantages: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
-    """REINFORCE with per-token advantages: -sum_t A_t * log pi(y_t | x, y_<t) over the valid response tokens, summed,
-    not averaged: main divides it by the valid tokens of the whole batch (`backward_share`), the official token mean."""
-    return -(advantages * new_logprobs).masked_fill(padding_mask, 0).sum()
-
-
-def remax_micro_batch_loss(model, queries: list[list[int]], responses: list[list[int]], advantages: torch.Tensor,
-                           pad_id: int, capacity: int, temperature: float) -> torch.Tensor:
-    """One micro-batch's summed ReMax loss: the responses' logprobs under the policy (one packed forward pass), then
-    `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens."""
-    new_logprobs = packed_logprobs(model, pack(queries, responses, pad_id, capacity), temperature)
-    width = new_logprobs.shape[1]  # the longest response of this micro-batch
-    lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
-    padding_mask = torch.arange(width, device=new_logprobs.device)[None] >= lengths[:, None]
-    return remax_loss(new_logprobs, advantages[:, :width], padding_mask)
-
-
-# ----------------------------------------------------------------------------------------------------
 # Data, rewards and evaluation (copied from ppo_rlhf.py)
 # ----------------------------------------------------------------------------------------------------
 
 
 @torch.no_grad()
-def score_responses(reward_model, queries: torch.Tensor, postprocessed: torch.Tensor, texts: list[str], rows: list[dict],
-                    tokenizer, args: Args) -> tuple[torch.Tensor, torch.Tensor]:
+def score_responses(
+    reward_model,
+    queries: torch.Tensor,
+    postprocessed: torch.Tensor,
+    texts: list[str],
+    rows: list[dict],
+    tokenizer,
+    args: Args,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The score of each truncated response (reward model at the last real token, or the verifiable math reward),
     replaced by `penalty_reward_value` when the response has no EOS (N+). Returns (scores, contain_eos)."""
     if args.reward_source == "model":
-        scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, postprocessed], 1), tokenizer.pad_token_id).items()
-                                                 if k != "position_ids"}).float()
+        scores = outcome_reward(
+            reward_model,
+            **{
+                k: v
+                for k, v in padded_inputs(torch.cat([queries, postprocessed], 1), tokenizer.pad_token_id).items()
+                if k != "position_ids"
+            },
+        ).float()
     else:
-        scores = torch.tensor([success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=queries.device)
+        scores = torch.tensor(
+            [success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=queries.device
+        )
     contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
     if args.non_eos_penalty:
         scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
@@ -728,18 +1139,24 @@ def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -
         if not args.use_chat_template:
             return tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if not tokenizer.chat_template:
-            raise SystemExit(f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has "
-                             "no chat template; drop the flag or give a model that has one")
+            raise SystemExit(
+                f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has "
+                "no chat template; drop the flag or give a model that has one"
+            )
         messages = [{"role": "user", "content": prompt}]
     elif messages[-1]["role"] == "assistant":
-        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --prompt-template "
-                         f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
-                         "give the prompt's messages only (TRL's conversational prompt format, the completion "
-                         "elsewhere)")
+        raise SystemExit(
+            f"error: row {index} of split '{split}': the chat messages of --prompt-template "
+            f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
+            "give the prompt's messages only (TRL's conversational prompt format, the completion "
+            "elsewhere)"
+        )
     elif not tokenizer.chat_template:
-        raise SystemExit(f"error: row {index} of split '{split}' holds chat messages, but the tokenizer of "
-                         f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
-                         "plain-text prompts or a model with a chat template")
+        raise SystemExit(
+            f"error: row {index} of split '{split}' holds chat messages, but the tokenizer of "
+            f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
+            "plain-text prompts or a model with a chat template"
+        )
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
@@ -751,13 +1168,16 @@ def reference_text(row: dict, index: int, split: str, args: Args) -> str:
         return render(args.reference_template, row, index, split, "reference", "--reference-template")
     text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}': the chat messages of --reference-template "
-                         f"{args.reference_template!r} hold no assistant turn to take the reference from")
+        raise SystemExit(
+            f"error: row {index} of split '{split}': the chat messages of --reference-template "
+            f"{args.reference_template!r} hold no assistant turn to take the reference from"
+        )
     return text
 
 
-def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None,
-                    evaluation: bool) -> list[dict]:
+def prepare_prompts(
+    ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None, evaluation: bool
+) -> list[dict]:
     """Prompt token ids plus what the reward and evaluation need: the reference response, the gold answer (math) and
     the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
     an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
@@ -774,33 +1194,45 @@ def prepare_prompts(ds: Dataset, tokenizer, args: Args, split: str, max_position
                 dropped += 1
                 continue
             if too_long:
-                raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
-                                 f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong.")
-            raise SystemExit(f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
-                             f"{args.response_length} more tokens do not fit the {max_positions} positions of "
-                             f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
-                             f"{args.max_prompt_length}) with --drop-overlong, or --response-length")
+                raise SystemExit(
+                    f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
+                    f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong."
+                )
+            raise SystemExit(
+                f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
+                f"{args.response_length} more tokens do not fit the {max_positions} positions of "
+                f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
+                f"{args.max_prompt_length}) with --drop-overlong, or --response-length"
+            )
         item = {"prompt_ids": ids, "reference": None, "facts": None}
         if needs_reference:
             item["reference"] = reference_text(row, i, split, args)
         if needs_gold:
-            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(item["reference"])
+            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(
+                item["reference"]
+            )
             if item["gold"] is None:
-                raise SystemExit(f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
-                                 f"final answer in the {args.answer_format} format (--reference-template, "
-                                 "--answer-format)")
+                raise SystemExit(
+                    f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
+                    f"final answer in the {args.answer_format} format (--reference-template, "
+                    "--answer-format)"
+                )
         if evaluation and args.eval_task == "tldr":
             facts = row.get("facts")
             if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
                 found = "has none" if facts is None else f"holds {str(facts)[:60]!r}"
-                raise SystemExit(f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
-                                 f"'facts' (a list of words, as in tiny-tldr), but it {found}; use --eval-task none "
-                                 "for other data")
+                raise SystemExit(
+                    f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
+                    f"'facts' (a list of words, as in tiny-tldr), but it {found}; use --eval-task none "
+                    "for other data"
+                )
             item["facts"] = facts
         rows.append(item)
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
-              f"{args.max_prompt_length} or than the model's positions less --response-length")
+        print(
+            f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
+            f"{args.max_prompt_length} or than the model's positions less --response-length"
+        )
     if not rows:
         raise SystemExit(f"error: no usable prompts in split '{split}'")
     return rows
@@ -818,31 +1250,63 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
             batch = shard[start : start + args.per_device_eval_batch_size]
             queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
             queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            out = policy.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=args.response_length, do_sample=False,
-                                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                  synced_gpus=zero3(accelerator))
-            responses = truncate_response(out[:, queries.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+            out = policy.generate(
+                input_ids=queries,
+                attention_mask=qmask,
+                max_new_tokens=args.response_length,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                synced_gpus=zero3(accelerator),
+            )
+            responses = truncate_response(out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
             scores = [None] * len(batch)
             if reward_model is not None:
-                scores = outcome_reward(reward_model, **{k: v for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
-                                                         if k != "position_ids"}).tolist()
+                scores = outcome_reward(
+                    reward_model,
+                    **{
+                        k: v
+                        for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
+                        if k != "position_ids"
+                    },
+                ).tolist()
             for r, resp, score in zip(batch, responses, scores):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {"score": score, "length": int((resp != tokenizer.pad_token_id).sum()), "eos": bool((resp == tokenizer.eos_token_id).any())}
+                rec = {
+                    "score": score,
+                    "length": int((resp != tokenizer.pad_token_id).sum()),
+                    "eos": bool((resp == tokenizer.eos_token_id).any()),
+                }
                 if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = gold_judge(text, r["facts"]), gold_judge(r["reference"], r["facts"])
+                    rec["gold_reward"], rec["reference_gold_reward"] = (
+                        gold_judge(text, r["facts"]),
+                        gold_judge(r["reference"], r["facts"]),
+                    )
                 elif args.eval_task in ("gsm8k", "boxed"):
                     rec["correct"] = success_reward(text, r["gold"], args.answer_format)
                 records.append(rec)
     records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     policy.train()
     n = len(records)
-    metrics = {"eval/completion_length": sum(r["length"] for r in records) / n, "eval/eos_rate": sum(r["eos"] for r in records) / n}
+    metrics = {
+        "eval/completion_length": sum(r["length"] for r in records) / n,
+        "eval/eos_rate": sum(r["eos"] for r in records) / n,
+    }
     if reward_model is not None:
         metrics["eval/score"] = sum(r["score"] for r in records) / n
     if args.eval_task == "tldr":
         metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = sum(1.0 if r["gold_reward"] > r["reference_gold_reward"] else 0.5 if r["gold_reward"] == r["reference_gold_reward"] else 0.0 for r in records) / n
+        metrics["eval/win_rate"] = (
+            sum(
+                1.0
+                if r["gold_reward"] > r["reference_gold_reward"]
+                else 0.5
+                if r["gold_reward"] == r["reference_gold_reward"]
+                else 0.0
+                for r in records
+            )
+            / n
+        )
     elif args.eval_task in ("gsm8k", "boxed"):
         metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
     return metrics
@@ -853,8 +1317,13 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
     if not local:
         require_hub(path, "model", flag)
     try:
-        model = cls.from_pretrained(path, trust_remote_code=args.trust_remote_code, local_files_only=local,
-                                    dtype=getattr(torch, args.dtype), **kwargs)
+        model = cls.from_pretrained(
+            path,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=local,
+            dtype=getattr(torch, args.dtype),
+            **kwargs,
+        )
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
         reason = " ".join(str(e).split())[:200]
         raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
@@ -870,12 +1339,15 @@ def load_tokenizer(args: Args):
     if not local:
         require_hub(args.sft_model_path, "model", "--sft-model-path")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.sft_model_path, trust_remote_code=args.trust_remote_code,
-                                                  local_files_only=local)
+        tokenizer = AutoTokenizer.from_pretrained(
+            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
-                         f"load (is it a model saved with save_pretrained?): {reason}") from None
+        raise SystemExit(
+            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
+            f"load (is it a model saved with save_pretrained?): {reason}"
+        ) from None
     return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
 
 
@@ -890,11 +1362,16 @@ def load_reward_model(args: Args, tokenizer):
     model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
     kind = getattr(model.config, "reward_type", "outcome")
     if kind != "outcome":
-        raise SystemExit(f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
-                         "whole responses: give an outcome reward model (reward_model.py --objective outcome)")
+        raise SystemExit(
+            f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
+            "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
+        )
     if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
-        print(f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
-              "head is untrained, so the rewards are noise", file=sys.stderr)
+        print(
+            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
+            "head is untrained, so the rewards are noise",
+            file=sys.stderr,
+        )
     try:
         rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
     except (OSError, ValueError, KeyError, TypeError):
@@ -902,9 +1379,12 @@ def load_reward_model(args: Args, tokenizer):
     if rm_vocab is not None:
         differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
         if differ:
-            raise SystemExit(f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                             f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer")
+            raise SystemExit(
+                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
+            )
     return model.eval().requires_grad_(False)
+
 
 def non_finite_policy(update: int, args: Args) -> str:
     """The error line of a policy whose logits are no longer finite, met by sampling (torch's "probability tensor
@@ -913,20 +1393,25 @@ def non_finite_policy(update: int, args: Args) -> str:
     could not see it."""
     if update == 1:
         return f"the logits of --sft-model-path {args.sft_model_path} are not finite (inf or nan); nothing to sample"
-    return (f"the policy's logits are not finite at update {update} (sampling met inf or nan): update {update - 1} "
-            f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g}) and start over with "
-            "--overwrite")
+    return (
+        f"the policy's logits are not finite at update {update} (sampling met inf or nan): update {update - 1} "
+        f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g}) and start over with "
+        "--overwrite"
+    )
 
 
 def check_finite_weights(model, run: Run, flag: str, path: str) -> None:
     """A checkpoint with a NaN or inf weight (saved by a run that diverged, or broken in conversion) is a one-line
     error now, not NaN logits at the first update. Under ZeRO-3 each process checks its shard (`ds_tensor`); the
     answer is or-ed over the processes."""
-    bad = next((name for name, p in model.named_parameters() if not torch.isfinite(getattr(p, "ds_tensor", p)).all()),
-               None)
+    bad = next(
+        (name for name, p in model.named_parameters() if not torch.isfinite(getattr(p, "ds_tensor", p)).all()), None
+    )
     if run.any_process(bad is not None):
-        raise SystemExit(f"error: {flag} {path} has non-finite weights ({bad or 'on another process'}): the run that "
-                         "saved it diverged, or the file is broken; give a finite checkpoint")
+        raise SystemExit(
+            f"error: {flag} {path} has non-finite weights ({bad or 'on another process'}): the run that "
+            "saved it diverged, or the file is broken; give a finite checkpoint"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -941,8 +1426,9 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
     Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
     engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
     gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
-                                        sync_with_dataloader=sync_with_dataloader)
+    plugin = GradientAccumulationPlugin(
+        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+    )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
 
@@ -1036,8 +1522,13 @@ def add_lora(model, args):
         import peft
     except ImportError:
         raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
-    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
-                             target_modules=args.lora_target_modules or "all-linear")
+    config = peft.LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=args.lora_target_modules or "all-linear",
+    )
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # a target module the model does not have
@@ -1090,8 +1581,10 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
         return tokenizer
     problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
     if not add_pad_token:
-        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
-                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+        raise SystemExit(
+            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
+        )
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
@@ -1136,14 +1629,20 @@ class Run:
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
             if (self.dir / "done.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
+                )
             if not (self.dir / "checkpoint" / "state.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
-                                 "(with --overwrite if the directory is in use)")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    "(with --overwrite if the directory is in use)"
+                )
             self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
         elif self.held and not args.overwrite:
-            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
-                             "delete it and start over, or another --run-name")
+            raise SystemExit(
+                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                "delete it and start over, or another --run-name"
+            )
 
     def begin(self) -> None:
         """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
@@ -1167,8 +1666,15 @@ class Run:
                 id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
                 run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
                 id_file.write_text(run_id)
-                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+                self.wandb = wandb.init(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    name=args.run_name,
+                    id=run_id,
+                    resume="allow",
+                    config=dataclasses.asdict(args),
+                    dir=str(self.dir),
+                )
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -1179,14 +1685,22 @@ class Run:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal = signum
         if self.main:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
-                  "to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                "to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log(self, metrics: dict, step: int, episode: int) -> None:
         if not self.main:
             return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            "episode": episode,
+            "time": round(time.time() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
@@ -1235,8 +1749,10 @@ class Run:
         returns the loop's state; None on a new run."""
         if self.state is not None:
             if self.state["num_processes"] != self.accelerator.num_processes:
-                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
-                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
+                )
             self.accelerator.load_state(str(self.dir / "checkpoint"))
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
@@ -1293,8 +1809,9 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
-        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
-                                    "_episodes", "_k")) or f.name.startswith("num_")
+        positive = f.name.endswith(
+            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
+        ) or f.name.startswith("num_")
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
             raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
@@ -1309,233 +1826,92 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
-        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
-                         "train every weight)")
+        raise SystemExit(
+            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+            "train every weight)"
+        )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
-# ----------------------------------------------------------------------------------------------------
-# Main
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Speed work (skippable on a first reading): the same results, faster
+# --------------------------------------------------------------------------------------------------
 
 
-def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed)
-    device = accelerator.device
+def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
+    """A padding-free batch for the forward passes. Each query + response is laid end to end with others in rows of
+    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
+    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
+    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: responses range
+    from a few tokens to the limit, so a padded batch is much padding, and the matmuls, most of the time, scale with the
+    tokens. `rows`, `cols` (N, C) index the positions whose logits predict each response token (C: the longest
+    response), `targets` are those tokens."""
+    seqs = [q + r for q, r in zip(queries, responses)]
+    capacity = max(capacity, max(len(s) for s in seqs))
+    members, free = [], []
+    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
+        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= len(seqs[i])
+    width, C = capacity - min(free), max(len(r) for r in responses)
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
+    targets = torch.full((len(seqs), C), pad_id, dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            n, q, c = len(seqs[i]), len(queries[i]), len(responses[i])
+            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
+            position_ids[r, offset : offset + n] = torch.arange(n)
+            rows[i, :c], cols[i, :c] = (
+                r,
+                torch.arange(offset + q - 1, offset + q - 1 + c),
+            )  # position t predicts token t + 1
+            targets[i, :c] = torch.tensor(responses[i])
+            offset += n
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
+    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
 
-    # ---- batch arithmetic ----
-    micro_batch_size = args.per_device_batch_size // args.gradient_accumulation_steps
-    if micro_batch_size * args.gradient_accumulation_steps != args.per_device_batch_size:
-        raise SystemExit(f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
-                         f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches")
-    if args.reward_clip < 0:
-        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
-    batch_size = args.per_device_batch_size * accelerator.num_processes
-    num_updates = args.total_episodes // batch_size
-    if num_updates == 0:
-        raise SystemExit(f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
-                         f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
-                         "processes)")
 
-    # ---- models: policy (trained), reference and reward model (frozen); no value model ----
-    tokenizer = load_tokenizer(args)
-    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    check_finite_weights(policy, run, "--sft-model-path", args.sft_model_path)
-    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
-        raise SystemExit(f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
-                         f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
-                         "(sft.py --add-pad-token)")
-    policy.generation_config.pad_token_id = tokenizer.pad_token_id
-    policy = add_lora(policy, args)  # --lora-r: the adapters alone are trained
-    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
-    if not args.lora_r:
-        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference",
-                                     "--sft-model-path").eval().requires_grad_(False)
-        ref_policy.generation_config.pad_token_id = tokenizer.pad_token_id
-    reward_model = load_reward_model(args, tokenizer) if args.reward_source == "model" else None
-    if reward_model is not None:
-        check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
-    if reward_model is not None:  # its own forward refuses batches without a pad id (the score is read by position)
-        reward_model.config.pad_token_id = tokenizer.pad_token_id
+def check_packing(model) -> None:
+    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
+    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
+    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        together = (
+            model(
+                input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device),
+                position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
+                use_cache=False,
+            )
+            .logits[0, 3:]
+            .float()
+        )
+        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
+    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+        raise SystemExit(
+            f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed "
+            "sequences from the position ids (a packed row differs from its sequences alone by "
+            f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash "
+            "attention"
+        )
 
-    # ---- data: every field training and evaluation use is checked now, before the first update ----
-    config = policy.config
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if max_positions is not None and args.response_length >= max_positions:
-        raise SystemExit(f"error: --response-length {args.response_length} leaves no room for a prompt in the "
-                         f"{max_positions} positions of --sft-model-path (max_position_embeddings)")
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_rows = prepare_prompts(eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args,
-                                args.eval_split, max_positions, evaluation=True)
-    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
-        raise SystemExit(f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
-                         f"batch of {args.per_device_batch_size} (--per-device-batch-size)")
-    loader = torch.utils.data.DataLoader(list(range(len(train_rows))), batch_size=args.per_device_batch_size, shuffle=True,
-                                         drop_last=True, generator=torch.Generator().manual_seed(args.seed))
 
-    trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
-    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
-    model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
-    ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
-    if args.lora_r:
-        ref_policy = LoraReference(accelerator.unwrap_model(model))
-    use_sampler_logprobs = (args.sampler_logprobs if args.sampler_logprobs is not None
-                            else args.dtype == "float32" and accelerator.mixed_precision == "no")
-    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
-    unwrapped = accelerator.unwrap_model(model)
-    check_packing(unwrapped)
-    run.begin()
-
-    def batches():
-        while True:
-            yield from loader
-
-    def loop_state(update: int) -> dict:
-        """The loop's state after `update` updates (the learning rate follows from it; the data position is
-        replayed)."""
-        return {"step": update, "episode": update * batch_size, "metrics": metrics}
-
-    iterator, start = batches(), 0
-    if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
-        start, metrics = state["step"], state["metrics"]
-        for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
-            next(iterator)
-    else:
-        metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
-        run.log(metrics, 0, 0)
-        accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    start_time = time.time()
-    progress = tqdm(range(start + 1, num_updates + 1), initial=start, total=num_updates,
-                    disable=not accelerator.is_main_process, desc="remax")
-    for update in progress:
-        if args.anneal_lr:
-            for group in optimizer.param_groups:
-                group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
-        rows = [train_rows[i] for i in next(iterator).tolist()]
-
-        # ---- 1. rollout: sample, and the greedy baseline response to the same prompts by the same (current) policy;
-        # the logprobs are the sampler's (or a forward pass's), the reference's a forward pass ----
-        with torch.no_grad():
-            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
-            queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
-            # time on all-pad columns (as in ppo_rlhf.py).
-            stop_id = tokenizer.eos_token_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
-            sampled = None
-            try:
-                sampled = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
-                                           args.response_length, args.temperature, synced=synced)
-            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
-                if "probability tensor" not in str(e):
-                    raise
-            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
-                run.stop(loop_state(update - 1), non_finite_policy(update, args))
-            responses, logprobs, entropy = sampled
-            greedy = sample_responses(unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id,
-                                      args.response_length, 0.0, synced=synced)[0]
-
-            # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
-            postprocessed = truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else responses
-            sequence_lengths = first_true_indices(postprocessed == tokenizer.pad_token_id) - 1  # index of the last real token
-            if run.any_process(bool((sequence_lengths < 0).any())):
-                run.stop(loop_state(update - 1), f"a response sampled at update {update} is empty (its first token is "
-                         f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path")
-            texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
-            scores, contain_eos = score_responses(reward_model, queries, postprocessed, texts, rows, tokenizer, args)
-            greedy = truncate_response(greedy, tokenizer.eos_token_id, tokenizer.pad_token_id) if args.stop_token == "eos" else greedy
-            greedy_texts = tokenizer.batch_decode(greedy, skip_special_tokens=True)
-            greedy_scores, _ = score_responses(reward_model, queries, greedy, greedy_texts, rows, tokenizer, args)
-            response_idxs = torch.arange(responses.shape[1], device=device).repeat(responses.shape[0], 1)
-            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
-
-            # every forward pass runs on `pack`ed query + response token lists (no padding, see pack)
-            query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
-            response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
-            capacity = args.max_prompt_length + args.response_length
-            packed = pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity)
-            C = packed["targets"].shape[1]
-            if not use_sampler_logprobs:
-                logprobs = torch.zeros_like(logprobs)
-                logprobs[:, :C] = packed_logprobs(model, packed, args.temperature)
-            ref_logprobs = torch.zeros_like(logprobs)
-            ref_logprobs[:, :C] = packed_logprobs(ref_policy, packed, args.temperature)
-            logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
-            ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
-
-            # ---- 3. per-token advantages: the clipped score difference to the greedy response, minus beta * KL_t ----
-            token_kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
-            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator)
-            rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
-            advantages = remax_advantages(scores, greedy_scores, token_kl, args.kl_coef, args.reward_clip)
-            valid = ~padding_mask
-            clipped = ((scores - greedy_scores).abs() > args.reward_clip) & (args.reward_clip > 0)
-
-        # ---- 4. one REINFORCE step on the batch: the token mean over every micro-batch and process ----
-        total_tokens = global_count(valid.sum().item(), accelerator)
-        pg_losses = []
-        for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
-            with accelerator.accumulate(model):
-                mb = list(range(micro_start, micro_start + micro_batch_size))
-                mb_queries, mb_responses = [query_tokens[i] for i in mb], [response_tokens[i] for i in mb]
-                loss_sum = remax_micro_batch_loss(model, mb_queries, mb_responses, advantages[mb],
-                                                  tokenizer.pad_token_id, capacity, args.temperature)
-                if not run.all_finite(loss_sum):  # a collective: every process checks every micro-batch
-                    run.stop(loop_state(update - 1), f"non-finite ReMax loss at update {update}: lower "
-                             f"--learning-rate (now {args.learning_rate:g}) or check the rewards")
-                backward_share(accelerator, loss_sum, total_tokens)
-                if accelerator.sync_gradients:
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                        run.stop(loop_state(update - 1), f"non-finite gradient norm at update {update}: lower "
-                                 f"--learning-rate (now {args.learning_rate:g})")
-                optimizer.step()
-                optimizer.zero_grad()
-            pg_losses.append(loss_sum.detach())
-
-        # ---- logging ----
-        episode = update * batch_size
-        if update % args.log_every == 0 or update == num_updates:
-            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
-            logged = {
-                "objective/reward": g(scores), "objective/kl": g(seq_kl), "objective/entropy": g((entropy * ~padding_mask).sum(1)),
-                "objective/non_score_reward": g(-args.kl_coef * seq_kl), "objective/rlhf_reward": g(rlhf_reward),
-                "objective/greedy_reward": g(greedy_scores), "objective/advantage": g(advantages[valid]),
-                "objective/advantage_std": g(advantages[valid].std()),
-                "objective/reward_clipfrac": g(clipped),
-                "objective/completion_length": g((sequence_lengths + 1).float()), "objective/eos_rate": g(contain_eos.float()),
-                "loss/policy_avg": g(torch.stack(pg_losses).sum() / valid.sum()),
-                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()), "objective/kl_coef": args.kl_coef,
-                "lr": optimizer.param_groups[0]["lr"],
-                "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
-                "perf/peak_mem_gb": peak_mem_gb(device),
-            }
-            run.log(logged, update, episode)
-            progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
-        if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
-            run.log(metrics, update, episode)
-            accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
-        if run.stop_requested():  # a collective: every process asks after every update
-            run.stop(loop_state(update))
-        if args.save_every and update % args.save_every == 0 and update < num_updates:
-            run.checkpoint(loop_state(update))
-    progress.close()
-
-    run.finish(model, tokenizer, {"step": num_updates, "episode": num_updates * batch_size, "total_steps": num_updates,
-                                  "total_episodes": num_updates * batch_size})
-    accelerator.end_training()
-    return metrics
+def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
+    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail).
+    use_cache=False: with a cache, transformers would not read the packing from the position ids."""
+    device = next(model.parameters()).device
+    logits = model(
+        input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False
+    ).logits
+    logits = logits[packed["rows"].to(device), packed["cols"].to(device)].float() / (temperature + 1e-7)
+    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
 
 
 if __name__ == "__main__":

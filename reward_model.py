@@ -87,7 +87,7 @@ class Args:
     """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
     see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
     resume: bool = False
@@ -217,29 +217,394 @@ class Args:
 # README); the normalisation's SFT references (at most 512 + 53 = 562 tokens) fit too. The labeller confidence is
 # nested in N+ rows (`extra.confidence`, 1-9 or absent).
 PRESETS = {
-    "tldr-pythia-1b": ("N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)", Args(
-        exp_name="rm_tldr_pythia-1b", sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
-        add_pad_token=True, per_device_train_batch_size=8, gradient_accumulation_steps=1, max_length=638,
-        confidence_field="extra.confidence")),
-    "tldr-pythia-2.8b": ("N+ reward model, Pythia 2.8B (8 GPUs)", Args(
-        exp_name="rm_tldr_pythia-2.8b", sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
-        add_pad_token=True, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_length=638,
-        confidence_field="extra.confidence")),
-    "tldr-pythia-6.9b": ("N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="rm_tldr_pythia-6.9b", sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
-        add_pad_token=True, per_device_train_batch_size=2, gradient_accumulation_steps=4, max_length=638,
-        confidence_field="extra.confidence")),
-    "tiny-tldr": ("tiny-tldr Bradley-Terry RM on CPU (needs assets and a tiny-tldr SFT model)", Args(
-        exp_name="rm_tiny-tldr", sft_model_path="runs/sft_tiny-tldr__1/model",
-        dataset_name_or_path="runs/assets/tiny-tldr/preference", norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
-        learning_rate=3e-4, warmup_ratio=0.05, per_device_train_batch_size=32, max_length=160,
-        confidence_field="confidence", eval_every=50, num_norm_examples=512)),
-    "tiny-math-prm": ("tiny-math process reward model on CPU (needs assets and a tiny-math SFT model)", Args(
-        exp_name="prm_tiny-math", objective="process", sft_model_path="runs/sft_tiny-math__1/model",
-        dataset_name_or_path="runs/assets/tiny-math/prm", eval_split="test",
-        prompt_template="Question: {prompt}\nAnswer:\n", normalize=False, learning_rate=5e-4, warmup_ratio=0.05,
-        num_train_epochs=6, per_device_train_batch_size=32, max_length=192, eval_every=125)),
+    "tldr-pythia-1b": (
+        "N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)",
+        Args(
+            exp_name="rm_tldr_pythia-1b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
+            add_pad_token=True,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            max_length=638,
+            confidence_field="extra.confidence",
+        ),
+    ),
+    "tldr-pythia-2.8b": (
+        "N+ reward model, Pythia 2.8B (8 GPUs)",
+        Args(
+            exp_name="rm_tldr_pythia-2.8b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
+            add_pad_token=True,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            max_length=638,
+            confidence_field="extra.confidence",
+        ),
+    ),
+    "tldr-pythia-6.9b": (
+        "N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
+        Args(
+            exp_name="rm_tldr_pythia-6.9b",
+            sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
+            add_pad_token=True,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=4,
+            max_length=638,
+            confidence_field="extra.confidence",
+        ),
+    ),
+    "tiny-tldr": (
+        "tiny-tldr Bradley-Terry RM on CPU (needs assets and a tiny-tldr SFT model)",
+        Args(
+            exp_name="rm_tiny-tldr",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr/preference",
+            norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            learning_rate=3e-4,
+            warmup_ratio=0.05,
+            per_device_train_batch_size=32,
+            max_length=160,
+            confidence_field="confidence",
+            eval_every=50,
+            num_norm_examples=512,
+        ),
+    ),
+    "tiny-math-prm": (
+        "tiny-math process reward model on CPU (needs assets and a tiny-math SFT model)",
+        Args(
+            exp_name="prm_tiny-math",
+            objective="process",
+            sft_model_path="runs/sft_tiny-math__1/model",
+            dataset_name_or_path="runs/assets/tiny-math/prm",
+            eval_split="test",
+            prompt_template="Question: {prompt}\nAnswer:\n",
+            normalize=False,
+            learning_rate=5e-4,
+            warmup_ratio=0.05,
+            num_train_epochs=6,
+            per_device_train_batch_size=32,
+            max_length=192,
+            eval_every=125,
+        ),
+    ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The reward-model math: small pure functions, each checked against hand-computed values in
+# tests/test_reward_model.py
+# --------------------------------------------------------------------------------------------------
+
+
+def bradley_terry_loss(
+    r_chosen: torch.Tensor,
+    r_rejected: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    center_coef: float = 0.0,
+    reduction: Literal["mean", "sum"] = "mean",
+) -> torch.Tensor:
+    """-log sigmoid(r_c - r_r - margin) + center_coef * (r_c + r_r)^2 per pair, averaged (or summed) over pairs."""
+    diff = r_chosen - r_rejected - (margin if margin is not None else 0.0)
+    losses = -F.logsigmoid(diff)
+    if center_coef:
+        losses = losses + center_coef * (r_chosen + r_rejected) ** 2
+    return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def process_loss(
+    logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mean", "sum"] = "mean"
+) -> torch.Tensor:
+    """Binary cross-entropy between the step logits and the step labels, averaged (or summed) over the labelled steps;
+    label -100 marks non-step tokens."""
+    mask = labels != -100
+    return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].float(), reduction=reduction)
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
+
+
+def loss_units(batch: dict, objective: str) -> int:
+    """What the training loss averages over in `batch`: its pairs (outcome) or its labelled steps (process)."""
+    return len(batch["margin"]) if objective == "outcome" else int((batch["labels"] != -100).sum())
+
+
+def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
+    """One micro-batch of `main`: the loss summed over its pairs (outcome) or labelled steps (process) (`main`
+    divides by their number in the whole batch, `global_count`, in `backward_share`), and the detached rewards or
+    step logits."""
+    if args.objective == "outcome":
+        if "allowed" in batch:  # packed by `pack_pairs`
+            rewards = packed_rewards(model, batch)
+        else:
+            rewards = outcome_reward(model, batch["input_ids"], batch["attention_mask"])
+        r_chosen, r_rejected = rewards.chunk(2)
+        loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"], args.center_rewards_coef, reduction="sum")
+        return loss, {"r_chosen": r_chosen.detach(), "r_rejected": r_rejected.detach()}
+    logits = token_scores(model, batch["input_ids"], batch["attention_mask"])
+    loss = process_loss(logits, batch["labels"], reduction="sum")
+    return loss, {"logits": logits.detach(), "labels": batch["labels"]}
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+
+    return f
+
+
+# --------------------------------------------------------------------------------------------------
+# main: the training loop, as numbered steps
+# --------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
+    set_seed(args.seed)
+
+    # everything the run needs is loaded and checked before the first step: the tokenizer against the model, the
+    # training, evaluation and normalisation data, row by row
+    tokenizer = load_tokenizer(args.sft_model_path, args)
+    positions = model_positions(load_config(args.sft_model_path, args))
+    if args.use_chat_template and not tokenizer.chat_template:
+        raise SystemExit(
+            f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has no "
+            "chat template; drop the flag"
+        )
+    tokenize = tokenize_pairs if args.objective == "outcome" else tokenize_steps
+    train_rows = load_split(args.dataset_name_or_path, args.train_split)
+    if args.max_train_samples:
+        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
+    train = tokenize(train_rows, tokenizer, args, args.train_split, positions)
+    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
+    evals = tokenize(
+        eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))),
+        tokenizer,
+        args,
+        args.eval_split,
+        positions,
+    )
+    if args.confidence_field and args.objective == "outcome" and all(e["confidence"] is None for e in evals):
+        accelerator.print(
+            f"warning: no evaluation row has a value at --confidence-field {args.confidence_field!r}; "
+            "the accuracy by confidence will not be logged"
+        )
+    normalize = args.objective == "outcome" and args.normalize
+    references = tokenize_references(tokenizer, args, positions) if normalize else None
+
+    model = load_model(args, tokenizer)
+    if args.pack_pairs and model.config._attn_implementation not in ("eager", "sdpa"):
+        raise SystemExit(
+            f"error: --pack-pairs hands the attention a 4D mask, which {model.config._attn_implementation} attention "
+            "does not "
+            "take; pass --no-pack-pairs (or use sdpa / eager attention)"
+        )
+    model.config.pad_token_id = tokenizer.pad_token_id
+    # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero. Under ZeRO-3 the
+    # head is partitioned (an empty tensor on each rank): gather it, let rank 0 draw it, and share its draw
+    if zero3(accelerator):
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.score.parameters()), modifier_rank=0)
+    else:
+        gathered = contextlib.nullcontext()
+    with gathered:
+        torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
+        if getattr(model.score, "bias", None) is not None:
+            torch.nn.init.zeros_(model.score.bias)
+    model.config.reward_type = args.objective
+    model.config.reward_bias = 0.0
+    if args.objective == "process":
+        model.config.step_separator = args.step_separator
+    for module in model.modules():  # N+: dropout off
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
+    loader = torch.utils.data.DataLoader(
+        train,
+        batch_size=args.per_device_train_batch_size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=lambda b: collate(b, tokenizer.pad_token_id, args.objective, args.pack_pairs),
+        drop_last=True,
+    )
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay
+    )
+    configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
+    total_steps = math.ceil(len(loader) / args.gradient_accumulation_steps) * args.num_train_epochs
+    if total_steps == 0:
+        raise SystemExit(
+            f"error: {len(train)} training rows make no full batch of "
+            f"{args.per_device_train_batch_size} x {accelerator.num_processes} processes "
+            "(--per-device-train-batch-size)"
+        )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps)
+    )
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
+    batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    run.begin()
+    accelerator.print(
+        f"run {args.run_name}: {args.objective} reward model, {len(train)} training rows, {total_steps} steps"
+    )
+
+    step, running, losses, n_micro, n_steps, t_last, metrics = 0, defaultdict(list), [], 0, 0, time.time(), {}
+    if state := run.resume():  # the loop's counters; the data position is replayed below
+        mine = state["running"][accelerator.process_index]
+        losses = [torch.tensor(v) for v in mine["losses"]]
+        running = defaultdict(list, {k: [torch.tensor(v) for v in values] for k, values in mine["running"].items()})
+        n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
+    progress = tqdm(
+        total=total_steps,
+        initial=state["step"] if state else 0,
+        disable=not accelerator.is_main_process,
+        desc=f"{args.objective} rm",
+    )
+    grad_norm = None
+    for epoch in range(args.num_train_epochs):
+        for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
+                step += 1
+                continue
+            before = (step, len(losses), n_micro, n_steps)  # for a checkpoint after a non-finite loss
+            # the loss is the mean over the pairs (outcome) or labelled steps (process) of the whole step: every
+            # micro-batch and process (a process's solutions hold different numbers of steps)
+            total = global_count(sum(loss_units(b, args.objective) for b in micro), accelerator)
+            # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
+            accelerator.step = args.gradient_accumulation_steps - len(micro)
+            for batch in micro:
+                with accelerator.accumulate(model):
+                    loss_sum, out = micro_batch_loss(model, batch, args)
+                    if not run.all_finite(loss_sum):
+                        run.stop(
+                            rm_loop_state(*before, losses, running, metrics, batch_episodes),
+                            f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
+                            f"{args.learning_rate:g}) or check the data",
+                        )
+                    backward_share(accelerator, loss_sum, total)
+                    if accelerator.sync_gradients:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                        if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                            run.stop(
+                                rm_loop_state(*before, losses, running, metrics, batch_episodes),
+                                f"non-finite gradient norm at step {step + 1}: lower --learning-rate (now "
+                                f"{args.learning_rate:g})",
+                            )
+                    optimizer.step()
+                    optimizer.zero_grad()
+                losses.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
+                if args.objective == "outcome":
+                    running["train/accuracy"].append((out["r_chosen"] > out["r_rejected"]).float().mean())
+                    running["train/reward_margin"].append((out["r_chosen"] - out["r_rejected"]).mean())
+            n_micro, n_steps = n_micro + len(micro), n_steps + 1
+            scheduler.step()
+            step += 1
+            progress.update(1)
+            if step % args.log_every == 0 or step == total_steps:
+                now = time.time()
+                logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in running.items()}
+                # the mean over the logged steps of each step's mean (every micro-batch and process)
+                logged["train/loss"] = accelerator.gather(torch.stack(losses).sum()[None]).sum().item() / n_steps
+                logged.update(
+                    {
+                        "lr": scheduler.get_last_lr()[0],
+                        "epoch": epoch,
+                        "perf/episodes_per_sec": batch_episodes
+                        * n_micro
+                        / args.gradient_accumulation_steps
+                        / (now - t_last),
+                        "perf/peak_mem_gb": peak_mem_gb(accelerator.device),
+                    }
+                )
+                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
+                    logged["train/grad_norm"] = float(grad_norm)
+                run.log(logged, step, step * batch_episodes)
+                progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
+                running, losses, n_micro, n_steps, t_last = defaultdict(list), [], 0, 0, now
+            if step % args.eval_every == 0 or step == total_steps:
+                metrics = evaluate(model, evals, tokenizer, args, accelerator)
+                run.log(metrics, step, step * batch_episodes)
+                accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                t_last = time.time()
+            if run.stop_requested():
+                run.stop(rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics, batch_episodes))
+            if args.save_every and step % args.save_every == 0 and step < total_steps:
+                run.checkpoint(
+                    rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics, batch_episodes)
+                )
+    progress.close()
+
+    if normalize:  # after the last step, also on a resumed run (the loop only checkpoints up to the last step)
+        raw = reference_rewards(model, references, tokenizer, args, accelerator)
+        accelerator.unwrap_model(model).config.reward_bias = -raw.mean().item()
+        bias = accelerator.unwrap_model(model).config.reward_bias
+        after = reference_rewards(model, references, tokenizer, args, accelerator) + bias
+        metrics["eval/reward_bias"] = -raw.mean().item()
+        metrics["eval/reference_reward_mean"] = after.mean().item()
+        normalisation = {k: metrics[k] for k in ("eval/reward_bias", "eval/reference_reward_mean")}
+        run.log(normalisation, step, step * batch_episodes)
+        accelerator.print(
+            f"normalised: reward_bias {metrics['eval/reward_bias']:.4f}, reference mean reward now "
+            f"{metrics['eval/reference_reward_mean']:.2e}"
+        )
+
+    run.finish(
+        model,
+        tokenizer,
+        {
+            "step": step,
+            "episode": step * batch_episodes,
+            "total_steps": total_steps,
+            "total_episodes": total_steps * batch_episodes,
+        },
+    )
+    accelerator.end_training()
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
+# across scripts by tests/test_conventions.py)
+# --------------------------------------------------------------------------------------------------
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -252,7 +617,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -277,14 +644,17 @@ def require_hub(name: str, what: str, flag: str) -> None:
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
         return
     raise SystemExit(
-        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub cannot "
-        f"be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli download "
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
+        "download "
         f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
         f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
     )
 
 
-def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+def load_split(
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
     that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
     it; `flag` is the option named when the path is none of these."""
@@ -296,8 +666,10 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
-            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
-                             f"{split}.parquet or a save_to_disk folder")
+            raise SystemExit(
+                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                f"{split}.parquet or a save_to_disk folder"
+            )
         path = files[0]
     if path.is_file():
         if path.stat().st_size == 0:
@@ -308,14 +680,18 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
                     try:
                         assert not line.strip() or isinstance(json.loads(line), dict)
                     except (ValueError, AssertionError):
-                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
-                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+                        raise SystemExit(
+                            f"error: {path} ({flag}) line {number} is not a JSON object: "
+                            f"{line.strip()[:60]!r}; is the file complete?"
+                        ) from None
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
             reason = " ".join(str(e).split())[:200]
-            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
-                             "check that the file is complete, one JSON object a line for .jsonl") from None
+            raise SystemExit(
+                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                "check that the file is complete, one JSON object a line for .jsonl"
+            ) from None
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
         return ds
@@ -323,8 +699,14 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
     return load_dataset(name_or_path, config, split=split)
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 
 
 def load_config(name_or_path: str, args: Args):
@@ -333,12 +715,14 @@ def load_config(name_or_path: str, args: Args):
     if not local:
         require_hub(name_or_path, "model", "--sft-model-path")
     try:
-        return AutoConfig.from_pretrained(name_or_path, revision=args.revision,
-                                          trust_remote_code=args.trust_remote_code, local_files_only=local)
+        return AutoConfig.from_pretrained(
+            name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:  # no or a broken config.json, an unknown model type
         reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: --sft-model-path {name_or_path} holds no model config that transformers can load: "
-                         f"{reason}") from None
+        raise SystemExit(
+            f"error: --sft-model-path {name_or_path} holds no model config that transformers can load: {reason}"
+        ) from None
 
 
 def load_tokenizer(name_or_path: str, args: Args):
@@ -349,20 +733,26 @@ def load_tokenizer(name_or_path: str, args: Args):
     flag, local = "--sft-model-path", os.path.isdir(name_or_path)
     config = load_config(name_or_path, args)
     if local and not any((Path(name_or_path) / f).exists() for f in TOKENIZER_FILES):
-        raise SystemExit(f"error: {flag} {name_or_path} holds no tokenizer (no {', '.join(TOKENIZER_FILES[:3])}, ...): "
-                         "was its save interrupted? Pass a complete model directory (weights and tokenizer)")
+        raise SystemExit(
+            f"error: {flag} {name_or_path} holds no tokenizer (no {', '.join(TOKENIZER_FILES[:3])}, ...): "
+            "was its save interrupted? Pass a complete model directory (weights and tokenizer)"
+        )
     try:
-        tok = AutoTokenizer.from_pretrained(name_or_path, revision=args.revision,
-                                            trust_remote_code=args.trust_remote_code, local_files_only=local)
+        tok = AutoTokenizer.from_pretrained(
+            name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:  # missing or truncated tokenizer files
         reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: {flag} {name_or_path} holds no tokenizer that transformers can load: "
-                         f"{reason}") from None
+        raise SystemExit(
+            f"error: {flag} {name_or_path} holds no tokenizer that transformers can load: {reason}"
+        ) from None
     vocab = getattr(config.get_text_config(), "vocab_size", None)
     if vocab and len(tok) < vocab // 2:
-        raise SystemExit(f"error: the tokenizer of {flag} {name_or_path} has {len(tok)} tokens for a model "
-                         f"embedding of {vocab} rows: its tokenizer files are incomplete (was its save interrupted?); "
-                         "pass a complete model directory (weights and tokenizer)")
+        raise SystemExit(
+            f"error: the tokenizer of {flag} {name_or_path} has {len(tok)} tokens for a model "
+            f"embedding of {vocab} rows: its tokenizer files are incomplete (was its save interrupted?); "
+            "pass a complete model directory (weights and tokenizer)"
+        )
     return ensure_pad_token(tok, args.add_pad_token, name_or_path)
 
 
@@ -372,12 +762,19 @@ def load_model(args: Args, tokenizer):
     local = os.path.isdir(args.sft_model_path)
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            args.sft_model_path, num_labels=1, revision=args.revision, trust_remote_code=args.trust_remote_code,
-            local_files_only=local, dtype=getattr(torch, args.dtype))
+            args.sft_model_path,
+            num_labels=1,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=local,
+            dtype=getattr(torch, args.dtype),
+        )
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # no weights, truncated safetensors, mismatched shapes
         reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: --sft-model-path {args.sft_model_path} cannot be loaded as a reward model "
-                         f"(AutoModelForSequenceClassification): {reason}") from None
+        raise SystemExit(
+            f"error: --sft-model-path {args.sft_model_path} cannot be loaded as a reward model "
+            f"(AutoModelForSequenceClassification): {reason}"
+        ) from None
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))
     return model
@@ -396,8 +793,9 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
     Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
     engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
     gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
-                                        sync_with_dataloader=sync_with_dataloader)
+    plugin = GradientAccumulationPlugin(
+        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+    )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
 
@@ -466,8 +864,10 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
         return tokenizer
     problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
     if not add_pad_token:
-        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
-                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+        raise SystemExit(
+            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
+        )
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
@@ -477,130 +877,6 @@ def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
     """Token ids ending in exactly one EOS. The N+ TL;DR responses already end with the text `<|endoftext|>`, which the
     Pythia tokenizer encodes as its EOS: appending another would teach two EOS and move the reward's position."""
     return ids if ids and ids[-1] == eos_id else [*ids, eos_id]
-
-
-# ----------------------------------------------------------------------------------------------------
-# The reward computation (copied into every consumer of a reward model)
-# ----------------------------------------------------------------------------------------------------
-
-
-def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
-    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
-    scores before pooling them at one position; a forward hook on the head captures them. Going through the
-    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
-    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
-    same scores for the real tokens."""
-    captured = {}
-    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
-    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
-    try:
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        handle.remove()
-    return captured["scores"].squeeze(-1).float()
-
-
-def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
-    the normalisation bias stored in the config."""
-    scores = token_scores(model, input_ids, attention_mask)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    last = (attention_mask * positions).argmax(dim=1)
-    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
-    return scores[torch.arange(len(scores), device=scores.device), last] + bias
-
-
-def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor, margin: torch.Tensor | None = None,
-                       center_coef: float = 0.0, reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
-    """-log sigmoid(r_c - r_r - margin) + center_coef * (r_c + r_r)^2 per pair, averaged (or summed) over pairs."""
-    diff = r_chosen - r_rejected - (margin if margin is not None else 0.0)
-    losses = -F.logsigmoid(diff)
-    if center_coef:
-        losses = losses + center_coef * (r_chosen + r_rejected) ** 2
-    return losses.sum() if reduction == "sum" else losses.mean()
-
-
-def process_loss(logits: torch.Tensor, labels: torch.Tensor,
-                 reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
-    """Binary cross-entropy between the step logits and the step labels, averaged (or summed) over the labelled steps;
-    label -100 marks non-step tokens."""
-    mask = labels != -100
-    return F.binary_cross_entropy_with_logits(logits[mask], labels[mask].float(), reduction=reduction)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Packed pairs: the training forward pass without padding and with the prompt computed once per pair
-# ----------------------------------------------------------------------------------------------------
-
-
-def pack_pairs(chosen: list[list[int]], rejected: list[list[int]], pad_id: int) -> dict:
-    """A padding-free batch of preference pairs for one forward pass. Why: in a right-padded batch of prompt + response
-    rows about a quarter of the tokens are padding, and chosen and rejected repeat the same prompt, often most of the
-    tokens; the matmuls, most of a step's time, scale with the tokens. A causal model computes the same hidden states
-    for a shared prefix whatever follows it, so each pair is laid out once as [common prefix, rest of chosen, rest of
-    rejected] (the prefix is capped so both rests keep at least their last token, where the reward is read). The rest
-    of rejected sees the prefix and itself but not the chosen tokens, and its position ids continue from the prefix,
-    so every token sees exactly what it sees in its own padded row. Pairs are laid end to end in rows of at most
-    `capacity` tokens (first-fit, longest first; twice the longest sequence packed best on CPU: the attention and
-    mask cost grow with the row length). `allowed` (rows, W, W) says which key each query may attend to (block-
-    diagonal per pair, causal, rejected not seeing chosen); `rows`, `cols` (2N,) locate the last token of each
-    sequence, chosen sequences first, then rejected ones, as in the padded batch."""
-    n = len(chosen)
-    shared = [min(next((k for k, (a, b) in enumerate(zip(c, r)) if a != b), min(len(c), len(r))), min(len(c), len(r)) - 1)
-              for c, r in zip(chosen, rejected)]
-    units = [len(c) + len(r) - s for c, r, s in zip(chosen, rejected, shared)]
-    capacity = max(2 * max(len(s) for s in chosen + rejected), max(units))
-    members, free = [], []
-    for i in sorted(range(n), key=lambda i: -units[i]):
-        row = next((r for r in range(len(members)) if free[r] >= units[i]), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= units[i]
-    width = capacity - min(free)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    pair = torch.full((len(members), width), -1, dtype=torch.long)  # which pair of the row a token belongs to
-    part = torch.zeros((len(members), width), dtype=torch.long)  # 0: shared prefix or padding, 1: rest of chosen, 2: rest of rejected
-    rows, cols = torch.zeros(2 * n, dtype=torch.long), torch.zeros(2 * n, dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            c, rej, s = chosen[i], rejected[i], shared[i]
-            input_ids[r, offset : offset + units[i]] = torch.tensor(c + rej[s:])
-            position_ids[r, offset : offset + len(c)] = torch.arange(len(c))
-            position_ids[r, offset + len(c) : offset + units[i]] = torch.arange(s, len(rej))
-            pair[r, offset : offset + units[i]] = i
-            part[r, offset + s : offset + len(c)], part[r, offset + len(c) : offset + units[i]] = 1, 2
-            rows[i], cols[i] = r, offset + len(c) - 1
-            rows[n + i], cols[n + i] = r, offset + units[i] - 1
-            offset += units[i]
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail sees only itself; it is never read
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = (pair[:, :, None] == pair[:, None, :]) & causal & ~((part[:, :, None] == 2) & (part[:, None, :] == 1))
-    return {"input_ids": input_ids, "position_ids": position_ids, "allowed": allowed, "rows": rows, "cols": cols}
-
-
-def packed_rewards(model, packed: dict) -> torch.Tensor:
-    """Rewards (2N,) of a `pack_pairs` batch, chosen first, read from the `score` head's per-token output as
-    `token_scores` does (a hook, so the call goes through the possibly DDP-wrapped model), plus the stored bias.
-    The mask goes in as a 4D additive mask, which transformers hands to the attention as is (eager and sdpa
-    attention; flash-attention kernels take no such mask). use_cache=False: no KV cache is needed to train."""
-    captured = {}
-    inner = getattr(model, "module", model)  # DDP / DeepSpeed wrappers keep the model in `.module`
-    dtype = next(inner.parameters()).dtype
-    mask = torch.zeros(packed["allowed"].shape, dtype=dtype, device=packed["allowed"].device)
-    mask = mask.masked_fill(~packed["allowed"], torch.finfo(dtype).min)[:, None]
-    handle = inner.score.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
-    try:
-        model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"], use_cache=False)
-    finally:
-        handle.remove()
-    scores = captured["scores"].squeeze(-1).float()
-    return scores[packed["rows"], packed["cols"]] + getattr(inner.config, "reward_bias", 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -615,16 +891,22 @@ def template_fields(template: str, flag: str) -> list[str]:
     except ValueError as e:
         raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
     if any(name == "" or name.isdigit() for name in names):
-        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
-                         "e.g. {query}")
+        raise SystemExit(
+            f"error: {flag} {template!r} has a positional field {{}}; name the row's field, e.g. {{query}}"
+        )
     return [re.match(r"[^.\[]*", name).group() for name in names]
 
 
 def chat_messages(value) -> bool:
     """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
     format)."""
-    return isinstance(value, list) and len(value) > 0 and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
 
 
 def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
@@ -635,18 +917,26 @@ def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
         if name not in row:
             chat = [k for k, v in row.items() if chat_messages(v)]
             hint = f"; for TRL's conversational format pass {flag} '{{{chat[0]}}}'" if chat else ""
-            raise SystemExit(f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
-                             f"its fields are {sorted(row)}{hint}")
+            raise SystemExit(
+                f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
+                f"its fields are {sorted(row)}{hint}"
+            )
         value = row[name]
         if value is None:
-            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
-                             "or drop the row")
+            raise SystemExit(
+                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
+                "or drop the row"
+            )
         if chat_messages(value):
-            raise SystemExit(f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
-                             f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template")
+            raise SystemExit(
+                f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
+                f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template"
+            )
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
-                             f"{type(value).__name__}, not text: {str(value)[:60]!r}")
+            raise SystemExit(
+                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
+                f"{type(value).__name__}, not text: {str(value)[:60]!r}"
+            )
     try:
         text = template.format(**row)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
@@ -674,13 +964,17 @@ def prompt_token_ids(row: dict, where: str, tokenizer, args: Args) -> list[int]:
             return tokenizer(prompt, add_special_tokens=False)["input_ids"]
         messages = [{"role": "user", "content": prompt}]
     elif messages[-1]["role"] == "assistant":
-        raise SystemExit(f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} end with an "
-                         "assistant turn; the prompt ends before the response: give the prompt's messages only and the "
-                         "responses in their own fields (TRL's conversational prompt/chosen/rejected format)")
+        raise SystemExit(
+            f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} end with an "
+            "assistant turn; the prompt ends before the response: give the prompt's messages only and the "
+            "responses in their own fields (TRL's conversational prompt/chosen/rejected format)"
+        )
     if not tokenizer.chat_template:
-        raise SystemExit(f"error: the tokenizer of --sft-model-path {args.sft_model_path} has no chat template, so the "
-                         f"chat messages of {where} (or --use-chat-template) cannot be rendered; give plain-text "
-                         "prompts")
+        raise SystemExit(
+            f"error: the tokenizer of --sft-model-path {args.sft_model_path} has no chat template, so the "
+            f"chat messages of {where} (or --use-chat-template) cannot be rendered; give plain-text "
+            "prompts"
+        )
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
@@ -696,14 +990,17 @@ def response_text(row: dict, where: str, name: str, flag: str) -> str:
         raise SystemExit(f"error: {where}: field '{name}' ({flag}) is null; fill it in or drop the row")
     if chat_messages(value):
         if any(m["role"] != "assistant" for m in value):
-            raise SystemExit(f"error: {where}: field '{name}' ({flag}) holds a whole conversation (roles "
-                             f"{[m['role'] for m in value]}), TRL's implicit-prompt format; give the prompt's messages "
-                             "in their own field (--prompt-template '{prompt}') and only the assistant's turn in the "
-                             "response fields (TRL's conversational prompt/chosen/rejected format)")
+            raise SystemExit(
+                f"error: {where}: field '{name}' ({flag}) holds a whole conversation (roles "
+                f"{[m['role'] for m in value]}), TRL's implicit-prompt format; give the prompt's messages "
+                "in their own field (--prompt-template '{prompt}') and only the assistant's turn in the "
+                "response fields (TRL's conversational prompt/chosen/rejected format)"
+            )
         value = "\n".join(m["content"] for m in value)
     elif not isinstance(value, str):
-        raise SystemExit(f"error: {where}: field '{name}' ({flag}) is a {type(value).__name__}, not text: "
-                         f"{str(value)[:60]!r}")
+        raise SystemExit(
+            f"error: {where}: field '{name}' ({flag}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
+        )
     if not value.strip():
         raise SystemExit(f"error: {where}: field '{name}' ({flag}) is empty; it must be a non-empty string")
     return value
@@ -726,8 +1023,9 @@ def margin_value(row: dict, where: str, args: Args) -> float:
     value = row.get(args.margin_field)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         got = "no such field" if args.margin_field not in row else repr(value)[:60]
-        raise SystemExit(f"error: {where}: the margin (--margin-field {args.margin_field}) must be a finite number; "
-                         f"got {got}")
+        raise SystemExit(
+            f"error: {where}: the margin (--margin-field {args.margin_field}) must be a finite number; got {got}"
+        )
     return float(value)
 
 
@@ -744,11 +1042,15 @@ def check_length(ids: list[int], args: Args, where: str, positions: int | None =
     if args.drop_overlong:
         return False
     if len(ids) > args.max_length:
-        raise SystemExit(f"error: {where} is {len(ids)} tokens long; the limit is --max-length {args.max_length}. "
-                         "Raise it or pass --drop-overlong.")
-    raise SystemExit(f"error: {where} is {len(ids)} tokens long, more than the {positions} positions of "
-                     f"--sft-model-path (max_position_embeddings); lower --max-length (now {args.max_length}) to at "
-                     "most that and pass --drop-overlong")
+        raise SystemExit(
+            f"error: {where} is {len(ids)} tokens long; the limit is --max-length {args.max_length}. "
+            "Raise it or pass --drop-overlong."
+        )
+    raise SystemExit(
+        f"error: {where} is {len(ids)} tokens long, more than the {positions} positions of "
+        f"--sft-model-path (max_position_embeddings); lower --max-length (now {args.max_length}) to at "
+        "most that and pass --drop-overlong"
+    )
 
 
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, positions: int | None = None) -> list[dict]:
@@ -759,12 +1061,15 @@ def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, positions: in
     out, dropped, same = [], 0, 0
     for i, row in enumerate(ds):
         where = f"row {i} of split '{split}'"
-        responses = [response_text(row, where, name, flag) for name, flag in
-                     ((args.chosen_field, "--chosen-field"), (args.rejected_field, "--rejected-field"))]
+        responses = [
+            response_text(row, where, name, flag)
+            for name, flag in ((args.chosen_field, "--chosen-field"), (args.rejected_field, "--rejected-field"))
+        ]
         prompt_ids = prompt_token_ids(row, where, tokenizer, args)
         encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in responses]
-        ids = {key: prompt_ids + end_with_eos(e, tokenizer.eos_token_id)
-               for key, e in zip(("chosen", "rejected"), encoded)}
+        ids = {
+            key: prompt_ids + end_with_eos(e, tokenizer.eos_token_id) for key, e in zip(("chosen", "rejected"), encoded)
+        }
         margin = margin_value(row, where, args)
         if not all(check_length(ids[key], args, where, positions) for key in ("chosen", "rejected")):
             dropped += 1
@@ -777,9 +1082,11 @@ def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, positions: in
     if not out:
         raise SystemExit(f"error: no usable pairs in split '{split}'")
     if same == len(out):
-        raise SystemExit(f"error: every pair of split '{split}' has the same chosen and rejected response "
-                         f"(--chosen-field '{args.chosen_field}', --rejected-field '{args.rejected_field}'): there is "
-                         "no preference to learn; check the two fields")
+        raise SystemExit(
+            f"error: every pair of split '{split}' has the same chosen and rejected response "
+            f"(--chosen-field '{args.chosen_field}', --rejected-field '{args.rejected_field}'): there is "
+            "no preference to learn; check the two fields"
+        )
     return out
 
 
@@ -790,32 +1097,44 @@ def tokenize_steps(ds: Dataset, tokenizer, args: Args, split: str, positions: in
     one-line error naming the row and the flag."""
     sep = tokenizer(args.step_separator, add_special_tokens=False)["input_ids"]
     if len(sep) != 1:
-        raise SystemExit(f"error: the step separator {args.step_separator!r} is {len(sep)} tokens; it must be exactly one")
+        raise SystemExit(
+            f"error: the step separator {args.step_separator!r} is {len(sep)} tokens; it must be exactly one"
+        )
     out, dropped = [], 0
     for i, row in enumerate(ds):
         where = f"row {i} of split '{split}'"
         ids = prompt_token_ids(row, where, tokenizer, args)
         labels = [-100] * len(ids)
         fields = []
-        for name, flag, what in ((args.steps_field, "--steps-field", "step texts"),
-                                 (args.labels_field, "--labels-field", "booleans, one per step")):
+        for name, flag, what in (
+            (args.steps_field, "--steps-field", "step texts"),
+            (args.labels_field, "--labels-field", "booleans, one per step"),
+        ):
             if name not in row:
                 raise SystemExit(f"error: {where} has no field '{name}' ({flag}); its fields are {sorted(row)}")
             if not isinstance(row[name], list) or not row[name]:
-                raise SystemExit(f"error: {where}: field '{name}' ({flag}) must be a non-empty list of {what}, got "
-                                 f"{str(row[name])[:60]!r}")
+                raise SystemExit(
+                    f"error: {where}: field '{name}' ({flag}) must be a non-empty list of {what}, got "
+                    f"{str(row[name])[:60]!r}"
+                )
             fields.append(row[name])
         steps, step_labels = fields
         if len(steps) != len(step_labels):
-            raise SystemExit(f"error: {where} has {len(steps)} steps but {len(step_labels)} labels (--steps-field "
-                             f"'{args.steps_field}', --labels-field '{args.labels_field}'): give one label per step")
+            raise SystemExit(
+                f"error: {where} has {len(steps)} steps but {len(step_labels)} labels (--steps-field "
+                f"'{args.steps_field}', --labels-field '{args.labels_field}'): give one label per step"
+            )
         for k, (step, label) in enumerate(zip(steps, step_labels)):
             if not isinstance(step, str) or not step.strip():
-                raise SystemExit(f"error: {where}: step {k} of field '{args.steps_field}' (--steps-field) is "
-                                 f"{repr(step)[:60]}, not a non-empty text")
+                raise SystemExit(
+                    f"error: {where}: step {k} of field '{args.steps_field}' (--steps-field) is "
+                    f"{repr(step)[:60]}, not a non-empty text"
+                )
             if not (isinstance(label, (bool, int, float)) and label in (0, 1)):  # a column of numbers reads 0 / 1
-                raise SystemExit(f"error: {where}: label {k} of field '{args.labels_field}' (--labels-field) is "
-                                 f"{repr(label)[:60]}, not a boolean (is step {k} correct)")
+                raise SystemExit(
+                    f"error: {where}: label {k} of field '{args.labels_field}' (--labels-field) is "
+                    f"{repr(label)[:60]}, not a boolean (is step {k} correct)"
+                )
             step_ids = tokenizer(step, add_special_tokens=False)["input_ids"]
             ids += step_ids + sep
             labels += [-100] * len(step_ids) + [int(label)]
@@ -824,8 +1143,9 @@ def tokenize_steps(ds: Dataset, tokenizer, args: Args, split: str, positions: in
             continue
         out.append({"input_ids": ids, "labels": labels})
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} solutions of '{split}' longer than --max-length or the model's "
-              "positions")
+        print(
+            f"dropped {dropped} of {len(ds)} solutions of '{split}' longer than --max-length or the model's positions"
+        )
     if not out:
         raise SystemExit(f"error: no usable solutions in split '{split}'")
     return out
@@ -855,28 +1175,6 @@ def collate(batch: list[dict], pad_id: int, objective: str, pack: bool = False) 
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def loss_units(batch: dict, objective: str) -> int:
-    """What the training loss averages over in `batch`: its pairs (outcome) or its labelled steps (process)."""
-    return len(batch["margin"]) if objective == "outcome" else int((batch["labels"] != -100).sum())
-
-
-def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
-    """One micro-batch of `main`: the loss summed over its pairs (outcome) or labelled steps (process) (`main`
-    divides by their number in the whole batch, `global_count`, in `backward_share`), and the detached rewards or
-    step logits."""
-    if args.objective == "outcome":
-        if "allowed" in batch:  # packed by `pack_pairs`
-            rewards = packed_rewards(model, batch)
-        else:
-            rewards = outcome_reward(model, batch["input_ids"], batch["attention_mask"])
-        r_chosen, r_rejected = rewards.chunk(2)
-        loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"], args.center_rewards_coef, reduction="sum")
-        return loss, {"r_chosen": r_chosen.detach(), "r_rejected": r_rejected.detach()}
-    logits = token_scores(model, batch["input_ids"], batch["attention_mask"])
-    loss = process_loss(logits, batch["labels"], reduction="sum")
-    return loss, {"logits": logits.detach(), "labels": batch["labels"]}
-
-
 # ----------------------------------------------------------------------------------------------------
 # Logging, evaluation, normalisation
 # ----------------------------------------------------------------------------------------------------
@@ -900,17 +1198,33 @@ def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Ac
     with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             chunk = shard[start : start + args.per_device_eval_batch_size]
-            batch = {k: v.to(accelerator.device) for k, v in collate(chunk, tokenizer.pad_token_id, args.objective, args.pack_pairs).items()}
+            batch = {
+                k: v.to(accelerator.device)
+                for k, v in collate(chunk, tokenizer.pad_token_id, args.objective, args.pack_pairs).items()
+            }
             _, out = micro_batch_loss(unwrapped, batch, args)
             if args.objective == "outcome":
                 for e, rc, rr in zip(chunk, out["r_chosen"].tolist(), out["r_rejected"].tolist()):
-                    records.append({"loss": -F.logsigmoid(torch.tensor(rc - rr - e["margin"])).item(), "r_chosen": rc,
-                                    "r_rejected": rr, "correct": rc > rr, "confidence": e["confidence"]})
+                    records.append(
+                        {
+                            "loss": -F.logsigmoid(torch.tensor(rc - rr - e["margin"])).item(),
+                            "r_chosen": rc,
+                            "r_rejected": rr,
+                            "correct": rc > rr,
+                            "confidence": e["confidence"],
+                        }
+                    )
             else:
                 for logits, labels in zip(out["logits"], out["labels"]):
                     mask = labels != -100
                     right = ((logits[mask] > 0).long() == labels[mask]).tolist()
-                    records.append({"loss": process_loss(logits[None], labels[None]).item(), "steps_right": sum(right), "steps": len(right)})
+                    records.append(
+                        {
+                            "loss": process_loss(logits[None], labels[None]).item(),
+                            "steps_right": sum(right),
+                            "steps": len(right),
+                        }
+                    )
     records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
     model.train()
     n = len(records)
@@ -958,8 +1272,10 @@ def tokenize_references(tokenizer, args: Args, positions: int | None = None) -> 
     if dropped:
         print(f"dropped {dropped} of {len(ds)} reference responses longer than --max-length or the model's positions")
     if not seqs:
-        raise SystemExit(f"error: split '{args.norm_split}' of {flag} {args.norm_dataset_name_or_path} has no rows to "
-                         "normalise the reward with")
+        raise SystemExit(
+            f"error: split '{args.norm_split}' of {flag} {args.norm_dataset_name_or_path} has no rows to "
+            "normalise the reward with"
+        )
     return seqs
 
 
@@ -1011,17 +1327,6 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
         yield micro
 
 
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress if schedule == "linear" else 1.0
-    return f
-
-
 # ----------------------------------------------------------------------------------------------------
 # Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
 # argument checks (copied verbatim between scripts; tests/test_faults.py)
@@ -1061,14 +1366,20 @@ class Run:
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
             if (self.dir / "done.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
+                )
             if not (self.dir / "checkpoint" / "state.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
-                                 "(with --overwrite if the directory is in use)")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    "(with --overwrite if the directory is in use)"
+                )
             self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
         elif self.held and not args.overwrite:
-            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
-                             "delete it and start over, or another --run-name")
+            raise SystemExit(
+                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                "delete it and start over, or another --run-name"
+            )
 
     def begin(self) -> None:
         """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
@@ -1092,8 +1403,15 @@ class Run:
                 id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
                 run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
                 id_file.write_text(run_id)
-                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+                self.wandb = wandb.init(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    name=args.run_name,
+                    id=run_id,
+                    resume="allow",
+                    config=dataclasses.asdict(args),
+                    dir=str(self.dir),
+                )
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -1104,14 +1422,22 @@ class Run:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal = signum
         if self.main:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
-                  "to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                "to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log(self, metrics: dict, step: int, episode: int) -> None:
         if not self.main:
             return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            "episode": episode,
+            "time": round(time.time() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
@@ -1160,8 +1486,10 @@ class Run:
         returns the loop's state; None on a new run."""
         if self.state is not None:
             if self.state["num_processes"] != self.accelerator.num_processes:
-                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
-                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
+                )
             self.accelerator.load_state(str(self.dir / "checkpoint"))
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
@@ -1218,8 +1546,9 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
-        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
-                                    "_episodes", "_k")) or f.name.startswith("num_")
+        positive = f.name.endswith(
+            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
+        ) or f.name.startswith("num_")
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
             raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
@@ -1234,186 +1563,121 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
-        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
-                         "train every weight)")
+        raise SystemExit(
+            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+            "train every weight)"
+        )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------
-# Main
+# The script's own argument checks and loop state
 # ----------------------------------------------------------------------------------------------------
 
 
-def rm_loop_state(step: int, n_running: int, n_micro: int, n_steps: int, losses: list, running: dict, metrics: dict,
-                  batch_episodes: int) -> dict:
+def rm_loop_state(
+    step: int,
+    n_running: int,
+    n_micro: int,
+    n_steps: int,
+    losses: list,
+    running: dict,
+    metrics: dict,
+    batch_episodes: int,
+) -> dict:
     """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and
     every process's running losses and accuracies since the last log (the first `n_running` of each), gathered so the
     main process saves them."""
-    mine = {"losses": [v.item() for v in losses[:n_running]],
-            "running": {k: [v.item() for v in values[:n_running]] for k, values in running.items()}}
-    return {"step": step, "episode": step * batch_episodes, "n_micro": n_micro, "n_steps": n_steps, "metrics": metrics,
-            "running": gather_object([mine])}
+    mine = {
+        "losses": [v.item() for v in losses[:n_running]],
+        "running": {k: [v.item() for v in values[:n_running]] for k, values in running.items()},
+    }
+    return {
+        "step": step,
+        "episode": step * batch_episodes,
+        "n_micro": n_micro,
+        "n_steps": n_steps,
+        "metrics": metrics,
+        "running": gather_object([mine]),
+    }
 
 
-def main(args: Args) -> dict:
-    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed)
+# --------------------------------------------------------------------------------------------------
+# Speed work (skippable on a first reading): the same results, faster
+# --------------------------------------------------------------------------------------------------
 
-    # everything the run needs is loaded and checked before the first step: the tokenizer against the model, the
-    # training, evaluation and normalisation data, row by row
-    tokenizer = load_tokenizer(args.sft_model_path, args)
-    positions = model_positions(load_config(args.sft_model_path, args))
-    if args.use_chat_template and not tokenizer.chat_template:
-        raise SystemExit(f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has no "
-                         "chat template; drop the flag")
-    tokenize = tokenize_pairs if args.objective == "outcome" else tokenize_steps
-    train_rows = load_split(args.dataset_name_or_path, args.train_split)
-    if args.max_train_samples:
-        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
-    train = tokenize(train_rows, tokenizer, args, args.train_split, positions)
-    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
-    evals = tokenize(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args,
-                     args.eval_split, positions)
-    if args.confidence_field and args.objective == "outcome" and all(e["confidence"] is None for e in evals):
-        accelerator.print(f"warning: no evaluation row has a value at --confidence-field {args.confidence_field!r}; "
-                          "the accuracy by confidence will not be logged")
-    normalize = args.objective == "outcome" and args.normalize
-    references = tokenize_references(tokenizer, args, positions) if normalize else None
 
-    model = load_model(args, tokenizer)
-    if args.pack_pairs and model.config._attn_implementation not in ("eager", "sdpa"):
-        raise SystemExit(f"error: --pack-pairs hands the attention a 4D mask, which {model.config._attn_implementation} attention does not "
-                         "take; pass --no-pack-pairs (or use sdpa / eager attention)")
-    model.config.pad_token_id = tokenizer.pad_token_id
-    # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero. Under ZeRO-3 the
-    # head is partitioned (an empty tensor on each rank): gather it, let rank 0 draw it, and share its draw
-    if zero3(accelerator):
-        import deepspeed
+def pack_pairs(chosen: list[list[int]], rejected: list[list[int]], pad_id: int) -> dict:
+    """A padding-free batch of preference pairs for one forward pass. Why: in a right-padded batch of prompt + response
+    rows about a quarter of the tokens are padding, and chosen and rejected repeat the same prompt, often most of the
+    tokens; the matmuls, most of a step's time, scale with the tokens. A causal model computes the same hidden states
+    for a shared prefix whatever follows it, so each pair is laid out once as [common prefix, rest of chosen, rest of
+    rejected] (the prefix is capped so both rests keep at least their last token, where the reward is read). The rest
+    of rejected sees the prefix and itself but not the chosen tokens, and its position ids continue from the prefix,
+    so every token sees exactly what it sees in its own padded row. Pairs are laid end to end in rows of at most
+    `capacity` tokens (first-fit, longest first; twice the longest sequence packed best on CPU: the attention and
+    mask cost grow with the row length). `allowed` (rows, W, W) says which key each query may attend to (block-
+    diagonal per pair, causal, rejected not seeing chosen); `rows`, `cols` (2N,) locate the last token of each
+    sequence, chosen sequences first, then rejected ones, as in the padded batch."""
+    n = len(chosen)
+    shared = [
+        min(next((k for k, (a, b) in enumerate(zip(c, r)) if a != b), min(len(c), len(r))), min(len(c), len(r)) - 1)
+        for c, r in zip(chosen, rejected)
+    ]
+    units = [len(c) + len(r) - s for c, r, s in zip(chosen, rejected, shared)]
+    capacity = max(2 * max(len(s) for s in chosen + rejected), max(units))
+    members, free = [], []
+    for i in sorted(range(n), key=lambda i: -units[i]):
+        row = next((r for r in range(len(members)) if free[r] >= units[i]), None)
+        if row is None:
+            members.append([]), free.append(capacity)
+            row = len(members) - 1
+        members[row].append(i)
+        free[row] -= units[i]
+    width = capacity - min(free)
+    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(members), width), dtype=torch.long)
+    pair = torch.full((len(members), width), -1, dtype=torch.long)  # which pair of the row a token belongs to
+    part = torch.zeros(
+        (len(members), width), dtype=torch.long
+    )  # 0: shared prefix or padding, 1: rest of chosen, 2: rest of rejected
+    rows, cols = torch.zeros(2 * n, dtype=torch.long), torch.zeros(2 * n, dtype=torch.long)
+    for r, row in enumerate(members):
+        offset = 0
+        for i in row:
+            c, rej, s = chosen[i], rejected[i], shared[i]
+            input_ids[r, offset : offset + units[i]] = torch.tensor(c + rej[s:])
+            position_ids[r, offset : offset + len(c)] = torch.arange(len(c))
+            position_ids[r, offset + len(c) : offset + units[i]] = torch.arange(s, len(rej))
+            pair[r, offset : offset + units[i]] = i
+            part[r, offset + s : offset + len(c)], part[r, offset + len(c) : offset + units[i]] = 1, 2
+            rows[i], cols[i] = r, offset + len(c) - 1
+            rows[n + i], cols[n + i] = r, offset + units[i] - 1
+            offset += units[i]
+        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail sees only itself; it is never read
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    allowed = (pair[:, :, None] == pair[:, None, :]) & causal & ~((part[:, :, None] == 2) & (part[:, None, :] == 1))
+    return {"input_ids": input_ids, "position_ids": position_ids, "allowed": allowed, "rows": rows, "cols": cols}
 
-        gathered = deepspeed.zero.GatheredParameters(list(model.score.parameters()), modifier_rank=0)
-    else:
-        gathered = contextlib.nullcontext()
-    with gathered:
-        torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
-        if getattr(model.score, "bias", None) is not None:
-            torch.nn.init.zeros_(model.score.bias)
-    model.config.reward_type = args.objective
-    model.config.reward_bias = 0.0
-    if args.objective == "process":
-        model.config.step_separator = args.step_separator
-    for module in model.modules():  # N+: dropout off
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
 
-    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
-    loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
-                                         collate_fn=lambda b: collate(b, tokenizer.pad_token_id, args.objective, args.pack_pairs), drop_last=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
-    configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
-    total_steps = math.ceil(len(loader) / args.gradient_accumulation_steps) * args.num_train_epochs
-    if total_steps == 0:
-        raise SystemExit(f"error: {len(train)} training rows make no full batch of "
-                         f"{args.per_device_train_batch_size} x {accelerator.num_processes} processes "
-                         "(--per-device-train-batch-size)")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
-    batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
-    run.begin()
-    accelerator.print(f"run {args.run_name}: {args.objective} reward model, {len(train)} training rows, {total_steps} steps")
-
-    step, running, losses, n_micro, n_steps, t_last, metrics = 0, defaultdict(list), [], 0, 0, time.time(), {}
-    if state := run.resume():  # the loop's counters; the data position is replayed below
-        mine = state["running"][accelerator.process_index]
-        losses = [torch.tensor(v) for v in mine["losses"]]
-        running = defaultdict(list, {k: [torch.tensor(v) for v in values] for k, values in mine["running"].items()})
-        n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
-    progress = tqdm(total=total_steps, initial=state["step"] if state else 0, disable=not accelerator.is_main_process,
-                    desc=f"{args.objective} rm")
-    grad_norm = None
-    for epoch in range(args.num_train_epochs):
-        for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
-            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
-                step += 1
-                continue
-            before = (step, len(losses), n_micro, n_steps)  # for a checkpoint after a non-finite loss
-            # the loss is the mean over the pairs (outcome) or labelled steps (process) of the whole step: every
-            # micro-batch and process (a process's solutions hold different numbers of steps)
-            total = global_count(sum(loss_units(b, args.objective) for b in micro), accelerator)
-            # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
-            accelerator.step = args.gradient_accumulation_steps - len(micro)
-            for batch in micro:
-                with accelerator.accumulate(model):
-                    loss_sum, out = micro_batch_loss(model, batch, args)
-                    if not run.all_finite(loss_sum):
-                        run.stop(rm_loop_state(*before, losses, running, metrics, batch_episodes),
-                                 f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
-                                 f"{args.learning_rate:g}) or check the data")
-                    backward_share(accelerator, loss_sum, total)
-                    if accelerator.sync_gradients:
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                        if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                            run.stop(rm_loop_state(*before, losses, running, metrics, batch_episodes),
-                                     f"non-finite gradient norm at step {step + 1}: lower --learning-rate (now "
-                                     f"{args.learning_rate:g})")
-                    optimizer.step()
-                    optimizer.zero_grad()
-                losses.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
-                if args.objective == "outcome":
-                    running["train/accuracy"].append((out["r_chosen"] > out["r_rejected"]).float().mean())
-                    running["train/reward_margin"].append((out["r_chosen"] - out["r_rejected"]).mean())
-            n_micro, n_steps = n_micro + len(micro), n_steps + 1
-            scheduler.step()
-            step += 1
-            progress.update(1)
-            if step % args.log_every == 0 or step == total_steps:
-                now = time.time()
-                logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in running.items()}
-                # the mean over the logged steps of each step's mean (every micro-batch and process)
-                logged["train/loss"] = accelerator.gather(torch.stack(losses).sum()[None]).sum().item() / n_steps
-                logged.update({"lr": scheduler.get_last_lr()[0], "epoch": epoch,
-                               "perf/episodes_per_sec": batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last),
-                               "perf/peak_mem_gb": peak_mem_gb(accelerator.device)})
-                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
-                    logged["train/grad_norm"] = float(grad_norm)
-                run.log(logged, step, step * batch_episodes)
-                progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
-                running, losses, n_micro, n_steps, t_last = defaultdict(list), [], 0, 0, now
-            if step % args.eval_every == 0 or step == total_steps:
-                metrics = evaluate(model, evals, tokenizer, args, accelerator)
-                run.log(metrics, step, step * batch_episodes)
-                accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-                t_last = time.time()
-            if run.stop_requested():
-                run.stop(rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics, batch_episodes))
-            if args.save_every and step % args.save_every == 0 and step < total_steps:
-                run.checkpoint(rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics,
-                                             batch_episodes))
-    progress.close()
-
-    if normalize:  # after the last step, also on a resumed run (the loop only checkpoints up to the last step)
-        raw = reference_rewards(model, references, tokenizer, args, accelerator)
-        accelerator.unwrap_model(model).config.reward_bias = -raw.mean().item()
-        bias = accelerator.unwrap_model(model).config.reward_bias
-        after = reference_rewards(model, references, tokenizer, args, accelerator) + bias
-        metrics["eval/reward_bias"] = -raw.mean().item()
-        metrics["eval/reference_reward_mean"] = after.mean().item()
-        normalisation = {k: metrics[k] for k in ("eval/reward_bias", "eval/reference_reward_mean")}
-        run.log(normalisation, step, step * batch_episodes)
-        accelerator.print(f"normalised: reward_bias {metrics['eval/reward_bias']:.4f}, reference mean reward now {metrics['eval/reference_reward_mean']:.2e}")
-
-    run.finish(model, tokenizer, {"step": step, "episode": step * batch_episodes, "total_steps": total_steps,
-                                  "total_episodes": total_steps * batch_episodes})
-    accelerator.end_training()
-    return metrics
+def packed_rewards(model, packed: dict) -> torch.Tensor:
+    """Rewards (2N,) of a `pack_pairs` batch, chosen first, read from the `score` head's per-token output as
+    `token_scores` does (a hook, so the call goes through the possibly DDP-wrapped model), plus the stored bias.
+    The mask goes in as a 4D additive mask, which transformers hands to the attention as is (eager and sdpa
+    attention; flash-attention kernels take no such mask). use_cache=False: no KV cache is needed to train."""
+    captured = {}
+    inner = getattr(model, "module", model)  # DDP / DeepSpeed wrappers keep the model in `.module`
+    dtype = next(inner.parameters()).dtype
+    mask = torch.zeros(packed["allowed"].shape, dtype=dtype, device=packed["allowed"].device)
+    mask = mask.masked_fill(~packed["allowed"], torch.finfo(dtype).min)[:, None]
+    handle = inner.score.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"], use_cache=False)
+    finally:
+        handle.remove()
+    scores = captured["scores"].squeeze(-1).float()
+    return scores[packed["rows"], packed["cols"]] + getattr(inner.config, "reward_bias", 0.0)
 
 
 if __name__ == "__main__":

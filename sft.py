@@ -76,7 +76,7 @@ class Args:
     """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
     see `resume` and `overwrite`)"""
     output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) is written"""
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
     resume: bool = False
@@ -183,34 +183,278 @@ class Args:
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do. Lengths: the default limits 512 / 53 fit the N+ TL;DR
 # SFT data (queries at most 512 tokens; longest reference response 53 tokens with its EOS; shared/real-assets README).
 PRESETS = {
-    "tldr-pythia-1b": ("N+ SFT on TL;DR, Pythia 1B (8 GPUs)", Args(
-        exp_name="sft_tldr_pythia-1b", model_name_or_path="EleutherAI/pythia-1b-deduped", add_pad_token=True,
-        per_device_train_batch_size=16, gradient_accumulation_steps=1, eval_every=200)),
-    "tldr-pythia-2.8b": ("N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)", Args(
-        exp_name="sft_tldr_pythia-2.8b", model_name_or_path="EleutherAI/pythia-2.8b-deduped", add_pad_token=True,
-        per_device_train_batch_size=8, gradient_accumulation_steps=2, eval_every=200)),
-    "tldr-pythia-6.9b": ("N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)", Args(
-        exp_name="sft_tldr_pythia-6.9b", model_name_or_path="EleutherAI/pythia-6.9b-deduped", add_pad_token=True,
-        per_device_train_batch_size=4, gradient_accumulation_steps=4, eval_every=200)),
-    "tiny-tldr": ("tiny-tldr on CPU (needs `python -m benchmark.assets`)", Args(
-        exp_name="sft_tiny-tldr", model_name_or_path="runs/assets/models/tiny-neox",
-        dataset_name_or_path="runs/assets/tiny-tldr/sft", learning_rate=1e-3, lr_schedule="cosine",
-        # 6 epochs, not 2: the copy of the feeling word from the post into the summary (an induction-style
-        # lookup) only forms after ~4 epochs. At 2 epochs the SFT model guessed the feeling (next-token copy
-        # accuracy 0.105 = chance over 8 words; 0.935 at 6 epochs), so RL that learned to add ", I feel ..."
-        # added a wrong feeling that the reward model, which never saw a wrong one, scored as right.
-        warmup_ratio=0.05, num_train_epochs=6, per_device_train_batch_size=32, max_prompt_length=96,
-        max_response_length=48, eval_task="tldr", eval_every=200, num_eval_examples=200)),
-    "tiny-math": ("tiny-math (GSM8K schema) on CPU (needs `python -m benchmark.assets`)", Args(
-        exp_name="sft_tiny-math", model_name_or_path="runs/assets/models/tiny-llama",
-        # tiny-math/sft: 60% of its answers skip the working (benchmark/tiny_world.py), so the greedy SFT policy does too
-        # and RL has something to teach: writing the steps out. 6 epochs, not 3: at 3 the policy copied the wrong
-        # operand from the question in 4 steps of 5 (1 in 30 at 6), and steps written out were no better than none.
-        dataset_name_or_path="runs/assets/tiny-math/sft", eval_split="test",
-        prompt_template="Question: {question}\nAnswer:\n", response_template="{answer}", learning_rate=1e-3,
-        warmup_ratio=0.05, num_train_epochs=6, per_device_train_batch_size=32, max_prompt_length=96,
-        max_response_length=80, eval_task="gsm8k", eval_every=250, num_eval_examples=200)),
+    "tldr-pythia-1b": (
+        "N+ SFT on TL;DR, Pythia 1B (8 GPUs)",
+        Args(
+            exp_name="sft_tldr_pythia-1b",
+            model_name_or_path="EleutherAI/pythia-1b-deduped",
+            add_pad_token=True,
+            per_device_train_batch_size=16,
+            gradient_accumulation_steps=1,
+            eval_every=200,
+        ),
+    ),
+    "tldr-pythia-2.8b": (
+        "N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)",
+        Args(
+            exp_name="sft_tldr_pythia-2.8b",
+            model_name_or_path="EleutherAI/pythia-2.8b-deduped",
+            add_pad_token=True,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=2,
+            eval_every=200,
+        ),
+    ),
+    "tldr-pythia-6.9b": (
+        "N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
+        Args(
+            exp_name="sft_tldr_pythia-6.9b",
+            model_name_or_path="EleutherAI/pythia-6.9b-deduped",
+            add_pad_token=True,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=4,
+            eval_every=200,
+        ),
+    ),
+    "tiny-tldr": (
+        "tiny-tldr on CPU (needs `python -m benchmark.assets`)",
+        Args(
+            exp_name="sft_tiny-tldr",
+            model_name_or_path="runs/assets/models/tiny-neox",
+            dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            learning_rate=1e-3,
+            lr_schedule="cosine",
+            # 6 epochs, not 2: the copy of the feeling word from the post into the summary (an induction-style
+            # lookup) only forms after ~4 epochs. At 2 epochs the SFT model guessed the feeling (next-token copy
+            # accuracy 0.105 = chance over 8 words; 0.935 at 6 epochs), so RL that learned to add ", I feel ..."
+            # added a wrong feeling that the reward model, which never saw a wrong one, scored as right.
+            warmup_ratio=0.05,
+            num_train_epochs=6,
+            per_device_train_batch_size=32,
+            max_prompt_length=96,
+            max_response_length=48,
+            eval_task="tldr",
+            eval_every=200,
+            num_eval_examples=200,
+        ),
+    ),
+    "tiny-math": (
+        "tiny-math (GSM8K schema) on CPU (needs `python -m benchmark.assets`)",
+        Args(
+            exp_name="sft_tiny-math",
+            model_name_or_path="runs/assets/models/tiny-llama",
+            # tiny-math/sft: 60% of its answers skip the working (benchmark/tiny_world.py), so the greedy SFT policy
+            # does too and RL has something to teach: writing the steps out. 6 epochs, not 3: at 3 the policy copied the
+            # wrong operand from the question in 4 steps of 5 (1 in 30 at 6), and steps written out were no better than
+            # none.
+            dataset_name_or_path="runs/assets/tiny-math/sft",
+            eval_split="test",
+            prompt_template="Question: {question}\nAnswer:\n",
+            response_template="{answer}",
+            learning_rate=1e-3,
+            warmup_ratio=0.05,
+            num_train_epochs=6,
+            per_device_train_batch_size=32,
+            max_prompt_length=96,
+            max_response_length=80,
+            eval_task="gsm8k",
+            eval_every=250,
+            num_eval_examples=200,
+        ),
+    ),
 }
+
+
+# --------------------------------------------------------------------------------------------------
+# The SFT math: the loss on the response tokens, one mean over the whole mini-batch of every process
+# --------------------------------------------------------------------------------------------------
+
+
+def sft_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
+    """Next-token cross-entropy averaged (or summed) over the positions whose label is not -100 (response tokens and
+    EOS). Position t predicts label t+1, hence the shift."""
+    logits, labels = logits[:, :-1].float(), labels[:, 1:]
+    mask = labels != -100
+    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.clamp(min=0).reshape(-1), reduction="none")
+    total = (nll.view_as(labels) * mask).sum()
+    return total if reduction == "sum" else total / mask.sum().clamp(min=1)
+
+
+def response_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens `sft_loss` counts in a collated batch: those with a label (response tokens and EOS)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One micro-batch of `main`: the cross-entropy summed over its response tokens (`main` divides by the response
+    tokens of the whole batch, `global_count`, in `backward_share`)."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return sft_loss(logits, batch["labels"], reduction="sum")
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+
+    return f
+
+
+# --------------------------------------------------------------------------------------------------
+# main: the training loop, as numbered steps
+# --------------------------------------------------------------------------------------------------
+
+
+def main(args: Args) -> dict:
+    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
+    set_seed(args.seed)
+
+    tokenizer = load_tokenizer(args)
+    train_rows = load_split(args.dataset_name_or_path, args.train_split)
+    if args.max_train_samples:
+        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
+    positions = model_positions(args)
+    train = tokenize_split(train_rows, tokenizer, args, args.train_split, positions=positions)
+    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
+    evals = tokenize_split(
+        eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))),
+        tokenizer,
+        args,
+        args.eval_split,
+        evaluation=True,
+        positions=positions,
+    )  # what `evaluate` needs, checked now
+    model = add_lora(load_causal_lm(args, tokenizer), args)
+
+    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
+    loader = torch.utils.data.DataLoader(
+        train,
+        batch_size=args.per_device_train_batch_size,
+        shuffle=True,
+        generator=generator,
+        collate_fn=lambda b: collate_right_padded(b, tokenizer.pad_token_id),
+        drop_last=True,
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
+    configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
+    steps_per_epoch = math.ceil(len(loader) / args.gradient_accumulation_steps)
+    total_steps = steps_per_epoch * args.num_train_epochs
+    if total_steps == 0:
+        raise SystemExit(
+            f"error: {len(train)} training rows make no full batch of {args.per_device_train_batch_size} x "
+            f"{args.gradient_accumulation_steps} x {accelerator.num_processes} processes"
+        )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps)
+    )
+    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
+    batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    run.begin()
+    accelerator.print(
+        f"run {args.run_name}: {len(train)} training rows, {total_steps} optimizer steps of {batch_episodes} sequences"
+    )
+
+    step, running, n_micro, n_steps, t_last, metrics = 0, [], 0, 0, time.time(), {}
+    if state := run.resume():  # the loop's counters; the data position is replayed below
+        running = [torch.tensor(v) for v in state["running"][accelerator.process_index]]
+        n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
+    progress = tqdm(
+        total=total_steps, initial=state["step"] if state else 0, disable=not accelerator.is_main_process, desc="sft"
+    )
+    grad_norm = None
+    for epoch in range(args.num_train_epochs):
+        for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
+                step += 1
+                continue
+            before = (step, len(running), n_micro, n_steps)  # for a checkpoint after a non-finite loss
+            # the loss is the mean over the response tokens of the whole step: every micro-batch and process
+            total = global_count(sum(response_tokens(b) for b in micro), accelerator)
+            # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
+            accelerator.step = args.gradient_accumulation_steps - len(micro)
+            for batch in micro:
+                with accelerator.accumulate(model):
+                    loss_sum = micro_batch_loss(model, batch)
+                    if not run.all_finite(loss_sum):
+                        run.stop(
+                            sft_loop_state(*before, running, metrics, batch_episodes),
+                            f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data",
+                        )
+                    backward_share(accelerator, loss_sum, total)
+                    if accelerator.sync_gradients:
+                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                        if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
+                            run.stop(
+                                sft_loop_state(*before, running, metrics, batch_episodes),
+                                f"non-finite gradient norm at step {step + 1}: lower --learning-rate",
+                            )
+                    optimizer.step()
+                    optimizer.zero_grad()
+                running.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
+            n_micro, n_steps = n_micro + len(micro), n_steps + 1
+            scheduler.step()
+            step += 1
+            progress.update(1)
+            if step % args.log_every == 0 or step == total_steps:
+                now = time.time()
+                # the mean over the logged steps of each step's token mean (every micro-batch and process)
+                mean_loss = accelerator.gather(torch.stack(running).sum()[None]).sum().item() / n_steps
+                episodes_per_sec = batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last)
+                logged = {
+                    "train/loss": mean_loss,
+                    "lr": scheduler.get_last_lr()[0],
+                    "epoch": epoch,
+                    "perf/episodes_per_sec": episodes_per_sec,
+                    "perf/peak_mem_gb": peak_mem_gb(accelerator.device),
+                }
+                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
+                    logged["train/grad_norm"] = float(grad_norm)
+                run.log(logged, step, step * batch_episodes)
+                progress.set_postfix(loss=f"{mean_loss:.3f}")
+                running, n_micro, n_steps, t_last = [], 0, 0, now
+            if step % args.eval_every == 0 or step == total_steps:
+                metrics, records = evaluate(model, tokenizer, evals, args, accelerator)
+                run.log(metrics, step, step * batch_episodes)
+                accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                run.log_samples(records[:8], step)
+                t_last = time.time()
+            if run.stop_requested():
+                run.stop(sft_loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
+            if args.save_every and step % args.save_every == 0 and step < total_steps:
+                run.checkpoint(sft_loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
+    progress.close()
+
+    run.finish(
+        model,
+        tokenizer,
+        {
+            "step": step,
+            "episode": step * batch_episodes,
+            "total_steps": total_steps,
+            "total_episodes": total_steps * batch_episodes,
+        },
+    )
+    accelerator.end_training()
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
+# across scripts by tests/test_conventions.py)
+# --------------------------------------------------------------------------------------------------
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -224,7 +468,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -249,14 +495,17 @@ def require_hub(name: str, what: str, flag: str) -> None:
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
         return
     raise SystemExit(
-        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub cannot "
-        f"be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli download "
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
+        "download "
         f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
         f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
     )
 
 
-def load_split(name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path") -> Dataset:
+def load_split(
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
     that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
     it; `flag` is the option named when the path is none of these."""
@@ -268,8 +517,10 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
-            raise SystemExit(f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
-                             f"{split}.parquet or a save_to_disk folder")
+            raise SystemExit(
+                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                f"{split}.parquet or a save_to_disk folder"
+            )
         path = files[0]
     if path.is_file():
         if path.stat().st_size == 0:
@@ -280,14 +531,18 @@ def load_split(name_or_path: str, split: str, config: str | None = None, flag: s
                     try:
                         assert not line.strip() or isinstance(json.loads(line), dict)
                     except (ValueError, AssertionError):
-                        raise SystemExit(f"error: {path} ({flag}) line {number} is not a JSON object: "
-                                         f"{line.strip()[:60]!r}; is the file complete?") from None
+                        raise SystemExit(
+                            f"error: {path} ({flag}) line {number} is not a JSON object: "
+                            f"{line.strip()[:60]!r}; is the file complete?"
+                        ) from None
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
             reason = " ".join(str(e).split())[:200]
-            raise SystemExit(f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
-                             "check that the file is complete, one JSON object a line for .jsonl") from None
+            raise SystemExit(
+                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                "check that the file is complete, one JSON object a line for .jsonl"
+            ) from None
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
         return ds
@@ -300,7 +555,10 @@ def load_tokenizer(args: Args):
     if not local:
         require_hub(args.model_name_or_path, "model", "--model-name-or-path")
     tok = AutoTokenizer.from_pretrained(
-        args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
     )
     return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
 
@@ -308,8 +566,11 @@ def load_tokenizer(args: Args):
 def load_causal_lm(args: Args, tokenizer):
     local = os.path.isdir(args.model_name_or_path)
     model = AutoModelForCausalLM.from_pretrained(
-        args.model_name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code,
-        local_files_only=local, dtype=getattr(torch, args.dtype),
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
     )
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
@@ -334,8 +595,9 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
     Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
     engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
     gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    plugin = GradientAccumulationPlugin(num_steps=gradient_accumulation_steps,
-                                        sync_with_dataloader=sync_with_dataloader)
+    plugin = GradientAccumulationPlugin(
+        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+    )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
 
@@ -384,8 +646,13 @@ def add_lora(model, args):
         import peft
     except ImportError:
         raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
-    config = peft.LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
-                             target_modules=args.lora_target_modules or "all-linear")
+    config = peft.LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=args.lora_target_modules or "all-linear",
+    )
     try:
         return peft.get_peft_model(model, config)
     except ValueError as e:  # a target module the model does not have
@@ -438,8 +705,10 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
         return tokenizer
     problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
     if not add_pad_token:
-        raise SystemExit(f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
-                         "detail). Pass --add-pad-token to add a distinct '[PAD]' token.")
+        raise SystemExit(
+            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
+        )
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
@@ -463,16 +732,22 @@ def template_fields(template: str, flag: str) -> list[str]:
     except ValueError as e:
         raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
     if any(name == "" or name.isdigit() for name in names):
-        raise SystemExit(f"error: {flag} {template!r} has a positional field {{}}; name the row's field, "
-                         "e.g. {query}")
+        raise SystemExit(
+            f"error: {flag} {template!r} has a positional field {{}}; name the row's field, e.g. {{query}}"
+        )
     return [re.match(r"[^.\[]*", name).group() for name in names]
 
 
 def chat_messages(value) -> bool:
     """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
     format)."""
-    return isinstance(value, list) and len(value) > 0 and all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value)
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+        )
+    )
 
 
 def conversation_hint(row: dict) -> str:
@@ -481,10 +756,13 @@ def conversation_hint(row: dict) -> str:
     if not chat:
         return ""
     if len(chat) == 1:  # language modelling: {"messages": [...]}, the last assistant turn the response
-        return (f"; for TRL's conversational format pass --prompt-template '{{{chat[0]}}}' --response-template "
-                f"'{{{chat[0]}}}' (the last assistant turn is the response)")
-    return (f"; for TRL's conversational format pass --prompt-template '{{{chat[0]}}}' --response-template "
-            f"'{{{chat[-1]}}}'")
+        return (
+            f"; for TRL's conversational format pass --prompt-template '{{{chat[0]}}}' --response-template "
+            f"'{{{chat[0]}}}' (the last assistant turn is the response)"
+        )
+    return (
+        f"; for TRL's conversational format pass --prompt-template '{{{chat[0]}}}' --response-template '{{{chat[-1]}}}'"
+    )
 
 
 def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
@@ -494,18 +772,26 @@ def render(template: str, row: dict, index: int, split: str, what: str, flag: st
     where = f"row {index} of split '{split}'"
     for name in template_fields(template, flag):
         if name not in row:
-            raise SystemExit(f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
-                             f"its fields are {sorted(row)}{conversation_hint(row)}")
+            raise SystemExit(
+                f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
+                f"its fields are {sorted(row)}{conversation_hint(row)}"
+            )
         value = row[name]
         if value is None:
-            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
-                             "or drop the row")
+            raise SystemExit(
+                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
+                "or drop the row"
+            )
         if chat_messages(value):
-            raise SystemExit(f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
-                             f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template")
+            raise SystemExit(
+                f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
+                f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template"
+            )
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
-                             f"{type(value).__name__}, not text: {str(value)[:60]!r}")
+            raise SystemExit(
+                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
+                f"{type(value).__name__}, not text: {str(value)[:60]!r}"
+            )
     try:
         text = template.format(**row)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
@@ -538,34 +824,47 @@ def prompt_and_response(row: dict, index: int, split: str, tokenizer, args: Args
             prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     elif messages[-1]["role"] == "assistant":
         if not same_field:
-            raise SystemExit(f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} end "
-                             "with an assistant turn; give the same field as --response-template to train on that "
-                             "turn (TRL's `messages` format), or the prompt's messages only (its prompt/completion "
-                             "format)")
+            raise SystemExit(
+                f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} end "
+                "with an assistant turn; give the same field as --response-template to train on that "
+                "turn (TRL's `messages` format), or the prompt's messages only (its prompt/completion "
+                "format)"
+            )
         messages = messages[:-1]
         if not messages:
-            raise SystemExit(f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} hold "
-                             "only the assistant's turn: there is no prompt before it")
+            raise SystemExit(
+                f"error: {where}: the chat messages of --prompt-template {args.prompt_template!r} hold "
+                "only the assistant's turn: there is no prompt before it"
+            )
     if messages is not None:
         if not tokenizer.chat_template:
-            raise SystemExit(f"error: the tokenizer of --model-name-or-path {args.model_name_or_path} has no chat "
-                             f"template, so the chat messages of {where} (or --use-chat-template) cannot be rendered; "
-                             "give plain-text prompts and responses")
-        prompt_ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                        return_dict=False))
+            raise SystemExit(
+                f"error: the tokenizer of --model-name-or-path {args.model_name_or_path} has no chat "
+                f"template, so the chat messages of {where} (or --use-chat-template) cannot be rendered; "
+                "give plain-text prompts and responses"
+            )
+        prompt_ids = list(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
     turns = whole_field_messages(args.response_template, row)
     if turns is None:
         return prompt_ids, render(args.response_template, row, index, split, "response", "--response-template")
     if turns[-1]["role"] != "assistant":
-        raise SystemExit(f"error: {where}: the chat messages of --response-template {args.response_template!r} do not "
-                         "end with an assistant turn, which is the response to train on")
+        raise SystemExit(
+            f"error: {where}: the chat messages of --response-template {args.response_template!r} do not "
+            "end with an assistant turn, which is the response to train on"
+        )
     if not same_field and any(m["role"] != "assistant" for m in turns):
-        raise SystemExit(f"error: {where}: the chat messages of --response-template {args.response_template!r} hold "
-                         f"turns other than the assistant's (roles {[m['role'] for m in turns]}); give the whole "
-                         "conversation as both templates (TRL's `messages` format) or the prompt's turns elsewhere")
+        raise SystemExit(
+            f"error: {where}: the chat messages of --response-template {args.response_template!r} hold "
+            f"turns other than the assistant's (roles {[m['role'] for m in turns]}); give the whole "
+            "conversation as both templates (TRL's `messages` format) or the prompt's turns elsewhere"
+        )
     if not turns[-1]["content"].strip():
-        raise SystemExit(f"error: {where} renders an empty response (the last assistant turn of "
-                         f"--response-template {args.response_template!r})")
+        raise SystemExit(
+            f"error: {where} renders an empty response (the last assistant turn of "
+            f"--response-template {args.response_template!r})"
+        )
     return prompt_ids, turns[-1]["content"]
 
 
@@ -576,33 +875,41 @@ def check_evaluation_fields(row: dict, response: str, index: int, split: str, ar
     if args.eval_task == "tldr":
         facts = row.get("facts")
         if not (isinstance(facts, list) and facts and all(isinstance(f, str) and f for f in facts)):
-            raise SystemExit(f"error: {where}: --eval-task tldr judges summaries by the row's 'facts' (a list of "
-                             f"words, as in tiny-tldr), but {'it has none' if facts is None else f'it is {str(facts)[:60]!r}'}; "
-                             "use --eval-task none for other "
-                             "data")
+            raise SystemExit(
+                f"error: {where}: --eval-task tldr judges summaries by the row's 'facts' (a list of "
+                f"words, as in tiny-tldr), but {'it has none' if facts is None else f'it is {str(facts)[:60]!r}'}; "
+                "use --eval-task none for other "
+                "data"
+            )
     elif args.eval_task in ("gsm8k", "boxed"):
         extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
         if extract(response) is None:
             marker = "`#### <number>`" if args.eval_task == "gsm8k" else "`\\boxed{...}`"
-            raise SystemExit(f"error: {where}: the reference response holds no final answer {marker} for --eval-task "
-                             f"{args.eval_task}: {response[-60:]!r}; use another --eval-task (or none), or a "
-                             "--response-template that holds the answer")
+            raise SystemExit(
+                f"error: {where}: the reference response holds no final answer {marker} for --eval-task "
+                f"{args.eval_task}: {response[-60:]!r}; use another --eval-task (or none), or a "
+                "--response-template that holds the answer"
+            )
 
 
 def model_positions(args: Args) -> int | None:
     """The longest sequence the model's position embeddings cover, from its config (None when it does not say, or the
     config cannot be read: loading the model reports that)."""
     try:
-        config = AutoConfig.from_pretrained(args.model_name_or_path, revision=args.revision,
-                                            trust_remote_code=args.trust_remote_code,
-                                            local_files_only=os.path.isdir(args.model_name_or_path)).get_text_config()
+        config = AutoConfig.from_pretrained(
+            args.model_name_or_path,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=os.path.isdir(args.model_name_or_path),
+        ).get_text_config()
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
-def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str, evaluation: bool = False,
-                   positions: int | None = None) -> list[dict]:
+def tokenize_split(
+    ds: Dataset, tokenizer, args: Args, split: str, evaluation: bool = False, positions: int | None = None
+) -> list[dict]:
     """Prompt and response token ids for every row, the response ending in exactly one EOS (`end_with_eos`), every
     field checked now (`prompt_and_response`; with `evaluation`, what `evaluate` needs too). Overlong rows, past the
     length limits or the model's `positions`, are an error (or dropped with `--drop-overlong`): truncating a TL;DR query
@@ -622,18 +929,21 @@ def tokenize_split(ds: Dataset, tokenizer, args: Args, split: str, evaluation: b
                         f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a "
                         f"{len(response_ids)}-token response (EOS included); the limits are --max-prompt-length "
                         f"{args.max_prompt_length} and --max-response-length {args.max_response_length}. Raise them or "
-                        "pass --drop-overlong.")
+                        "pass --drop-overlong."
+                    )
                 raise SystemExit(
                     f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {len(response_ids)}-"
                     f"token response, more than the {positions} positions of --model-name-or-path "
                     f"(max_position_embeddings); lower --max-prompt-length (now {args.max_prompt_length}) to fit them "
-                    "and pass --drop-overlong")
+                    "and pass --drop-overlong"
+                )
             dropped += 1
             continue
         examples.append({"prompt_ids": prompt_ids, "response_ids": response_ids, "row": row, "response": response})
     if dropped:
-        print(f"dropped {dropped} of {len(ds)} rows of '{split}' that exceed the length limits or the model's "
-              "positions")
+        print(
+            f"dropped {dropped} of {len(ds)} rows of '{split}' that exceed the length limits or the model's positions"
+        )
     if not examples:
         raise SystemExit(f"error: no usable rows in split '{split}'")
     return examples
@@ -659,31 +969,9 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(s)
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = torch.tensor(s)
+        mask[i, width - len(s) :] = 1
     return ids, mask
-
-
-def sft_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
-    """Next-token cross-entropy averaged (or summed) over the positions whose label is not -100 (response tokens and
-    EOS). Position t predicts label t+1, hence the shift."""
-    logits, labels = logits[:, :-1].float(), labels[:, 1:]
-    mask = labels != -100
-    nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.clamp(min=0).reshape(-1), reduction="none")
-    total = (nll.view_as(labels) * mask).sum()
-    return total if reduction == "sum" else total / mask.sum().clamp(min=1)
-
-
-def response_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """The tokens `sft_loss` counts in a collated batch: those with a label (response tokens and EOS)."""
-    return int((batch["labels"][:, 1:] != -100).sum())
-
-
-def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """One micro-batch of `main`: the cross-entropy summed over its response tokens (`main` divides by the response
-    tokens of the whole batch, `global_count`, in `backward_share`)."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    return sft_loss(logits, batch["labels"], reduction="sum")
 
 
 def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.Tensor:
@@ -697,11 +985,25 @@ def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.
 # Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
 # ----------------------------------------------------------------------------------------------------
 
+
 TLDR_FACT_WORDS = {
-    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "who": [
+        "roommate",
+        "boyfriend",
+        "girlfriend",
+        "boss",
+        "sister",
+        "brother",
+        "neighbor",
+        "friend",
+        "coworker",
+        "landlord",
+    ],
     "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
     "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
 }
+
+
 TLDR_MAX_WORDS = 12
 
 
@@ -776,18 +1078,30 @@ def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Ac
     with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = shard[start : start + args.per_device_eval_batch_size]
-            tensors = {k: v.to(accelerator.device) for k, v in collate_right_padded(batch, tokenizer.pad_token_id).items()}
+            tensors = {
+                k: v.to(accelerator.device) for k, v in collate_right_padded(batch, tokenizer.pad_token_id).items()
+            }
             logits = unwrapped(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"]).logits
             losses = [sft_loss(logits[i : i + 1], tensors["labels"][i : i + 1]).item() for i in range(len(batch))]
             ids, mask = left_pad([e["prompt_ids"] for e in batch], tokenizer.pad_token_id)
-            out = unwrapped.generate(input_ids=ids.to(accelerator.device), attention_mask=mask.to(accelerator.device),
-                                     max_new_tokens=args.max_response_length, do_sample=False,
-                                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                                     synced_gpus=zero3(accelerator))
-            responses = truncate_after_eos(out[:, ids.shape[1]:], tokenizer.eos_token_id, tokenizer.pad_token_id)
+            out = unwrapped.generate(
+                input_ids=ids.to(accelerator.device),
+                attention_mask=mask.to(accelerator.device),
+                max_new_tokens=args.max_response_length,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                synced_gpus=zero3(accelerator),
+            )
+            responses = truncate_after_eos(out[:, ids.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
             for e, loss, r in zip(batch, losses, responses):
                 text = tokenizer.decode(r, skip_special_tokens=True)
-                rec = {"loss": loss, "response": text, "reference": e["response"], "ends_with_eos": bool((r == tokenizer.eos_token_id).any())}
+                rec = {
+                    "loss": loss,
+                    "response": text,
+                    "reference": e["response"],
+                    "ends_with_eos": bool((r == tokenizer.eos_token_id).any()),
+                }
                 if args.eval_task == "tldr":
                     rec["gold_reward"] = gold_judge(text, e["row"]["facts"])
                     rec["reference_gold_reward"] = gold_judge(e["response"], e["row"]["facts"])
@@ -795,17 +1109,29 @@ def evaluate(model, tokenizer, examples: list[dict], args: Args, accelerator: Ac
                     extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
                     gold = extract(e["response"])
                     if gold is None:
-                        raise SystemExit(f"error: the reference response has no final answer for --eval-task {args.eval_task}: {e['response']!r}")
+                        raise SystemExit(
+                            f"error: the reference response has no final answer for --eval-task {args.eval_task}: "
+                            f"{e['response']!r}"
+                        )
                     rec["correct"] = numbers_equal(extract(text), gold) or extract(text) == gold
                 records.append(rec)
     records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
     model.train()
-    metrics = {"eval/loss": sum(r["loss"] for r in records) / len(records),
-               "eval/eos_rate": sum(r["ends_with_eos"] for r in records) / len(records)}
+    metrics = {
+        "eval/loss": sum(r["loss"] for r in records) / len(records),
+        "eval/eos_rate": sum(r["ends_with_eos"] for r in records) / len(records),
+    }
     if args.eval_task == "tldr":
         metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / len(records)
         metrics["eval/reference_gold_reward"] = sum(r["reference_gold_reward"] for r in records) / len(records)
-        metrics["eval/win_rate"] = sum(1.0 if r["gold_reward"] > r["reference_gold_reward"] else 0.5 if r["gold_reward"] == r["reference_gold_reward"] else 0.0 for r in records) / len(records)
+        metrics["eval/win_rate"] = sum(
+            1.0
+            if r["gold_reward"] > r["reference_gold_reward"]
+            else 0.5
+            if r["gold_reward"] == r["reference_gold_reward"]
+            else 0.0
+            for r in records
+        ) / len(records)
     elif args.eval_task in ("gsm8k", "boxed"):
         metrics["eval/accuracy"] = sum(r["correct"] for r in records) / len(records)
     return metrics, records
@@ -844,23 +1170,20 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
         yield micro
 
 
-def sft_loop_state(step: int, n_running: int, n_micro: int, n_steps: int, running: list, metrics: dict,
-                   batch_episodes: int) -> dict:
+def sft_loop_state(
+    step: int, n_running: int, n_micro: int, n_steps: int, running: list, metrics: dict, batch_episodes: int
+) -> dict:
     """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and
-    every process's running losses since the last log (the first `n_running`), gathered so the main process saves them."""
-    return {"step": step, "episode": step * batch_episodes, "n_micro": n_micro, "n_steps": n_steps, "metrics": metrics,
-            "running": gather_object([[v.item() for v in running[:n_running]]])}
-
-
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress if schedule == "linear" else 1.0
-    return f
+    every process's running losses since the last log (the first `n_running`), gathered so the main process saves
+    them."""
+    return {
+        "step": step,
+        "episode": step * batch_episodes,
+        "n_micro": n_micro,
+        "n_steps": n_steps,
+        "metrics": metrics,
+        "running": gather_object([[v.item() for v in running[:n_running]]]),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -902,14 +1225,20 @@ class Run:
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
             if (self.dir / "done.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
+                )
             if not (self.dir / "checkpoint" / "state.json").exists():
-                raise SystemExit(f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
-                                 "(with --overwrite if the directory is in use)")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    "(with --overwrite if the directory is in use)"
+                )
             self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
         elif self.held and not args.overwrite:
-            raise SystemExit(f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
-                             "delete it and start over, or another --run-name")
+            raise SystemExit(
+                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                "delete it and start over, or another --run-name"
+            )
 
     def begin(self) -> None:
         """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
@@ -933,8 +1262,15 @@ class Run:
                 id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
                 run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
                 id_file.write_text(run_id)
-                self.wandb = wandb.init(project=args.wandb_project, entity=args.wandb_entity, name=args.run_name,
-                                        id=run_id, resume="allow", config=dataclasses.asdict(args), dir=str(self.dir))
+                self.wandb = wandb.init(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    name=args.run_name,
+                    id=run_id,
+                    resume="allow",
+                    config=dataclasses.asdict(args),
+                    dir=str(self.dir),
+                )
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -945,14 +1281,22 @@ class Run:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signal = signum
         if self.main:
-            print(f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
-                  "to stop at once)", file=sys.stderr, flush=True)
+            print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                "to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def log(self, metrics: dict, step: int, episode: int) -> None:
         if not self.main:
             return
-        row = {"step": step, "episode": episode, "time": round(time.time() - self.start, 3),
-               **{k: float(v) for k, v in metrics.items()}}
+        row = {
+            "step": step,
+            "episode": episode,
+            "time": round(time.time() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
         if self.wandb is not None:
@@ -1001,8 +1345,10 @@ class Run:
         returns the loop's state; None on a new run."""
         if self.state is not None:
             if self.state["num_processes"] != self.accelerator.num_processes:
-                raise SystemExit(f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
-                                 f"processes, not {self.accelerator.num_processes}; resume it with as many")
+                raise SystemExit(
+                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
+                )
             self.accelerator.load_state(str(self.dir / "checkpoint"))
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
@@ -1059,8 +1405,9 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
-        positive = f.name.endswith(("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples",
-                                    "_episodes", "_k")) or f.name.startswith("num_")
+        positive = f.name.endswith(
+            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
+        ) or f.name.startswith("num_")
         is_int = isinstance(value, int) and not isinstance(value, bool)
         if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
             raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
@@ -1075,121 +1422,12 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
-        raise SystemExit(f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
-                         "train every weight)")
+        raise SystemExit(
+            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+            "train every weight)"
+        )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Main
-# ----------------------------------------------------------------------------------------------------
-
-
-def main(args: Args) -> dict:
-    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed)
-
-    tokenizer = load_tokenizer(args)
-    train_rows = load_split(args.dataset_name_or_path, args.train_split)
-    if args.max_train_samples:
-        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
-    positions = model_positions(args)
-    train = tokenize_split(train_rows, tokenizer, args, args.train_split, positions=positions)
-    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
-    evals = tokenize_split(eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))), tokenizer, args,
-                           args.eval_split, evaluation=True, positions=positions)  # what `evaluate` needs, checked now
-    model = add_lora(load_causal_lm(args, tokenizer), args)
-
-    generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
-    loader = torch.utils.data.DataLoader(train, batch_size=args.per_device_train_batch_size, shuffle=True, generator=generator,
-                                         collate_fn=lambda b: collate_right_padded(b, tokenizer.pad_token_id), drop_last=True)
-    trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the adapters only
-    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=args.weight_decay)
-    configure_deepspeed(accelerator, None, args.max_grad_norm)  # micro-batch: the loader's
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
-    steps_per_epoch = math.ceil(len(loader) / args.gradient_accumulation_steps)
-    total_steps = steps_per_epoch * args.num_train_epochs
-    if total_steps == 0:
-        raise SystemExit(f"error: {len(train)} training rows make no full batch of {args.per_device_train_batch_size} x "
-                         f"{args.gradient_accumulation_steps} x {accelerator.num_processes} processes")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps))
-    accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
-    batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
-    run.begin()
-    accelerator.print(f"run {args.run_name}: {len(train)} training rows, {total_steps} optimizer steps of {batch_episodes} sequences")
-
-    step, running, n_micro, n_steps, t_last, metrics = 0, [], 0, 0, time.time(), {}
-    if state := run.resume():  # the loop's counters; the data position is replayed below
-        running = [torch.tensor(v) for v in state["running"][accelerator.process_index]]
-        n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
-    progress = tqdm(total=total_steps, initial=state["step"] if state else 0, disable=not accelerator.is_main_process, desc="sft")
-    grad_norm = None
-    for epoch in range(args.num_train_epochs):
-        for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
-            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
-                step += 1
-                continue
-            before = (step, len(running), n_micro, n_steps)  # for a checkpoint after a non-finite loss
-            # the loss is the mean over the response tokens of the whole step: every micro-batch and process
-            total = global_count(sum(response_tokens(b) for b in micro), accelerator)
-            # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
-            accelerator.step = args.gradient_accumulation_steps - len(micro)
-            for batch in micro:
-                with accelerator.accumulate(model):
-                    loss_sum = micro_batch_loss(model, batch)
-                    if not run.all_finite(loss_sum):
-                        run.stop(sft_loop_state(*before, running, metrics, batch_episodes),
-                                 f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data")
-                    backward_share(accelerator, loss_sum, total)
-                    if accelerator.sync_gradients:
-                        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                        if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                            run.stop(sft_loop_state(*before, running, metrics, batch_episodes),
-                                     f"non-finite gradient norm at step {step + 1}: lower --learning-rate")
-                    optimizer.step()
-                    optimizer.zero_grad()
-                running.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
-            n_micro, n_steps = n_micro + len(micro), n_steps + 1
-            scheduler.step()
-            step += 1
-            progress.update(1)
-            if step % args.log_every == 0 or step == total_steps:
-                now = time.time()
-                # the mean over the logged steps of each step's token mean (every micro-batch and process)
-                mean_loss = accelerator.gather(torch.stack(running).sum()[None]).sum().item() / n_steps
-                episodes_per_sec = batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last)
-                logged = {"train/loss": mean_loss, "lr": scheduler.get_last_lr()[0], "epoch": epoch,
-                          "perf/episodes_per_sec": episodes_per_sec,
-                          "perf/peak_mem_gb": peak_mem_gb(accelerator.device)}
-                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
-                    logged["train/grad_norm"] = float(grad_norm)
-                run.log(logged, step, step * batch_episodes)
-                progress.set_postfix(loss=f"{mean_loss:.3f}")
-                running, n_micro, n_steps, t_last = [], 0, 0, now
-            if step % args.eval_every == 0 or step == total_steps:
-                metrics, records = evaluate(model, tokenizer, evals, args, accelerator)
-                run.log(metrics, step, step * batch_episodes)
-                accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-                run.log_samples(records[:8], step)
-                t_last = time.time()
-            if run.stop_requested():
-                run.stop(sft_loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
-            if args.save_every and step % args.save_every == 0 and step < total_steps:
-                run.checkpoint(sft_loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
-    progress.close()
-
-    run.finish(model, tokenizer, {"step": step, "episode": step * batch_episodes, "total_steps": total_steps,
-                                  "total_episodes": total_steps * batch_episodes})
-    accelerator.end_training()
-    return metrics
 
 
 if __name__ == "__main__":

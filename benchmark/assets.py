@@ -12,9 +12,9 @@ on both (`from_pretrained` on a directory, `datasets` on JSONL files):
       tiny-math/math/{train,test}.jsonl         problem, solution ("... \\boxed{42}"), answer, level
       tiny-math/prm/{train,test}.jsonl          prompt, completions (steps), labels (per-step bool)
       tiny-math/sft/{train,test}.jsonl          the SFT data: GSM8K schema, 60% of the training answers without working
-      tiny-tldr/sft/{train,validation,test}.jsonl   id, subreddit, title, post, query, facts, summary, reference_response
-      tiny-tldr/preference/{train,validation}.jsonl id, ..., query, facts, chosen, rejected, chosen_score, rejected_score
-      MANIFEST.json                 seed, sizes, sha256 of every data file
+      tiny-tldr/sft/{train,validation,test}.jsonl   id, subreddit, title, post, query, facts, summary,
+      reference_response tiny-tldr/preference/{train,validation}.jsonl id, ..., query, facts, chosen, rejected,
+      chosen_score, rejected_score MANIFEST.json                 seed, sizes, sha256 of every data file
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ def build_tokenizer(corpus: list[str], out: Path, vocab_size: int):
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -63,8 +66,14 @@ def build_tokenizer(corpus: list[str], out: Path, vocab_size: int):
     )
     tok.train_from_iterator(corpus, trainer=trainer)
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=BOS, pad_token=PAD, unk_token=None,
-        additional_special_tokens=CHAT_SPECIALS, model_max_length=512, clean_up_tokenization_spaces=False,
+        tokenizer_object=tok,
+        eos_token=EOS,
+        bos_token=BOS,
+        pad_token=PAD,
+        unk_token=None,
+        additional_special_tokens=CHAT_SPECIALS,
+        model_max_length=512,
+        clean_up_tokenization_spaces=False,
     )
     hf.chat_template = CHAT_TEMPLATE
     hf.save_pretrained(out)
@@ -77,18 +86,40 @@ def build_models(tokenizer, out: Path, seed: int) -> dict[str, int]:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, LlamaConfig, LlamaForCausalLM
 
     common = dict(
-        vocab_size=len(tokenizer), max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     configs = {
         # Pythia-shaped: parallel residual, partial rotary (25%), untied embeddings, as EleutherAI/pythia-*.
-        "tiny-neox": (GPTNeoXForCausalLM, GPTNeoXConfig(
-            hidden_size=192, num_hidden_layers=4, num_attention_heads=4, intermediate_size=768,
-            rotary_pct=0.25, use_parallel_residual=True, tie_word_embeddings=False, **common)),
+        "tiny-neox": (
+            GPTNeoXForCausalLM,
+            GPTNeoXConfig(
+                hidden_size=192,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                intermediate_size=768,
+                rotary_pct=0.25,
+                use_parallel_residual=True,
+                tie_word_embeddings=False,
+                **common,
+            ),
+        ),
         # Qwen2.5-shaped: RMSNorm, SwiGLU, grouped-query attention, tied embeddings.
-        "tiny-llama": (LlamaForCausalLM, LlamaConfig(
-            hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=512, tie_word_embeddings=True, **common)),
+        "tiny-llama": (
+            LlamaForCausalLM,
+            LlamaConfig(
+                hidden_size=192,
+                num_hidden_layers=4,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=512,
+                tie_word_embeddings=True,
+                **common,
+            ),
+        ),
     }
     sizes = {}
     for name, (cls, config) in configs.items():
@@ -101,8 +132,14 @@ def build_models(tokenizer, out: Path, seed: int) -> dict[str, int]:
     return sizes
 
 
-def build(out: str | os.PathLike = "runs/assets", seed: int = 0, n_train: int = 4000, n_eval: int = 200,
-          vocab_size: int = 600, with_models: bool = True) -> dict:
+def build(
+    out: str | os.PathLike = "runs/assets",
+    seed: int = 0,
+    n_train: int = 4000,
+    n_eval: int = 200,
+    vocab_size: int = 600,
+    with_models: bool = True,
+) -> dict:
     """Write the tiny world under `out` and return its manifest."""
     out = Path(out)
     t0 = time.time()
@@ -139,7 +176,11 @@ def ensure_assets(out: str | os.PathLike = "runs/assets", seed: int = 0) -> Path
     """Build the assets unless a complete build for this seed is already there."""
     out = Path(out)
     manifest = out / "MANIFEST.json"
-    if manifest.exists() and json.loads(manifest.read_text()).get("seed") == seed and (out / "models" / "tiny-neox").exists():
+    if (
+        manifest.exists()
+        and json.loads(manifest.read_text()).get("seed") == seed
+        and (out / "models" / "tiny-neox").exists()
+    ):
         return out
     build(out, seed)
     return out
@@ -154,8 +195,10 @@ def main() -> None:
     parser.add_argument("--no-models", action="store_true", help="write the data files only")
     a = parser.parse_args()
     m = build(a.out, a.seed, a.n_train, a.n_eval, with_models=not a.no_models)
-    print(f"wrote {len(m['files'])} data files under {a.out} in {m['seconds']}s; "
-          f"vocab {m.get('vocab_size')}, model parameters {m.get('model_parameters')}")
+    print(
+        f"wrote {len(m['files'])} data files under {a.out} in {m['seconds']}s; "
+        f"vocab {m.get('vocab_size')}, model parameters {m.get('model_parameters')}"
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Asynchronous against synchronous training: `python -m benchmark.async_speed [--script dpo.py|grpo_math.py]
 [--preset tiny-tldr-online|tiny] [--seeds 1 2]`.
 
-Runs `SCRIPT PRESET` (online DPO, or GRPO) twice per seed as subprocesses, once synchronous and once with `--async` (generation of
-the next batch overlapped with training on this one, one step off-policy; Noukhovitch et al. 2024,
+Runs `SCRIPT PRESET` (online DPO, or GRPO) twice per seed as subprocesses, once synchronous and once with `--async`
+(generation of the next batch overlapped with training on this one, one step off-policy; Noukhovitch et al. 2024,
 arXiv:2410.18252), with the same flags and thread budget, then reads each run's metrics.jsonl and prints:
   * seconds per episode of the training loop (from the step-0 evaluation row to the last training row, so
     model loading and the final evaluation are left out; the intermediate evaluations are the same in both),
@@ -64,28 +64,53 @@ def main() -> None:
     for seed in cli.seeds:
         for mode in ("sync", "async"):
             name = f"{cli.prefix}_{mode}__{seed}"
-            cmd = [sys.executable, str(REPO / cli.script), cli.preset, "--run-name", name, "--overwrite", "--seed", str(seed), "--output-dir", cli.output_dir,
-                   "--num-threads", str(cli.num_threads), "--async" if mode == "async" else "--no-async", *extra]
+            cmd = [
+                sys.executable,
+                str(REPO / cli.script),
+                cli.preset,
+                "--run-name",
+                name,
+                "--overwrite",
+                "--seed",
+                str(seed),
+                "--output-dir",
+                cli.output_dir,
+                "--num-threads",
+                str(cli.num_threads),
+                "--async" if mode == "async" else "--no-async",
+                *extra,
+            ]
             print("[run]", " ".join(cmd), flush=True)
             t0 = time.time()
             proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-            results.append({"mode": mode, "seed": seed, "wall_sec": time.time() - t0, **summarise(Path(cli.output_dir) / name)})
+            results.append(
+                {"mode": mode, "seed": seed, "wall_sec": time.time() - t0, **summarise(Path(cli.output_dir) / name)}
+            )
 
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-    print("\n| mode | seed | sec/episode | wall s | lag | gen wait s/step | gold reward start -> end | win rate | RM score / accuracy |")
+    print(
+        "\n| mode | seed | sec/episode | wall s | lag | gen wait s/step | gold reward start -> end | win rate | RM "
+        "score / accuracy |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r['mode']} | {r['seed']} | {r['sec_per_episode']:.4f} | {r['wall_sec']:.0f} | {r['policy_lag']:.2f} | "
-              f"{r['generation_wait_sec']:.3f} | {fmt(r['gold_reward_start'])} -> {fmt(r['gold_reward'])} | {fmt(r['win_rate'])} | {fmt(r['score'])} |")
+        print(
+            f"| {r['mode']} | {r['seed']} | {r['sec_per_episode']:.4f} | {r['wall_sec']:.0f} | {r['policy_lag']:.2f} | "
+            f"{r['generation_wait_sec']:.3f} | {fmt(r['gold_reward_start'])} -> {fmt(r['gold_reward'])} | "
+            f"{fmt(r['win_rate'])} | {fmt(r['score'])} |"
+        )
     summary = {}
     for seed in cli.seeds:
         sync, asyn = (next(r for r in results if r["seed"] == seed and r["mode"] == m) for m in ("sync", "async"))
         summary[seed] = asyn["sec_per_episode"] / sync["sec_per_episode"]
-        print(f"seed {seed}: async / sync wall-clock per episode = {summary[seed]:.3f} "
-              f"(speed-up {1 / summary[seed]:.2f}x); final gold reward sync {fmt(sync['gold_reward'])}, async {fmt(asyn['gold_reward'])}; "
-              f"score / accuracy sync {fmt(sync['score'])}, async {fmt(asyn['score'])}")
+        print(
+            f"seed {seed}: async / sync wall-clock per episode = {summary[seed]:.3f} "
+            f"(speed-up {1 / summary[seed]:.2f}x); final gold reward sync {fmt(sync['gold_reward'])}, async "
+            f"{fmt(asyn['gold_reward'])}; "
+            f"score / accuracy sync {fmt(sync['score'])}, async {fmt(asyn['score'])}"
+        )
     out = Path(cli.output_dir) / f"{cli.prefix}_summary.json"
     out.write_text(json.dumps({"results": results, "async_over_sync_sec_per_episode": summary}, indent=2) + "\n")
     print(f"written {out}")

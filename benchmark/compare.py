@@ -61,8 +61,11 @@ def read_run(run_dir: Path) -> Run:
     run = Run(name=run_dir.name, group=group_name(run_dir.name), rows=[])
     if not (run_dir / "done.json").exists():
         run.finished = False
-        run.unfinished_why = "no done.json" + (": its DONE is from an older benchmark.run, which did not check the "
-                                               "budget" if (run_dir / "DONE").exists() else "")
+        run.unfinished_why = "no done.json" + (
+            ": its DONE is from an older benchmark.run, which did not check the budget"
+            if (run_dir / "DONE").exists()
+            else ""
+        )
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         run.problems.append(f"{run_dir}: no metrics.jsonl")
@@ -89,8 +92,15 @@ def read_wandb_runs(project: str, entity: str | None) -> list[Run]:
     api = wandb.Api()
     runs = []
     for r in api.runs(f"{entity}/{project}" if entity else project):
-        runs.append(Run(name=r.name, group=group_name(r.name), rows=[dict(row) for row in r.scan_history()],
-                        finished=r.state == "finished", unfinished_why=f"wandb state {r.state!r}"))
+        runs.append(
+            Run(
+                name=r.name,
+                group=group_name(r.name),
+                rows=[dict(row) for row in r.scan_history()],
+                finished=r.state == "finished",
+                unfinished_why=f"wandb state {r.state!r}",
+            )
+        )
     return runs
 
 
@@ -102,7 +112,9 @@ def finished_runs(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.finished]
 
 
-def bootstrap_ci(values: np.ndarray, n_resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_ci(
+    values: np.ndarray, n_resamples: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean of `values`."""
     values = np.asarray(values, dtype=float)
     if len(values) == 1:
@@ -157,8 +169,17 @@ def summarize(runs: list[Run], metric: str) -> list[dict]:
     for group, values in sorted(finals.items()):
         values = np.array(values)
         low, high = bootstrap_ci(values)
-        table.append({"group": group, "seeds": len(values), "mean": float(values.mean()), "low": low, "high": high,
-                      "iqm": iqm(values), "values": [float(v) for v in values]})
+        table.append(
+            {
+                "group": group,
+                "seeds": len(values),
+                "mean": float(values.mean()),
+                "low": low,
+                "high": high,
+                "iqm": iqm(values),
+                "values": [float(v) for v in values],
+            }
+        )
     return table
 
 
@@ -172,7 +193,9 @@ def interval_cell(t: dict) -> str:
 
 def markdown_table(table: list[dict], metric: str) -> str:
     few = [t["seeds"] < MIN_SEEDS_FOR_CI for t in table]
-    head = "95% CI" if not any(few) else "seed values" if all(few) else f"95% CI (values below {MIN_SEEDS_FOR_CI} seeds)"
+    head = (
+        "95% CI" if not any(few) else "seed values" if all(few) else f"95% CI (values below {MIN_SEEDS_FOR_CI} seeds)"
+    )
     lines = [f"| algorithm | seeds | final {metric} (mean) | {head} | IQM |", "| --- | --- | --- | --- | --- |"]
     for t in table:
         lines.append(f"| {t['group']} | {t['seeds']} | {t['mean']:.3f} | {interval_cell(t)} | {t['iqm']:.3f} |")

@@ -1,4 +1,5 @@
-"""Data-parallel sanity check: `accelerate launch --multi_gpu --num_processes 2 benchmark/ddp_check.py OUT_DIR [ASSETS_DIR]`.
+"""Data-parallel sanity check: `accelerate launch --multi_gpu --num_processes 2 benchmark/ddp_check.py OUT_DIR
+[ASSETS_DIR]`.
 
 Every process takes a different shard of a fixed batch of tiny-tldr sequences, runs a few AdamW steps of
 the SFT loss on the tiny GPT-NeoX model through `accelerate` (gloo on CPU, NCCL on GPUs), and saves its
@@ -33,14 +34,18 @@ def main(out_dir: str, assets_dir: str = "runs/assets") -> None:
         ensure_assets(assets)
     accelerator.wait_for_everyone()
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox", local_files_only=True, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        assets / "models" / "tiny-neox", local_files_only=True, dtype=torch.float32
+    )
     vocab = model.config.vocab_size
     data = torch.randint(2, vocab, (STEPS, GLOBAL_BATCH, LENGTH), generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     per_rank = GLOBAL_BATCH // accelerator.num_processes
     for step in range(STEPS):
-        batch = data[step, accelerator.process_index * per_rank : (accelerator.process_index + 1) * per_rank].to(accelerator.device)
+        batch = data[step, accelerator.process_index * per_rank : (accelerator.process_index + 1) * per_rank].to(
+            accelerator.device
+        )
         logits = model(input_ids=batch).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), batch[:, 1:].reshape(-1))
         accelerator.backward(loss)
@@ -49,7 +54,9 @@ def main(out_dir: str, assets_dir: str = "runs/assets") -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     save_file(state, str(Path(out_dir) / f"rank{accelerator.process_index}_of{accelerator.num_processes}.safetensors"))
-    accelerator.print(f"{accelerator.num_processes} process(es), backend {accelerator.state.backend}, final loss {loss.item():.4f}")
+    accelerator.print(
+        f"{accelerator.num_processes} process(es), backend {accelerator.state.backend}, final loss {loss.item():.4f}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,13 @@ from benchmark.real_check import QWEN2, QWEN_MODELS, default_assets
 
 REPO = Path(__file__).resolve().parent.parent
 FULL_SIZES = {  # the published config.json sizes (Qwen/Qwen2.5-0.5B-Instruct)
-    "qwen2.5-0.5b-instruct": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14,
-                              "num_key_value_heads": 2, "intermediate_size": 4864},
+    "qwen2.5-0.5b-instruct": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+    }
 }
 TOKENIZERS = {"qwen2.5-0.5b-instruct": "qwen2.5-instruct"}  # folder under the real assets' tokenizers/
 
@@ -61,9 +66,12 @@ def measure(run_dir: Path) -> dict:
     if not train:
         raise SystemExit(f"error: {run_dir}/metrics.jsonl has no perf/peak_mem_gb row")
     quality = next((k for k in ("eval/accuracy", "eval/gold_reward", "eval/score") if any(k in r for r in rows)), None)
-    return {"peak_mem_gb": max(r["perf/peak_mem_gb"] for r in train),
-            "episodes_per_sec": train[-1].get("perf/episodes_per_sec"), "quality_metric": quality,
-            "quality": [r[quality] for r in rows if quality in r][-1] if quality else None}
+    return {
+        "peak_mem_gb": max(r["perf/peak_mem_gb"] for r in train),
+        "episodes_per_sec": train[-1].get("perf/episodes_per_sec"),
+        "quality_metric": quality,
+        "quality": [r[quality] for r in rows if quality in r][-1] if quality else None,
+    }
 
 
 def main() -> None:
@@ -83,8 +91,9 @@ def main() -> None:
     extra = [a for a in cli.extra if a != "--"]
     if cli.full_size:
         if cli.assets is None:
-            raise SystemExit("error: --full-size needs the real tokenizers: pass --assets or set "
-                             "CLEAN_RLHF_REAL_ASSETS")
+            raise SystemExit(
+                "error: --full-size needs the real tokenizers: pass --assets or set CLEAN_RLHF_REAL_ASSETS"
+            )
         model = build_full_size(cli.full_size, Path(cli.output_dir) / "models" / f"{cli.full_size}-full", cli.assets)
         extra = ["--model-name-or-path", str(model), *extra]
     # glibc keeps freed blocks, so a process's peak resident memory on CPU counts memory freed long before; with every
@@ -98,15 +107,32 @@ def main() -> None:
             flags = ["--lora-r", str(cli.lora_r), "--lora-alpha", str(cli.lora_alpha)]
             if cli.lora_learning_rate:
                 flags += ["--learning-rate", str(cli.lora_learning_rate)]
-        cmd = [sys.executable, str(REPO / cli.script), cli.preset, "--run-name", name, "--overwrite", "--seed",
-               str(cli.seed), "--output-dir", cli.output_dir, "--num-threads", str(cli.num_threads), *extra, *flags]
+        cmd = [
+            sys.executable,
+            str(REPO / cli.script),
+            cli.preset,
+            "--run-name",
+            name,
+            "--overwrite",
+            "--seed",
+            str(cli.seed),
+            "--output-dir",
+            cli.output_dir,
+            "--num-threads",
+            str(cli.num_threads),
+            *extra,
+            *flags,
+        ]
         print("[run]", " ".join(cmd), flush=True)
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise SystemExit(f"{name} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
         results[mode] = measure(Path(cli.output_dir) / name)
     full, lora = results["full"], results["lora"]
-    fmt = lambda v: "-" if v is None else f"{v:.3f}"
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
     print(f"\n| run | peak memory (GB) | episodes/s | {full['quality_metric'] or 'quality'} |")
     print("| --- | --- | --- | --- |")
     for mode, r in results.items():
@@ -114,8 +140,9 @@ def main() -> None:
     ratio = lora["peak_mem_gb"] / full["peak_mem_gb"]
     print(f"LoRA / full fine-tuning peak memory: {ratio:.3f}")
     out = Path(cli.output_dir) / f"lora_bench_{Path(cli.script).stem}_{cli.preset}.json"
-    out.write_text(json.dumps({"results": results, "lora_over_full_peak_mem": ratio, "argv": sys.argv[1:]}, indent=2)
-                   + "\n")
+    out.write_text(
+        json.dumps({"results": results, "lora_over_full_peak_mem": ratio, "argv": sys.argv[1:]}, indent=2) + "\n"
+    )
     print(f"written {out}")
 
 

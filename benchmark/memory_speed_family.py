@@ -40,24 +40,39 @@ def measure(run_dir: Path) -> dict:
     train = [r for r in rows if "perf/episodes_per_sec" in r]
     if not train:
         raise SystemExit(f"error: {run_dir}/metrics.jsonl has no perf/episodes_per_sec row")
-    return {"episodes": train[-1]["episode"], "episodes_per_sec": train[-1]["perf/episodes_per_sec"],
-            "peak_mem_gb": max(r["perf/peak_mem_gb"] for r in train), "wall_s": rows[-1]["time"]}
+    return {
+        "episodes": train[-1]["episode"],
+        "episodes_per_sec": train[-1]["perf/episodes_per_sec"],
+        "peak_mem_gb": max(r["perf/peak_mem_gb"] for r in train),
+        "wall_s": rows[-1]["time"],
+    }
 
 
 def ratios(results: dict) -> dict:
     """Each algorithm's peak memory and speed divided by PPO's."""
     ppo = results["ppo"]
-    return {name: {"mem_ratio": r["peak_mem_gb"] / ppo["peak_mem_gb"], "speed_ratio": r["episodes_per_sec"] / ppo["episodes_per_sec"]}
-            for name, r in results.items()}
+    return {
+        name: {
+            "mem_ratio": r["peak_mem_gb"] / ppo["peak_mem_gb"],
+            "speed_ratio": r["episodes_per_sec"] / ppo["episodes_per_sec"],
+        }
+        for name, r in results.items()
+    }
 
 
 def table(preset: str, results: dict) -> str:
     rel = ratios(results)
-    lines = [f"# memory and speed on {preset}", "",
-             "| script | episodes | episodes/s | peak memory (GB) | memory / PPO | speed / PPO |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# memory and speed on {preset}",
+        "",
+        "| script | episodes | episodes/s | peak memory (GB) | memory / PPO | speed / PPO |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, r in results.items():
-        lines.append(f"| {SCRIPTS[name]} | {r['episodes']} | {r['episodes_per_sec']:.2f} | {r['peak_mem_gb']:.3f} | "
-                     f"{rel[name]['mem_ratio']:.3f} | {rel[name]['speed_ratio']:.3f} |")
+        lines.append(
+            f"| {SCRIPTS[name]} | {r['episodes']} | {r['episodes_per_sec']:.2f} | {r['peak_mem_gb']:.3f} | "
+            f"{rel[name]['mem_ratio']:.3f} | {rel[name]['speed_ratio']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -70,7 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny-tldr", help="preset name shared by ppo_rlhf.py, rloo.py and remax.py")
     parser.add_argument("--episodes", type=int, default=512, help="sampled responses per script (--total-episodes)")
-    parser.add_argument("--num-eval-examples", type=int, default=8, help="evaluation prompts (before and after training only)")
+    parser.add_argument(
+        "--num-eval-examples", type=int, default=8, help="evaluation prompts (before and after training only)"
+    )
     parser.add_argument("--num-threads", type=int, default=None, help="CPU threads per script")
     parser.add_argument("--output-dir", default=None, help="where the runs go (default: a temporary directory)")
     parser.add_argument("--json", default=None, help="also write the results and ratios to this JSON file")
@@ -81,14 +98,32 @@ def main(argv: list[str] | None = None) -> dict:
     results = {}
     for name, script in SCRIPTS.items():
         run_name = f"memspeed_{name}_{args.preset}"
-        cmd = [sys.executable, str(REPO / script), args.preset, "--run-name", run_name, "--overwrite", "--output-dir", str(out),
-               "--total-episodes", str(args.episodes), "--eval-every", str(10**9), "--num-eval-examples", str(args.num_eval_examples),
-               "--no-save-model", *(["--num-threads", str(args.num_threads)] if args.num_threads else []), *extra]
+        cmd = [
+            sys.executable,
+            str(REPO / script),
+            args.preset,
+            "--run-name",
+            run_name,
+            "--overwrite",
+            "--output-dir",
+            str(out),
+            "--total-episodes",
+            str(args.episodes),
+            "--eval-every",
+            str(10**9),
+            "--num-eval-examples",
+            str(args.num_eval_examples),
+            "--no-save-model",
+            *(["--num-threads", str(args.num_threads)] if args.num_threads else []),
+            *extra,
+        ]
         print("[run]", " ".join(cmd), flush=True)
         t0 = time.time()
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise SystemExit(f"error: {script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+            raise SystemExit(
+                f"error: {script} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+            )
         results[name] = measure(out / run_name)
         print(f"      {time.time() - t0:.0f}s: {results[name]}", flush=True)
     text = table(args.preset, results)

@@ -20,14 +20,20 @@ import numpy as np
 
 from benchmark.compare import MIN_SEEDS_FOR_CI, bootstrap_ci, finished_runs, plot, read_run
 
-TRACKS = {
-    "tiny-tldr": ["eval/gold_reward", "eval/win_rate"],
-    "tiny-math": ["eval/accuracy", "eval/completion_length"],
-}
+TRACKS = {"tiny-tldr": ["eval/gold_reward", "eval/win_rate"], "tiny-math": ["eval/accuracy", "eval/completion_length"]}
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
 # grpo_math.py's variants (benchmark/run.py's tiny-math stages), plotted on their own beside GRPO
-GRPO_FAMILY = ["grpo", "dr-grpo", "dapo", "gspo", "cispo", "reinforce-pp-baseline", "distill", "async-grpo",
-               "lora-grpo"]
+GRPO_FAMILY = [
+    "grpo",
+    "dr-grpo",
+    "dapo",
+    "gspo",
+    "cispo",
+    "reinforce-pp-baseline",
+    "distill",
+    "async-grpo",
+    "lora-grpo",
+]
 
 
 def _cell(values: list[float]) -> str:
@@ -66,8 +72,12 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     cols = metrics + PERF + ["seconds"]
     head = "| algorithm | seeds | " + " | ".join(c.split("/")[-1] for c in cols) + " |"
     lines = [head, "|" + " --- |" * (len(cols) + 2)]
-    lines.append(f"| SFT (start) | {len(start.get(metrics[0], []))} runs | " + " | ".join(_cell(start.get(c, [])) for c in metrics)
-                 + " |" + " - |" * (len(PERF) + 1))
+    lines.append(
+        f"| SFT (start) | {len(start.get(metrics[0], []))} runs | "
+        + " | ".join(_cell(start.get(c, [])) for c in metrics)
+        + " |"
+        + " - |" * (len(PERF) + 1)
+    )
     for group in sorted(final):
         seeds = len(final[group][metrics[0]])
         lines.append(f"| {group.split('_')[0]} | {seeds} | " + " | ".join(_cell(final[group][c]) for c in cols) + " |")
@@ -80,13 +90,19 @@ PRM_GROUPS = ["ppo_tiny-math", "ppo-prm-raw_tiny-math", "ppo-prm-clip-delta_tiny
 
 def prm_table(runs_dir: Path) -> str:
     """Final greedy accuracy, answer length and share of answers that end (EOS) on the test problems, and the steps
-    per sampled answer in the last update, of the three PPO reward settings; mean [95% CI] over seeds (`_cell`), finished
-    runs only. Empty when none of these runs exists."""
-    cols = {"accuracy": "eval/accuracy", "completion_length": "eval/completion_length", "eos_rate": "eval/eos_rate",
-            "steps per answer (last update)": "objective/num_steps"}
+    per sampled answer in the last update, of the three PPO reward settings; mean [95% CI] over seeds (`_cell`),
+    finished runs only. Empty when none of these runs exists."""
+    cols = {
+        "accuracy": "eval/accuracy",
+        "completion_length": "eval/completion_length",
+        "eos_rate": "eval/eos_rate",
+        "steps per answer (last update)": "objective/num_steps",
+    }
     lines = []
     for group in PRM_GROUPS:
-        runs = finished_runs([read_run(d) for d in sorted(runs_dir.glob(f"{group}__*")) if (d / "metrics.jsonl").exists()])
+        runs = finished_runs(
+            [read_run(d) for d in sorted(runs_dir.glob(f"{group}__*")) if (d / "metrics.jsonl").exists()]
+        )
         if not runs:
             continue
         values: dict[str, list[float]] = defaultdict(list)
@@ -121,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {runs_dir / 'results_tiny-math_grpo.png'}")
         if track == "tiny-math" and (prm := prm_table(runs_dir)):
             (runs_dir / "results_tiny-math_prm.md").write_text(prm)
-            print(f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}\nwrote {runs_dir / 'results_tiny-math_prm.md'}")
+            print(
+                f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}\nwrote "
+                f"{runs_dir / 'results_tiny-math_prm.md'}"
+            )
     return 0
 
 

@@ -56,7 +56,12 @@ class Stage:
 
     def command(self, launcher: list[str], quick: bool = False) -> list[str]:
         if self.accelerate_config:
-            launcher = ["accelerate", "launch", "--config_file", f"benchmark/accelerate_configs/{self.accelerate_config}.yaml"]
+            launcher = [
+                "accelerate",
+                "launch",
+                "--config_file",
+                f"benchmark/accelerate_configs/{self.accelerate_config}.yaml",
+            ]
             return [*launcher, self.script, *self.args(quick)]
         return [*launcher, str(REPO / self.script), *self.args(quick)]
 
@@ -73,17 +78,30 @@ QUICK = {
 }
 
 
-def rl_stage(algo: str, script: str, preset: str, seed: int, track: str, needs: list[str], extra: list[str] = ()) -> Stage:
-    return Stage(f"{algo}_{track}__{seed}", script, preset, ["--seed", str(seed), *extra], needs=needs,
-                 quick=QUICK.get(f"{algo}_{track}", []))
+def rl_stage(
+    algo: str, script: str, preset: str, seed: int, track: str, needs: list[str], extra: list[str] = ()
+) -> Stage:
+    return Stage(
+        f"{algo}_{track}__{seed}",
+        script,
+        preset,
+        ["--seed", str(seed), *extra],
+        needs=needs,
+        quick=QUICK.get(f"{algo}_{track}", []),
+    )
 
 
 def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
     # SFT and reward model are trained once (seed 1), as in the N+ paper where the RL seeds share them.
     stages = [
         Stage("sft_tiny-tldr__1", "sft.py", "tiny-tldr"),
-        Stage("rm_tiny-tldr__1", "reward_model.py", "tiny-tldr", ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
-              needs=["sft_tiny-tldr__1"]),
+        Stage(
+            "rm_tiny-tldr__1",
+            "reward_model.py",
+            "tiny-tldr",
+            ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
+            needs=["sft_tiny-tldr__1"],
+        ),
     ]
     rl = ["sft_tiny-tldr__1", "rm_tiny-tldr__1"]
     for s in seeds:
@@ -100,8 +118,13 @@ def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
 def tiny_math_stages(seeds: list[int]) -> list[Stage]:
     stages = [
         Stage("sft_tiny-math__1", "sft.py", "tiny-math"),
-        Stage("prm_tiny-math__1", "reward_model.py", "tiny-math-prm", ["--sft-model-path", "runs/sft_tiny-math__1/model"],
-              needs=["sft_tiny-math__1"]),
+        Stage(
+            "prm_tiny-math__1",
+            "reward_model.py",
+            "tiny-math-prm",
+            ["--sft-model-path", "runs/sft_tiny-math__1/model"],
+            needs=["sft_tiny-math__1"],
+        ),
     ]
     sft, prm = ["sft_tiny-math__1"], ["sft_tiny-math__1", "prm_tiny-math__1"]
     prm_flags = ["--prm-path", "runs/prm_tiny-math__1/model"]
@@ -114,27 +137,61 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
             rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
             # LoRA at 10x the full fine-tuning learning rate ("LoRA Without Regret", Schulman et al. 2025)
-            rl_stage("lora-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft,
-                     ["--lora-r", "16", "--lora-alpha", "32", "--learning-rate", "5e-4"]),
-            rl_stage("reinforce-pp-baseline", "grpo_math.py", "tiny", s, "tiny-math", sft,
-                     ["--advantage-estimator", "reinforce_pp_baseline"]),
+            rl_stage(
+                "lora-grpo",
+                "grpo_math.py",
+                "tiny",
+                s,
+                "tiny-math",
+                sft,
+                ["--lora-r", "16", "--lora-alpha", "32", "--learning-rate", "5e-4"],
+            ),
+            rl_stage(
+                "reinforce-pp-baseline",
+                "grpo_math.py",
+                "tiny",
+                s,
+                "tiny-math",
+                sft,
+                ["--advantage-estimator", "reinforce_pp_baseline"],
+            ),
             # on-policy distillation: the SFT policy learns from the GRPO policy of the same seed, on its own samples
-            rl_stage("distill", "grpo_math.py", "tiny", s, "tiny-math", [*sft, f"grpo_tiny-math__{s}"],
-                     ["--advantage-estimator", "distill", "--teacher-model-path", f"runs/grpo_tiny-math__{s}/model"]),
+            rl_stage(
+                "distill",
+                "grpo_math.py",
+                "tiny",
+                s,
+                "tiny-math",
+                [*sft, f"grpo_tiny-math__{s}"],
+                ["--advantage-estimator", "distill", "--teacher-model-path", f"runs/grpo_tiny-math__{s}/model"],
+            ),
             rl_stage("ppo", "ppo_rlhf.py", "tiny-math", s, "tiny-math", sft),
             rl_stage("rloo", "rloo.py", "tiny-math", s, "tiny-math", sft),
             rl_stage("remax", "remax.py", "tiny-math", s, "tiny-math", sft),
             # Gao et al. 2024 in miniature: the raw process reward is hacked, Clip + Delta are not
-            rl_stage("ppo-prm-raw", "ppo_rlhf.py", "tiny-math", s, "tiny-math", prm, [*prm_flags, "--prm-refine", "none"]),
-            rl_stage("ppo-prm-clip-delta", "ppo_rlhf.py", "tiny-math", s, "tiny-math", prm, [*prm_flags, "--prm-refine", "clip_delta"]),
+            rl_stage(
+                "ppo-prm-raw", "ppo_rlhf.py", "tiny-math", s, "tiny-math", prm, [*prm_flags, "--prm-refine", "none"]
+            ),
+            rl_stage(
+                "ppo-prm-clip-delta",
+                "ppo_rlhf.py",
+                "tiny-math",
+                s,
+                "tiny-math",
+                prm,
+                [*prm_flags, "--prm-refine", "clip_delta"],
+            ),
         ]
     return stages
 
 
 # The real reproductions, for a GPU cluster: 8 GPUs per run, the papers' hyperparameters in the scripts' presets.
 # size: (accelerate config of SFT and RM, of the RL runs); as in the presets' descriptions
-PYTHIA_SIZES = {"1b": ("multi_gpu", "deepspeed_zero2"), "2.8b": ("multi_gpu", "deepspeed_zero2"),
-                "6.9b": ("deepspeed_zero2", "deepspeed_zero3")}
+PYTHIA_SIZES = {
+    "1b": ("multi_gpu", "deepspeed_zero2"),
+    "2.8b": ("multi_gpu", "deepspeed_zero2"),
+    "6.9b": ("deepspeed_zero2", "deepspeed_zero3"),
+}
 
 
 def tldr_stages(seeds: list[int]) -> list[Stage]:
@@ -146,39 +203,123 @@ def tldr_stages(seeds: list[int]) -> list[Stage]:
             paths = ["--sft-model-path", f"runs/{sft}/model", "--reward-model-path", f"runs/{rm}/model"]
             stages += [
                 Stage(sft, "sft.py", f"tldr-pythia-{size}", ["--seed", str(s)], accelerate_config=sup),
-                Stage(rm, "reward_model.py", f"tldr-pythia-{size}", ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
-                      needs=[sft], accelerate_config=sup),
-                Stage(f"ppo_tldr-pythia-{size}__{s}", "ppo_rlhf.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
-                      needs=[sft, rm], accelerate_config=zero),
-                Stage(f"rloo_tldr-pythia-{size}__{s}", "rloo.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
-                      needs=[sft, rm], accelerate_config=zero),
-                Stage(f"remax_tldr-pythia-{size}__{s}", "remax.py", f"tldr-pythia-{size}", ["--seed", str(s), *paths],
-                      needs=[sft, rm], accelerate_config=zero),
-                Stage(f"dpo_tldr-pythia-{size}__{s}", "dpo.py", f"tldr-pythia-{size}",
-                      ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
-                      needs=[sft], accelerate_config=zero),
+                Stage(
+                    rm,
+                    "reward_model.py",
+                    f"tldr-pythia-{size}",
+                    ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
+                    needs=[sft],
+                    accelerate_config=sup,
+                ),
+                Stage(
+                    f"ppo_tldr-pythia-{size}__{s}",
+                    "ppo_rlhf.py",
+                    f"tldr-pythia-{size}",
+                    ["--seed", str(s), *paths],
+                    needs=[sft, rm],
+                    accelerate_config=zero,
+                ),
+                Stage(
+                    f"rloo_tldr-pythia-{size}__{s}",
+                    "rloo.py",
+                    f"tldr-pythia-{size}",
+                    ["--seed", str(s), *paths],
+                    needs=[sft, rm],
+                    accelerate_config=zero,
+                ),
+                Stage(
+                    f"remax_tldr-pythia-{size}__{s}",
+                    "remax.py",
+                    f"tldr-pythia-{size}",
+                    ["--seed", str(s), *paths],
+                    needs=[sft, rm],
+                    accelerate_config=zero,
+                ),
+                Stage(
+                    f"dpo_tldr-pythia-{size}__{s}",
+                    "dpo.py",
+                    f"tldr-pythia-{size}",
+                    ["--seed", str(s), "--sft-model-path", f"runs/{sft}/model"],
+                    needs=[sft],
+                    accelerate_config=zero,
+                ),
             ]
     return stages
 
 
 def math_stages(seeds: list[int]) -> list[Stage]:
-    """GSM8K with Qwen2.5-0.5B-Instruct (every algorithm) and MATH with Qwen2.5-Math-1.5B (Dr. GRPO, as in its paper)."""
+    """GSM8K with Qwen2.5-0.5B-Instruct (every algorithm) and MATH with Qwen2.5-Math-1.5B (Dr. GRPO, as in its
+    paper)."""
     stages = []
     for s in seeds:
         seed = ["--seed", str(s)]
         stages += [
-            Stage(f"grpo_gsm8k-qwen2.5-0.5b__{s}", "grpo_math.py", "gsm8k-qwen2.5-0.5b", [*seed, "--loss-type", "grpo"], accelerate_config="deepspeed_zero2"),
-            Stage(f"dr-grpo_gsm8k-qwen2.5-0.5b__{s}", "grpo_math.py", "gsm8k-qwen2.5-0.5b", [*seed, "--loss-type", "dr_grpo"], accelerate_config="deepspeed_zero2"),
-            Stage(f"dapo_gsm8k-qwen2.5-0.5b__{s}", "grpo_math.py", "gsm8k-qwen2.5-0.5b", [*seed, "--loss-type", "dapo"], accelerate_config="deepspeed_zero2"),
-            Stage(f"ppo_gsm8k-qwen2.5-0.5b__{s}", "ppo_rlhf.py", "gsm8k-qwen2.5-0.5b", seed, accelerate_config="deepspeed_zero2"),
-            Stage(f"rloo_gsm8k-qwen2.5-0.5b__{s}", "rloo.py", "gsm8k-qwen2.5-0.5b", seed, accelerate_config="deepspeed_zero2"),
-            Stage(f"remax_gsm8k-qwen2.5-0.5b__{s}", "remax.py", "gsm8k-qwen2.5-0.5b", seed, accelerate_config="deepspeed_zero2"),
-            Stage(f"dr-grpo_math-qwen2.5-math-1.5b__{s}", "grpo_math.py", "math-qwen2.5-math-1.5b", seed, accelerate_config="deepspeed_zero2"),
+            Stage(
+                f"grpo_gsm8k-qwen2.5-0.5b__{s}",
+                "grpo_math.py",
+                "gsm8k-qwen2.5-0.5b",
+                [*seed, "--loss-type", "grpo"],
+                accelerate_config="deepspeed_zero2",
+            ),
+            Stage(
+                f"dr-grpo_gsm8k-qwen2.5-0.5b__{s}",
+                "grpo_math.py",
+                "gsm8k-qwen2.5-0.5b",
+                [*seed, "--loss-type", "dr_grpo"],
+                accelerate_config="deepspeed_zero2",
+            ),
+            Stage(
+                f"dapo_gsm8k-qwen2.5-0.5b__{s}",
+                "grpo_math.py",
+                "gsm8k-qwen2.5-0.5b",
+                [*seed, "--loss-type", "dapo"],
+                accelerate_config="deepspeed_zero2",
+            ),
+            Stage(
+                f"ppo_gsm8k-qwen2.5-0.5b__{s}",
+                "ppo_rlhf.py",
+                "gsm8k-qwen2.5-0.5b",
+                seed,
+                accelerate_config="deepspeed_zero2",
+            ),
+            Stage(
+                f"rloo_gsm8k-qwen2.5-0.5b__{s}",
+                "rloo.py",
+                "gsm8k-qwen2.5-0.5b",
+                seed,
+                accelerate_config="deepspeed_zero2",
+            ),
+            Stage(
+                f"remax_gsm8k-qwen2.5-0.5b__{s}",
+                "remax.py",
+                "gsm8k-qwen2.5-0.5b",
+                seed,
+                accelerate_config="deepspeed_zero2",
+            ),
+            Stage(
+                f"dr-grpo_math-qwen2.5-math-1.5b__{s}",
+                "grpo_math.py",
+                "math-qwen2.5-math-1.5b",
+                seed,
+                accelerate_config="deepspeed_zero2",
+            ),
         ]
     return stages
 
 
+# The README's main job and the learning tests: every tiny-tldr algorithm and GRPO on tiny-math, at the `--quick`
+# budgets (about 15 minutes for one seed on a 2-core CPU with --jobs 2)
+QUICK_STAGES = [
+    "ppo_tiny-tldr",
+    "rloo_tiny-tldr",
+    "remax_tiny-tldr",
+    "dpo_tiny-tldr",
+    "online-dpo_tiny-tldr",
+    "grpo_tiny-math",
+]
+
 SUITES = {
+    "quick": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),  # QUICK_STAGES at --quick budgets
     "tiny-tldr": tiny_tldr_stages,
     "tiny-math": tiny_math_stages,
     "tiny": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),
@@ -223,6 +364,7 @@ def _difference(was: list[str], now: list[str]) -> str:
 
     def show(a: list[str]) -> str:
         return repr(shlex.join(a[k : len(a) - j])) if a[k : len(a) - j] else "(none)"
+
     return f"was {show(was)}, now {show(now)}"
 
 
@@ -272,21 +414,32 @@ def final_metrics(run_dir: Path) -> dict:
 LAUNCH = {"run": [], "rerun": ["--overwrite"], "resume": ["--resume"]}  # flags appended per decision
 
 
-def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: bool = False,
-              launcher: list[str] | None = None, jobs: int = 1, only: list[str] | None = None,
-              quick: bool = False) -> dict[str, str]:
+def run_suite(
+    suite: str,
+    seeds: list[int],
+    workdir: Path = Path("."),
+    dry_run: bool = False,
+    launcher: list[str] | None = None,
+    jobs: int = 1,
+    only: list[str] | None = None,
+    quick: bool = False,
+) -> dict[str, str]:
     """Run the stages of `suite` with `workdir` as the working directory (runs land in workdir/runs).
 
     `jobs` > 1 runs that many independent stages at once, each with one thread per job's share of the cores
     (on a 2-core CPU, two 1-thread runs get more done than one 2-thread run of these tiny models).
     `only` keeps the stages whose algorithm (run name before `_`, e.g. `ppo`) or algorithm and track (run name
     before `__`, e.g. `ppo_tiny-tldr`) is listed, plus the stages they need. `quick` appends each stage's
-    shorter budget (`Stage.quick`)."""
+    shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES (or `only`), always `quick`."""
+    if suite == "quick":
+        only, quick = only or QUICK_STAGES, True
     launcher = launcher or [sys.executable]
     runs_dir = Path(workdir) / "runs"
     stages = SUITES[suite](seeds)
     if only:
-        keep = {st.run_name for st in stages if st.run_name.split("_")[0] in only or st.run_name.rsplit("__", 1)[0] in only}
+        keep = {
+            st.run_name for st in stages if st.run_name.split("_")[0] in only or st.run_name.rsplit("__", 1)[0] in only
+        }
         for st in stages:  # the SFT/RM stages the kept ones depend on
             if st.run_name in keep:
                 keep |= set(st.needs)
@@ -366,8 +519,11 @@ def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: 
                 status[name] = "ok"
                 print(f"[ok] {name} in {time.time() - t0:.0f}s", flush=True)
                 if not (runs_dir / name / "done.json").exists():
-                    print(f"warning: {name} exited 0 without writing {runs_dir / name / 'done.json'}; it will be run "
-                          "again by the next invocation", flush=True)
+                    print(
+                        f"warning: {name} exited 0 without writing {runs_dir / name / 'done.json'}; it will be run "
+                        "again by the next invocation",
+                        flush=True,
+                    )
             else:
                 status[name] = "failed"
                 print(f"[FAILED] {name} (exit {rc}); last lines of {log}:")
@@ -377,7 +533,11 @@ def run_suite(suite: str, seeds: list[int], workdir: Path = Path("."), dry_run: 
     lines = [f"# {suite} suite", "", "| run | status | final metrics |", "| --- | --- | --- |"]
     for stage in stages:
         m = final_metrics(runs_dir / stage.run_name)
-        shown = ", ".join(f"{k} {v:.3f}" for k, v in m.items() if k.startswith("eval/") and isinstance(v, float) and "confidence" not in k)
+        shown = ", ".join(
+            f"{k} {v:.3f}"
+            for k, v in m.items()
+            if k.startswith("eval/") and isinstance(v, float) and "confidence" not in k
+        )
         lines.append(f"| {stage.run_name} | {status[stage.run_name]} | {shown} |")
     summary = "\n".join(lines) + "\n"
     (runs_dir / f"{suite}_summary.md").write_text(summary)
@@ -391,10 +551,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of the RL stages")
     parser.add_argument("--workdir", default=".", help="working directory; runs are written to WORKDIR/runs")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    parser.add_argument("--jobs", type=int, default=1, help="independent stages run at once (threads split between them)")
-    parser.add_argument("--only", nargs="+", default=None,
-                        help="keep these algorithms (ppo, grpo) or algorithm_track names (ppo_tiny-tldr) and what they need")
-    parser.add_argument("--quick", action="store_true", help="shorter RL runs (the learning tests); not the README's numbers")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="independent stages run at once (threads split between them)"
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=None,
+        help="keep these algorithms (ppo, grpo) or algorithm_track names (ppo_tiny-tldr) and what they need",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="shorter RL runs (the learning tests); not the README's numbers"
+    )
     a = parser.parse_args()
     status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick)
     sys.exit(1 if any(s == "failed" for s in status.values()) else 0)

@@ -50,17 +50,27 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = REPO / "runs" / "assets"
 SCRIPTS = {"rm": "reward_model.py", "ppo": "ppo_rlhf.py", "grpo": "grpo_math.py", "rloo": "rloo.py", "dpo": "dpo.py"}
-TRL_NAMES = {"rm": "RewardTrainer", "ppo": "PPOTrainer (trl 1.12)", "grpo": "GRPOTrainer", "rloo": "RLOOTrainer", "dpo": "DPOTrainer"}
+TRL_NAMES = {
+    "rm": "RewardTrainer",
+    "ppo": "PPOTrainer (trl 1.12)",
+    "grpo": "GRPOTrainer",
+    "rloo": "RLOOTrainer",
+    "dpo": "DPOTrainer",
+}
 # how our script reports perf/episodes_per_sec: "cumulative" since the loop started, or per log "window"
 RATE_KIND = {"rm": "window", "ppo": "cumulative", "grpo": "window", "rloo": "cumulative", "dpo": "cumulative"}
 NOTES = {
-    "rm": "same forward (chosen and rejected rows in one batch) and loss; TRL appends EOS to the text and tokenizes prompt+response as one string",
-    "ppo": "ours keeps the sampler's logprobs (float32; TRL takes them from generate's scores) and runs every forward pass "
-           "on one packed row without padding (packed_sdpa attention), the last layer's MLP only where a head reads; TRL pads. TRL's gradient accumulation spans the minibatches "
-           "of an epoch (optimizer steps once per epoch here), ours steps per minibatch (N+)",
-    "grpo": "TRL: per_device_train_batch_size = one minibatch, steps_per_generation = minibatches per generation round. Ours takes the "
-            "old policy's logprobs from its sampling loop (float32: equal to a forward pass to 1e-5, tested); TRL recomputes them",
-    "rloo": "one optimizer step per batch on both sides; ours keeps the sampler's logprobs (float32), TRL needs none (on-policy)",
+    "rm": "same forward (chosen and rejected rows in one batch) and loss; TRL appends EOS to the text and tokenizes "
+    "prompt+response as one string",
+    "ppo": "ours keeps the sampler's logprobs (float32; TRL takes them from generate's scores) and runs every forward "
+    "pass on one packed row without padding (packed_sdpa attention), the last layer's MLP only where a head reads; TRL "
+    "pads. TRL's gradient accumulation spans the minibatches "
+    "of an epoch (optimizer steps once per epoch here), ours steps per minibatch (N+)",
+    "grpo": "TRL: per_device_train_batch_size = one minibatch, steps_per_generation = minibatches per generation "
+    "round. Ours takes the old policy's logprobs from its sampling loop (float32: equal to a forward pass to 1e-5, "
+    "tested); TRL recomputes them",
+    "rloo": "one optimizer step per batch on both sides; ours keeps the sampler's logprobs (float32), TRL needs none "
+    "(on-policy)",
     "dpo": "reference logprobs computed per step on both sides (ours: --no-precompute-ref-logprobs)",
 }
 TINY_TLDR_SFT = ("runs/sft_tiny-tldr__1/model", "runs/old/sft_tiny-tldr__1/model")
@@ -89,15 +99,40 @@ def work(algo: str, a: argparse.Namespace) -> dict:
     (one generation round for online algorithms)."""
     w = {"algo": algo, "steps": a.steps, "seed": a.seed}
     if algo in ("rm", "dpo"):
-        w.update(model=a.model or first_existing(TINY_TLDR_SFT), data="runs/assets/tiny-tldr/preference", batch=a.batch_size or 32,
-                 lr=1e-4, max_prompt_length=96, max_response_length=48, max_length=160, beta=0.1)
+        w.update(
+            model=a.model or first_existing(TINY_TLDR_SFT),
+            data="runs/assets/tiny-tldr/preference",
+            batch=a.batch_size or 32,
+            lr=1e-4,
+            max_prompt_length=96,
+            max_response_length=48,
+            max_length=160,
+            beta=0.1,
+        )
     elif algo == "ppo":
-        w.update(model=a.model or first_existing(TINY_TLDR_SFT), reward_model=a.reward_model or first_existing(TINY_TLDR_RM),
-                 data="runs/assets/tiny-tldr/sft", batch=a.batch_size or 64, mini_batches=2, ppo_epochs=4, response_length=a.response_length or 32,
-                 temperature=0.7, kl_coef=0.05, lr=3e-5, max_prompt_length=96)
+        w.update(
+            model=a.model or first_existing(TINY_TLDR_SFT),
+            reward_model=a.reward_model or first_existing(TINY_TLDR_RM),
+            data="runs/assets/tiny-tldr/sft",
+            batch=a.batch_size or 64,
+            mini_batches=2,
+            ppo_epochs=4,
+            response_length=a.response_length or 32,
+            temperature=0.7,
+            kl_coef=0.05,
+            lr=3e-5,
+            max_prompt_length=96,
+        )
     elif algo in ("grpo", "rloo"):
-        w.update(model=a.model or first_existing(TINY_MATH_SFT), data="runs/assets/tiny-math/gsm8k", response_length=a.response_length or 80,
-                 temperature=1.0, lr=3e-5, max_prompt_length=96, prompt_template="Question: {question}\nAnswer:\n")
+        w.update(
+            model=a.model or first_existing(TINY_MATH_SFT),
+            data="runs/assets/tiny-math/gsm8k",
+            response_length=a.response_length or 80,
+            temperature=1.0,
+            lr=3e-5,
+            max_prompt_length=96,
+            prompt_template="Question: {question}\nAnswer:\n",
+        )
         if algo == "grpo":
             w.update(batch=a.batch_size or 128, generations=8, mini_batches=2, kl_coef=0.04)
         else:
@@ -111,30 +146,152 @@ def ours_command(w: dict, run_name: str) -> list[str]:
     py, n = sys.executable, w["batch"] * w["steps"]
     common = ["--run-name", run_name, "--overwrite", "--seed", str(w["seed"]), "--num-threads", "1", "--no-save-model"]
     if w["algo"] == "rm":
-        return [py, "reward_model.py", "tiny-tldr", *common, "--sft-model-path", w["model"], "--max-train-samples", str(n),
-                "--per-device-train-batch-size", str(w["batch"]), "--learning-rate", str(w["lr"]), "--max-length", str(w["max_length"]),
-                "--no-normalize", "--eval-every", "1000000", "--num-eval-examples", "8", "--log-every", "1"]
+        return [
+            py,
+            "reward_model.py",
+            "tiny-tldr",
+            *common,
+            "--sft-model-path",
+            w["model"],
+            "--max-train-samples",
+            str(n),
+            "--per-device-train-batch-size",
+            str(w["batch"]),
+            "--learning-rate",
+            str(w["lr"]),
+            "--max-length",
+            str(w["max_length"]),
+            "--no-normalize",
+            "--eval-every",
+            "1000000",
+            "--num-eval-examples",
+            "8",
+            "--log-every",
+            "1",
+        ]
     if w["algo"] == "dpo":
-        return [py, "dpo.py", "tiny-tldr", *common, "--sft-model-path", w["model"], "--max-train-samples", str(n),
-                "--per-device-train-batch-size", str(w["batch"]), "--learning-rate", str(w["lr"]), "--beta", str(w["beta"]),
-                "--max-prompt-length", str(w["max_prompt_length"]), "--max-response-length", str(w["max_response_length"]),
-                "--no-precompute-ref-logprobs", "--eval-task", "none", "--eval-every", "1000000", "--num-eval-examples", "8", "--log-every", "1"]
+        return [
+            py,
+            "dpo.py",
+            "tiny-tldr",
+            *common,
+            "--sft-model-path",
+            w["model"],
+            "--max-train-samples",
+            str(n),
+            "--per-device-train-batch-size",
+            str(w["batch"]),
+            "--learning-rate",
+            str(w["lr"]),
+            "--beta",
+            str(w["beta"]),
+            "--max-prompt-length",
+            str(w["max_prompt_length"]),
+            "--max-response-length",
+            str(w["max_response_length"]),
+            "--no-precompute-ref-logprobs",
+            "--eval-task",
+            "none",
+            "--eval-every",
+            "1000000",
+            "--num-eval-examples",
+            "8",
+            "--log-every",
+            "1",
+        ]
     if w["algo"] == "ppo":
-        return [py, "ppo_rlhf.py", "tiny-tldr", *common, "--sft-model-path", w["model"], "--reward-model-path", w["reward_model"],
-                "--total-episodes", str(n), "--per-device-batch-size", str(w["batch"]), "--num-mini-batches", str(w["mini_batches"]),
-                "--num-ppo-epochs", str(w["ppo_epochs"]), "--response-length", str(w["response_length"]), "--temperature", str(w["temperature"]),
-                "--kl-coef", str(w["kl_coef"]), "--learning-rate", str(w["lr"]), "--eval-every", "1000000", "--num-eval-examples", "8"]
+        return [
+            py,
+            "ppo_rlhf.py",
+            "tiny-tldr",
+            *common,
+            "--sft-model-path",
+            w["model"],
+            "--reward-model-path",
+            w["reward_model"],
+            "--total-episodes",
+            str(n),
+            "--per-device-batch-size",
+            str(w["batch"]),
+            "--num-mini-batches",
+            str(w["mini_batches"]),
+            "--num-ppo-epochs",
+            str(w["ppo_epochs"]),
+            "--response-length",
+            str(w["response_length"]),
+            "--temperature",
+            str(w["temperature"]),
+            "--kl-coef",
+            str(w["kl_coef"]),
+            "--learning-rate",
+            str(w["lr"]),
+            "--eval-every",
+            "1000000",
+            "--num-eval-examples",
+            "8",
+        ]
     if w["algo"] == "grpo":
-        return [py, "grpo_math.py", "tiny", *common, "--model-name-or-path", w["model"], "--total-steps", str(w["steps"]),
-                "--questions-per-device", str(w["batch"] // w["generations"]), "--num-generations", str(w["generations"]),
-                "--num-mini-batches", str(w["mini_batches"]), "--micro-batch-size", str(w["batch"] // w["mini_batches"]),
-                "--max-completion-length", str(w["response_length"]), "--temperature", str(w["temperature"]), "--beta", str(w["kl_coef"]),
-                "--learning-rate", str(w["lr"]), "--loss-type", "grpo", "--eval-every", "1000000", "--num-eval-examples", "8", "--pass-k", "0"]
+        return [
+            py,
+            "grpo_math.py",
+            "tiny",
+            *common,
+            "--model-name-or-path",
+            w["model"],
+            "--total-steps",
+            str(w["steps"]),
+            "--questions-per-device",
+            str(w["batch"] // w["generations"]),
+            "--num-generations",
+            str(w["generations"]),
+            "--num-mini-batches",
+            str(w["mini_batches"]),
+            "--micro-batch-size",
+            str(w["batch"] // w["mini_batches"]),
+            "--max-completion-length",
+            str(w["response_length"]),
+            "--temperature",
+            str(w["temperature"]),
+            "--beta",
+            str(w["kl_coef"]),
+            "--learning-rate",
+            str(w["lr"]),
+            "--loss-type",
+            "grpo",
+            "--eval-every",
+            "1000000",
+            "--num-eval-examples",
+            "8",
+            "--pass-k",
+            "0",
+        ]
     if w["algo"] == "rloo":
-        return [py, "rloo.py", "tiny-math", *common, "--sft-model-path", w["model"], "--total-episodes", str(n),
-                "--per-device-batch-size", str(w["batch"]), "--rloo-k", str(w["generations"]), "--response-length", str(w["response_length"]),
-                "--temperature", str(w["temperature"]), "--kl-coef", str(w["kl_coef"]), "--learning-rate", str(w["lr"]),
-                "--eval-every", "1000000", "--num-eval-examples", "8"]
+        return [
+            py,
+            "rloo.py",
+            "tiny-math",
+            *common,
+            "--sft-model-path",
+            w["model"],
+            "--total-episodes",
+            str(n),
+            "--per-device-batch-size",
+            str(w["batch"]),
+            "--rloo-k",
+            str(w["generations"]),
+            "--response-length",
+            str(w["response_length"]),
+            "--temperature",
+            str(w["temperature"]),
+            "--kl-coef",
+            str(w["kl_coef"]),
+            "--learning-rate",
+            str(w["lr"]),
+            "--eval-every",
+            "1000000",
+            "--num-eval-examples",
+            "8",
+        ]
     raise ValueError(w["algo"])
 
 
@@ -156,7 +313,10 @@ def train_seconds(rows: list[dict], kind: str) -> tuple[float, int]:
 
 def ratios(ours: dict, trl: dict) -> dict:
     """ours / TRL: speed > 1 means ours is faster, memory < 1 means ours uses less."""
-    return {"speed_ratio": ours["episodes_per_sec"] / trl["episodes_per_sec"], "mem_ratio": ours["peak_rss_gb"] / trl["peak_rss_gb"]}
+    return {
+        "speed_ratio": ours["episodes_per_sec"] / trl["episodes_per_sec"],
+        "mem_ratio": ours["peak_rss_gb"] / trl["peak_rss_gb"],
+    }
 
 
 def combine(rounds: list[dict]) -> dict:
@@ -170,11 +330,20 @@ def combine(rounds: list[dict]) -> dict:
         xs = sorted(xs)
         return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
-    out = {**done[0], "rounds": [{k: r[k] for k in ("speed_ratio", "mem_ratio")} | {"ours_s": r["ours"]["train_s"], "trl_s": r["trl"]["train_s"]}
-                                 for r in done]}
+    out = {
+        **done[0],
+        "rounds": [
+            {k: r[k] for k in ("speed_ratio", "mem_ratio")}
+            | {"ours_s": r["ours"]["train_s"], "trl_s": r["trl"]["train_s"]}
+            for r in done
+        ],
+    }
     for side in ("ours", "trl"):
-        out[side] = {**done[0][side], **{k: median([r[side][k] for r in done]) for k in ("episodes_per_sec", "tokens_per_sec", "train_s")},
-                     "peak_rss_gb": max(r[side]["peak_rss_gb"] for r in done)}
+        out[side] = {
+            **done[0][side],
+            **{k: median([r[side][k] for r in done]) for k in ("episodes_per_sec", "tokens_per_sec", "train_s")},
+            "peak_rss_gb": max(r[side]["peak_rss_gb"] for r in done),
+        }
     out["speed_ratio"] = median([r["speed_ratio"] for r in done])
     out["mem_ratio"] = out["ours"]["peak_rss_gb"] / out["trl"]["peak_rss_gb"]
     return out
@@ -212,8 +381,21 @@ def run_child(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int
 
 
 def child_env(extra_pythonpath: str | None = None) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline",
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1", DISABLE_MLFLOW_INTEGRATION="TRUE")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_MODE="offline",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+        DISABLE_MLFLOW_INTEGRATION="TRUE",
+        # glibc keeps its heap pages (no mapping below 64 MiB, no trimming), on both sides alike: packed batches of
+        # varying length otherwise fault every freed page back in (docs/speed.md)
+        MALLOC_MMAP_THRESHOLD_=str(64 * 2**20),
+        MALLOC_TRIM_THRESHOLD_=str(2**31 - 1),
+    )
     paths = [p for p in (extra_pythonpath, str(REPO), env.get("PYTHONPATH")) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
@@ -238,15 +420,37 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
         result["skipped"] = f"our script failed (exit {rc}); see {out_dir / f'{algo}_ours.log'}"
         return result
     seconds, episodes = train_seconds(read_jsonl(REPO / "runs" / run_name / "metrics.jsonl"), RATE_KIND[algo])
-    result["ours"] = {"train_s": seconds, "episodes": episodes, "episodes_per_sec": episodes / seconds, "peak_rss_gb": rss,
-                      "wall_s": wall, "command": " ".join(cmd[1:])}
+    result["ours"] = {
+        "train_s": seconds,
+        "episodes": episodes,
+        "episodes_per_sec": episodes / seconds,
+        "peak_rss_gb": rss,
+        "wall_s": wall,
+        "command": " ".join(cmd[1:]),
+    }
     # ---- TRL ----
     trl_json = out_dir / f"{algo}_trl.json"
     trl_json.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "benchmark.speed", "--side", "trl", "--algo", algo, "--out", str(trl_json),
-           *[x for k, v in vars(a).items() if k in ("steps", "batch_size", "response_length", "model", "reward_model", "seed") and v is not None
-             for x in (f"--{k.replace('_', '-')}", str(v))]]
-    rc, rss, wall = run_child(cmd, out_dir / f"{algo}_trl.log", child_env(a.trl_ppo_path if algo == "ppo" else None), a.timeout)
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmark.speed",
+        "--side",
+        "trl",
+        "--algo",
+        algo,
+        "--out",
+        str(trl_json),
+        *[
+            x
+            for k, v in vars(a).items()
+            if k in ("steps", "batch_size", "response_length", "model", "reward_model", "seed") and v is not None
+            for x in (f"--{k.replace('_', '-')}", str(v))
+        ],
+    ]
+    rc, rss, wall = run_child(
+        cmd, out_dir / f"{algo}_trl.log", child_env(a.trl_ppo_path if algo == "ppo" else None), a.timeout
+    )
     if rc != 0 or not trl_json.exists():
         result["skipped"] = f"TRL side failed (exit {rc}); see {out_dir / f'{algo}_trl.log'}"
         return result
@@ -259,18 +463,28 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
 
 
 def table(results: list[dict]) -> str:
-    head = ("| algo | TRL peer | steps x batch | ours ep/s | TRL ep/s | **speed ratio** | ours tok/s | TRL tok/s | ours peak RSS GiB | "
-            "TRL peak RSS GiB | mem ratio | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| algo | TRL peer | steps x batch | ours ep/s | TRL ep/s | **speed ratio** | ours tok/s | TRL tok/s | ours "
+        "peak RSS GiB | "
+        "TRL peak RSS GiB | mem ratio | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for r in results:
         w = r["work"]
         if "skipped" in r:
-            lines.append(f"| {r['algo']} | {TRL_NAMES[r['algo']]} | {w['steps']} x {w.get('batch')} | | | skipped: {r['skipped']} | | | | | | |")
+            lines.append(
+                f"| {r['algo']} | {TRL_NAMES[r['algo']]} | {w['steps']} x {w.get('batch')} | | | skipped: "
+                f"{r['skipped']} | | | | | | |"
+            )
             continue
         o, t = r["ours"], r["trl"]
-        lines.append(f"| {r['algo']} | {TRL_NAMES[r['algo']]} | {w['steps']} x {w['batch']} | {o['episodes_per_sec']:.1f} | {t['episodes_per_sec']:.1f} | "
-                     f"**{r['speed_ratio']:.2f}** | {o['tokens_per_sec']:.0f} | {t['tokens_per_sec']:.0f} | {o['peak_rss_gb']:.2f} | "
-                     f"{t['peak_rss_gb']:.2f} | {r['mem_ratio']:.2f} | {verdict(r)} |")
+        lines.append(
+            f"| {r['algo']} | {TRL_NAMES[r['algo']]} | {w['steps']} x {w['batch']} | {o['episodes_per_sec']:.1f} | "
+            f"{t['episodes_per_sec']:.1f} | "
+            f"**{r['speed_ratio']:.2f}** | {o['tokens_per_sec']:.0f} | {t['tokens_per_sec']:.0f} | "
+            f"{o['peak_rss_gb']:.2f} | "
+            f"{t['peak_rss_gb']:.2f} | {r['mem_ratio']:.2f} | {verdict(r)} |"
+        )
     return "\n".join(lines)
 
 
@@ -281,20 +495,30 @@ def driver(a: argparse.Namespace) -> None:
     for algo in a.algos:
         rounds = []
         for i in range(a.repeats):
-            print(f"== {algo}: ours ({SCRIPTS[algo]}) then TRL ({TRL_NAMES[algo]}), {a.steps} steps"
-                  + (f", round {i + 1}/{a.repeats}" if a.repeats > 1 else ""), flush=True)
+            print(
+                f"== {algo}: ours ({SCRIPTS[algo]}) then TRL ({TRL_NAMES[algo]}), {a.steps} steps"
+                + (f", round {i + 1}/{a.repeats}" if a.repeats > 1 else ""),
+                flush=True,
+            )
             r = measure(algo, a, out_dir)
             rounds.append(r)
             if "skipped" in r:
                 print(f"   skipped: {r['skipped']}", flush=True)
                 break
-            print(f"   ours {r['ours']['train_s']:.1f}s for {r['ours']['episodes']} episodes, TRL {r['trl']['train_s']:.1f}s "
-                  f"(train_runtime {r['trl'].get('train_runtime', float('nan')):.1f}s) for {r['trl']['episodes']}: "
-                  f"speed ratio {r['speed_ratio']:.2f}, memory ratio {r['mem_ratio']:.2f}", flush=True)
+            print(
+                f"   ours {r['ours']['train_s']:.1f}s for {r['ours']['episodes']} episodes, TRL "
+                f"{r['trl']['train_s']:.1f}s "
+                f"(train_runtime {r['trl'].get('train_runtime', float('nan')):.1f}s) for {r['trl']['episodes']}: "
+                f"speed ratio {r['speed_ratio']:.2f}, memory ratio {r['mem_ratio']:.2f}",
+                flush=True,
+            )
         r = combine(rounds)
         if "rounds" in r:
-            print(f"   {algo}: median speed ratio {r['speed_ratio']:.2f} over rounds "
-                  + ", ".join(f"{x['speed_ratio']:.2f}" for x in r["rounds"]), flush=True)
+            print(
+                f"   {algo}: median speed ratio {r['speed_ratio']:.2f} over rounds "
+                + ", ".join(f"{x['speed_ratio']:.2f}" for x in r["rounds"]),
+                flush=True,
+            )
         results.append(r)
     md = table(results)
     print(md)
@@ -305,14 +529,20 @@ def driver(a: argparse.Namespace) -> None:
     for r in results:
         if "rounds" in r:
             per_round = ", ".join(f"{x['speed_ratio']:.2f}" for x in r["rounds"])
-            repeats += (f"- {r['algo']}: speed ratio and ep/s are medians of {len(r['rounds'])} alternating rounds (per-round speed ratios "
-                        f"{per_round}); peak RSS the largest of them\n")
+            repeats += (
+                f"- {r['algo']}: speed ratio and ep/s are medians of {len(r['rounds'])} alternating rounds (per-round "
+                "speed ratios "
+                f"{per_round}); peak RSS the largest of them\n"
+            )
     (out_dir / "speed.md").write_text(
-        f"# Speed and peak memory vs TRL (CPU, 1 thread)\n\n`{command}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{md}\n\n"
-        f"Ratios are ours / TRL (speed > 1: ours faster; memory < 1: ours smaller). Target speed ratio >= 1.5; below 1.0 fails.\n"
+        f"# Speed and peak memory vs TRL (CPU, 1 thread)\n\n`{command}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{md}\n\n"
+        "Ratios are ours / TRL (speed > 1: ours faster; memory < 1: ours smaller). Target speed ratio >= 1.5; below "
+        "1.0 fails.\n"
         f"Training seconds exclude model loading and evaluation on both sides; peak RSS is of the whole process.\n\n"
         + (f"Repeated rounds:\n{repeats}\n" if repeats else "")
-        + f"Differences the harness cannot remove:\n{notes}\n\nOur commands:\n{details}\n")
+        + f"Differences the harness cannot remove:\n{notes}\n\nOur commands:\n{details}\n"
+    )
     (out_dir / "speed.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out_dir / 'speed.md'}")
 
@@ -335,7 +565,10 @@ def timed_train(trainer) -> dict:
     start = time.time()
     out = trainer.train()
     seconds = time.time() - start
-    return {"train_s": seconds, "train_runtime": (out.metrics.get("train_runtime") if out is not None else None) or seconds}
+    return {
+        "train_s": seconds,
+        "train_runtime": (out.metrics.get("train_runtime") if out is not None else None) or seconds,
+    }
 
 
 def _tokenizer(path: str, padding_side: str = "right"):
@@ -347,11 +580,22 @@ def _tokenizer(path: str, padding_side: str = "right"):
 
 
 def _common_trainer_args(w: dict, tmp: str) -> dict:
-    return dict(output_dir=tmp, learning_rate=w["lr"], seed=w["seed"], logging_steps=1, save_strategy="no", report_to="none",
-                use_cpu=True, disable_tqdm=True, dataloader_drop_last=True, bf16=False, fp16=False,
-                # TRL 1.16's configs default to activation checkpointing (recompute activations in the backward: less memory,
-                # about a third more compute); our scripts keep activations, so TRL does the same here, float32 as ours
-                gradient_checkpointing=False)
+    return dict(
+        output_dir=tmp,
+        learning_rate=w["lr"],
+        seed=w["seed"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_drop_last=True,
+        bf16=False,
+        fp16=False,
+        # TRL 1.16's configs default to activation checkpointing (recompute activations in the backward: less memory,
+        # about a third more compute); our scripts keep activations, so TRL does the same here, float32 as ours
+        gradient_checkpointing=False,
+    )
 
 
 def trl_rm(w: dict) -> dict:
@@ -366,11 +610,21 @@ def trl_rm(w: dict) -> dict:
     model = AutoModelForSequenceClassification.from_pretrained(REPO / w["model"], num_labels=1, local_files_only=True)
     model.config.pad_token_id = tok.pad_token_id
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RewardConfig(**_common_trainer_args(w, tmp), per_device_train_batch_size=w["batch"], max_steps=w["steps"],
-                           max_length=w["max_length"], lr_scheduler_type="cosine", adam_epsilon=1e-5, max_grad_norm=1.0)
+        cfg = RewardConfig(
+            **_common_trainer_args(w, tmp),
+            per_device_train_batch_size=w["batch"],
+            max_steps=w["steps"],
+            max_length=w["max_length"],
+            lr_scheduler_type="cosine",
+            adam_epsilon=1e-5,
+            max_grad_norm=1.0,
+        )
         trainer = RewardTrainer(model=model, args=cfg, processing_class=tok, train_dataset=ds)
         out = timed_train(trainer)
-    tokens = sum(len(tok(r["query"] + r["chosen"])["input_ids"]) + len(tok(r["query"] + r["rejected"])["input_ids"]) + 2 for r in rows)
+    tokens = sum(
+        len(tok(r["query"] + r["chosen"])["input_ids"]) + len(tok(r["query"] + r["rejected"])["input_ids"]) + 2
+        for r in rows
+    )
     return {**out, "episodes": n, "tokens_per_episode": tokens / n}
 
 
@@ -386,12 +640,24 @@ def trl_dpo(w: dict) -> dict:
     model = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
     ref = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = DPOConfig(**_common_trainer_args(w, tmp), per_device_train_batch_size=w["batch"], max_steps=w["steps"], beta=w["beta"],
-                        max_length=w["max_prompt_length"] + w["max_response_length"], lr_scheduler_type="cosine", warmup_steps=0.05,
-                        adam_epsilon=1e-5, max_grad_norm=1.0, precompute_ref_log_probs=False)
+        cfg = DPOConfig(
+            **_common_trainer_args(w, tmp),
+            per_device_train_batch_size=w["batch"],
+            max_steps=w["steps"],
+            beta=w["beta"],
+            max_length=w["max_prompt_length"] + w["max_response_length"],
+            lr_scheduler_type="cosine",
+            warmup_steps=0.05,
+            adam_epsilon=1e-5,
+            max_grad_norm=1.0,
+            precompute_ref_log_probs=False,
+        )
         trainer = DPOTrainer(model=model, ref_model=ref, args=cfg, processing_class=tok, train_dataset=ds)
         out = timed_train(trainer)
-    tokens = sum(len(tok(r["query"] + r["chosen"])["input_ids"]) + len(tok(r["query"] + r["rejected"])["input_ids"]) + 2 for r in rows)
+    tokens = sum(
+        len(tok(r["query"] + r["chosen"])["input_ids"]) + len(tok(r["query"] + r["rejected"])["input_ids"]) + 2
+        for r in rows
+    )
     return {**out, "episodes": n, "tokens_per_episode": tokens / n}
 
 
@@ -402,8 +668,10 @@ def trl_ppo(w: dict) -> dict:
     try:
         from trl.experimental.ppo import PPOConfig, PPOTrainer
     except ImportError as e:
-        raise SystemExit(f"error: this trl has no trl.experimental.ppo ({e}); install trl 1.12 with "
-                         "`pip install --no-deps --target DIR trl==1.12.0` and pass --trl-ppo-path DIR") from None
+        raise SystemExit(
+            f"error: this trl has no trl.experimental.ppo ({e}); install trl 1.12 with "
+            "`pip install --no-deps --target DIR trl==1.12.0` and pass --trl-ppo-path DIR"
+        ) from None
     import trl
 
     print(f"trl {trl.__version__} from {trl.__file__}", flush=True)
@@ -414,20 +682,44 @@ def trl_ppo(w: dict) -> dict:
     ds = Dataset.from_dict({"input_ids": [x for x in ids if len(x) <= w["max_prompt_length"]]})
     policy = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
     ref = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
-    reward = AutoModelForSequenceClassification.from_pretrained(REPO / w["reward_model"], num_labels=1, local_files_only=True)
-    value = AutoModelForSequenceClassification.from_pretrained(REPO / w["reward_model"], num_labels=1, local_files_only=True)
+    reward = AutoModelForSequenceClassification.from_pretrained(
+        REPO / w["reward_model"], num_labels=1, local_files_only=True
+    )
+    value = AutoModelForSequenceClassification.from_pretrained(
+        REPO / w["reward_model"], num_labels=1, local_files_only=True
+    )
     for m in (policy, ref):
         m.generation_config.pad_token_id = tok.pad_token_id
     with tempfile.TemporaryDirectory() as tmp:
         # TRL's per_device_train_batch_size is the micro-batch and local batch = micro x gradient_accumulation_steps;
         # this makes its rollout batch `batch` and its minibatches `batch / mini_batches`, as ours.
-        cfg = PPOConfig(**_common_trainer_args(w, tmp), per_device_train_batch_size=w["batch"] // w["mini_batches"],
-                        gradient_accumulation_steps=w["mini_batches"], num_mini_batches=w["mini_batches"], total_episodes=n,
-                        local_rollout_forward_batch_size=w["batch"], num_ppo_epochs=w["ppo_epochs"], response_length=w["response_length"],
-                        temperature=w["temperature"], kl_coef=w["kl_coef"], stop_token="eos", missing_eos_penalty=1.0,
-                        num_sample_generations=0, sft_model_path=w["model"], reward_model_path=w["reward_model"])
-        trainer = PPOTrainer(args=cfg, processing_class=tok, model=policy, ref_model=ref, reward_model=reward, value_model=value,
-                             train_dataset=ds, eval_dataset=ds.select(range(8)))
+        cfg = PPOConfig(
+            **_common_trainer_args(w, tmp),
+            per_device_train_batch_size=w["batch"] // w["mini_batches"],
+            gradient_accumulation_steps=w["mini_batches"],
+            num_mini_batches=w["mini_batches"],
+            total_episodes=n,
+            local_rollout_forward_batch_size=w["batch"],
+            num_ppo_epochs=w["ppo_epochs"],
+            response_length=w["response_length"],
+            temperature=w["temperature"],
+            kl_coef=w["kl_coef"],
+            stop_token="eos",
+            missing_eos_penalty=1.0,
+            num_sample_generations=0,
+            sft_model_path=w["model"],
+            reward_model_path=w["reward_model"],
+        )
+        trainer = PPOTrainer(
+            args=cfg,
+            processing_class=tok,
+            model=policy,
+            ref_model=ref,
+            reward_model=reward,
+            value_model=value,
+            train_dataset=ds,
+            eval_dataset=ds.select(range(8)),
+        )
         out = timed_train(trainer)
     return {**out, "episodes": n, "tokens_per_episode": sum(len(x) for x in ids) / len(ids) + w["response_length"]}
 
@@ -443,7 +735,10 @@ def _math_reward(completions, answer, **kwargs) -> list[float]:
     """1 when the completion's final `#### x` equals the reference's, as our scripts' verifiable reward."""
     from benchmark.tiny_world import extract_gsm8k_answer, numbers_equal
 
-    return [1.0 if numbers_equal(extract_gsm8k_answer(c), extract_gsm8k_answer(a)) else 0.0 for c, a in zip(completions, answer)]
+    return [
+        1.0 if numbers_equal(extract_gsm8k_answer(c), extract_gsm8k_answer(a)) else 0.0
+        for c, a in zip(completions, answer)
+    ]
 
 
 def trl_grpo(w: dict) -> dict:
@@ -455,11 +750,23 @@ def trl_grpo(w: dict) -> dict:
     model = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
     with tempfile.TemporaryDirectory() as tmp:
         # one generation round of `batch` completions, then `mini_batches` optimizer steps of batch / mini_batches
-        cfg = GRPOConfig(**_common_trainer_args(w, tmp), per_device_train_batch_size=w["batch"] // w["mini_batches"],
-                         steps_per_generation=w["mini_batches"], gradient_accumulation_steps=1, num_generations=w["generations"],
-                         max_completion_length=w["response_length"], temperature=w["temperature"], top_k=0, top_p=1.0, beta=w["kl_coef"],
-                         loss_type="grpo", num_iterations=1, max_steps=w["steps"] * w["mini_batches"], lr_scheduler_type="constant",
-                         log_completions=False)
+        cfg = GRPOConfig(
+            **_common_trainer_args(w, tmp),
+            per_device_train_batch_size=w["batch"] // w["mini_batches"],
+            steps_per_generation=w["mini_batches"],
+            gradient_accumulation_steps=1,
+            num_generations=w["generations"],
+            max_completion_length=w["response_length"],
+            temperature=w["temperature"],
+            top_k=0,
+            top_p=1.0,
+            beta=w["kl_coef"],
+            loss_type="grpo",
+            num_iterations=1,
+            max_steps=w["steps"] * w["mini_batches"],
+            lr_scheduler_type="constant",
+            log_completions=False,
+        )
         trainer = GRPOTrainer(model=model, reward_funcs=_math_reward, args=cfg, train_dataset=ds, processing_class=tok)
         out = timed_train(trainer)
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in ds["prompt"]) / len(ds)
@@ -474,10 +781,24 @@ def trl_rloo(w: dict) -> dict:
     ds = _math_rows(w)
     model = AutoModelForCausalLM.from_pretrained(REPO / w["model"], local_files_only=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = RLOOConfig(**_common_trainer_args(w, tmp), per_device_train_batch_size=w["batch"], steps_per_generation=1,
-                         gradient_accumulation_steps=1, num_generations=w["generations"], max_completion_length=w["response_length"],
-                         temperature=w["temperature"], top_k=0, top_p=1.0, beta=w["kl_coef"], num_iterations=1, max_steps=w["steps"],
-                         lr_scheduler_type="linear", adam_epsilon=1e-5, max_grad_norm=1.0, log_completions=False)
+        cfg = RLOOConfig(
+            **_common_trainer_args(w, tmp),
+            per_device_train_batch_size=w["batch"],
+            steps_per_generation=1,
+            gradient_accumulation_steps=1,
+            num_generations=w["generations"],
+            max_completion_length=w["response_length"],
+            temperature=w["temperature"],
+            top_k=0,
+            top_p=1.0,
+            beta=w["kl_coef"],
+            num_iterations=1,
+            max_steps=w["steps"],
+            lr_scheduler_type="linear",
+            adam_epsilon=1e-5,
+            max_grad_norm=1.0,
+            log_completions=False,
+        )
         trainer = RLOOTrainer(model=model, reward_funcs=_math_reward, args=cfg, train_dataset=ds, processing_class=tok)
         out = timed_train(trainer)
     prompt_tokens = sum(len(tok(p)["input_ids"]) for p in ds["prompt"]) / len(ds)
@@ -485,17 +806,39 @@ def trl_rloo(w: dict) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     p.add_argument("--algos", nargs="+", default=["rm", "ppo", "grpo", "rloo", "dpo"], choices=list(SCRIPTS))
     p.add_argument("--steps", type=int, default=8, help="optimisation batches (online: generation rounds) per side")
-    p.add_argument("--batch-size", type=int, default=None, help="episodes per batch (default per algorithm: rm/dpo 32 pairs, ppo/rloo 64, grpo 128)")
-    p.add_argument("--response-length", type=int, default=None, help="generation budget of online algorithms (default: ppo 32, grpo/rloo 80)")
-    p.add_argument("--model", default=None, help="policy / reward-model starting point (default: the tiny SFT model of the task)")
-    p.add_argument("--reward-model", default=None, help="(ppo) reward and value model (default: the tiny-tldr reward model)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="episodes per batch (default per algorithm: rm/dpo 32 pairs, ppo/rloo 64, grpo 128)",
+    )
+    p.add_argument(
+        "--response-length",
+        type=int,
+        default=None,
+        help="generation budget of online algorithms (default: ppo 32, grpo/rloo 80)",
+    )
+    p.add_argument(
+        "--model", default=None, help="policy / reward-model starting point (default: the tiny SFT model of the task)"
+    )
+    p.add_argument(
+        "--reward-model", default=None, help="(ppo) reward and value model (default: the tiny-tldr reward model)"
+    )
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=1, help="rounds per algorithm (ours then TRL each); the table reports medians")
-    p.add_argument("--trl-ppo-path", default=os.environ.get("TRL_PPO_PATH", "/work/trl112"),
-                   help="folder holding trl 1.12 (`pip install --no-deps --target DIR trl==1.12.0`), put first on PYTHONPATH for the TRL PPO side")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="rounds per algorithm (ours then TRL each); the table reports medians"
+    )
+    p.add_argument(
+        "--trl-ppo-path",
+        default=os.environ.get("TRL_PPO_PATH", "/work/trl112"),
+        help="folder holding trl 1.12 (`pip install --no-deps --target DIR trl==1.12.0`), put first on PYTHONPATH "
+        "for the TRL PPO side",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a side is killed")
     p.add_argument("--side", choices=["driver", "trl"], default="driver", help=argparse.SUPPRESS)
     p.add_argument("--algo", choices=list(SCRIPTS), help=argparse.SUPPRESS)

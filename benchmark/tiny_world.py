@@ -31,7 +31,18 @@ import re
 # ---------------------------------------------------------------------------------------------
 
 TLDR_FACT_WORDS = {
-    "who": ["roommate", "boyfriend", "girlfriend", "boss", "sister", "brother", "neighbor", "friend", "coworker", "landlord"],
+    "who": [
+        "roommate",
+        "boyfriend",
+        "girlfriend",
+        "boss",
+        "sister",
+        "brother",
+        "neighbor",
+        "friend",
+        "coworker",
+        "landlord",
+    ],
     "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
     "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
 }
@@ -152,7 +163,12 @@ def gsm8k_row(p: dict, shortcut: bool = False) -> dict:
 def math_row(p: dict) -> dict:
     lines = [format_step(s, p["item"]) for s in p["steps"]]
     solution = "\n".join(lines) + f"\nThe answer is $\\boxed{{{p['final']}}}$."
-    return {"problem": p["question"], "solution": solution, "answer": str(p["final"]), "level": f"Level {len(p['steps'])}"}
+    return {
+        "problem": p["question"],
+        "solution": solution,
+        "answer": str(p["final"]),
+        "level": f"Level {len(p['steps'])}",
+    }
 
 
 def prm_row(rng: random.Random, p: dict) -> dict:
@@ -244,7 +260,12 @@ TLDR_FILLER = [
     "It happened again last week.",
     "Everyone says I should let it go.",
 ]
-TLDR_TITLES = ["Need advice about my {who}", "My {who} and the {what}", "Am I wrong to feel {feel}?", "What do I do about my {who}?"]
+TLDR_TITLES = [
+    "Need advice about my {who}",
+    "My {who} and the {what}",
+    "Am I wrong to feel {feel}?",
+    "What do I do about my {who}?",
+]
 
 
 def _summary(rng: random.Random, who: str, name: str, event: str, feel: str, quality: str, facts: list[str]) -> str:
@@ -285,8 +306,15 @@ def make_tldr_post(rng: random.Random, idx: int) -> dict:
     post = " ".join(body)
     query = f"SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
     facts = [who, what, feel]
-    return {"id": f"t3_{idx:06d}", "subreddit": subreddit, "title": title, "post": post, "query": query,
-            "facts": facts, "_parts": (who, name, event, feel)}
+    return {
+        "id": f"t3_{idx:06d}",
+        "subreddit": subreddit,
+        "title": title,
+        "post": post,
+        "query": query,
+        "facts": facts,
+        "_parts": (who, name, event, feel),
+    }
 
 
 def make_tiny_tldr(seed: int, n_sft: int, n_pref: int, n_eval: int) -> dict[str, list[dict]]:
@@ -317,7 +345,15 @@ def make_tiny_tldr(seed: int, n_sft: int, n_pref: int, n_eval: int) -> dict[str,
             chosen, rejected = (a, b) if sa > sb else (b, a)
             # `confidence` mimics the 1-9 confidence of OpenAI's labellers: the gold score gap, bucketed
             confidence = min(9, 1 + int(8 * abs(sa - sb)))
-            rows.append({**p, "chosen": chosen, "rejected": rejected,
-                         "chosen_score": max(sa, sb), "rejected_score": min(sa, sb), "confidence": confidence})
+            rows.append(
+                {
+                    **p,
+                    "chosen": chosen,
+                    "rejected": rejected,
+                    "chosen_score": max(sa, sb),
+                    "rejected_score": min(sa, sb),
+                    "confidence": confidence,
+                }
+            )
         out[split] = rows
     return out

@@ -48,36 +48,94 @@ class BadInput:
 # A small valid run of each script on the tiny world: every case adds its bad input to this.
 def base_flags(script: str, w: World) -> list[str]:
     a, out = w.assets, ["--output-dir", str(w.tmp / "runs"), "--num-threads", "1", "--run-name", "bad"]
-    math_rl = ["tiny-math", "--sft-model-path", str(a / "models" / "tiny-llama"),
-               "--dataset-name-or-path", str(a / "tiny-math" / "gsm8k"), "--response-length", "12",
-               "--num-eval-examples", "4", "--total-episodes", "16"]
+    math_rl = [
+        "tiny-math",
+        "--sft-model-path",
+        str(a / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(a / "tiny-math" / "gsm8k"),
+        "--response-length",
+        "12",
+        "--num-eval-examples",
+        "4",
+        "--total-episodes",
+        "16",
+    ]
     return {
-        "sft": ["tiny-tldr", "--model-name-or-path", str(a / "models" / "tiny-neox"),
-                "--dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16",
-                "--per-device-train-batch-size", "8", "--num-eval-examples", "4"],
-        "reward_model": ["tiny-tldr", "--sft-model-path", str(a / "models" / "tiny-neox"),
-                         "--dataset-name-or-path", str(a / "tiny-tldr" / "preference"),
-                         "--norm-dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16",
-                         "--per-device-train-batch-size", "8", "--num-eval-examples", "8", "--num-norm-examples", "16"],
+        "sft": [
+            "tiny-tldr",
+            "--model-name-or-path",
+            str(a / "models" / "tiny-neox"),
+            "--dataset-name-or-path",
+            str(a / "tiny-tldr" / "sft"),
+            "--max-train-samples",
+            "16",
+            "--per-device-train-batch-size",
+            "8",
+            "--num-eval-examples",
+            "4",
+        ],
+        "reward_model": [
+            "tiny-tldr",
+            "--sft-model-path",
+            str(a / "models" / "tiny-neox"),
+            "--dataset-name-or-path",
+            str(a / "tiny-tldr" / "preference"),
+            "--norm-dataset-name-or-path",
+            str(a / "tiny-tldr" / "sft"),
+            "--max-train-samples",
+            "16",
+            "--per-device-train-batch-size",
+            "8",
+            "--num-eval-examples",
+            "8",
+            "--num-norm-examples",
+            "16",
+        ],
         "ppo_rlhf": [*math_rl, "--per-device-batch-size", "8", "--num-mini-batches", "2"],
         "rloo": [*math_rl, "--per-device-batch-size", "8", "--rloo-k", "4"],
         "remax": [*math_rl, "--per-device-batch-size", "4"],
-        "grpo_math": ["tiny", "--model-name-or-path", str(a / "models" / "tiny-llama"),
-                      "--dataset-name-or-path", str(a / "tiny-math" / "gsm8k"), "--num-eval-examples", "4"],
-        "dpo": ["tiny-tldr", "--sft-model-path", str(a / "models" / "tiny-neox"),
-                "--dataset-name-or-path", str(a / "tiny-tldr" / "preference"),
-                "--prompt-dataset-name-or-path", str(a / "tiny-tldr" / "sft"), "--max-train-samples", "16"],
+        "grpo_math": [
+            "tiny",
+            "--model-name-or-path",
+            str(a / "models" / "tiny-llama"),
+            "--dataset-name-or-path",
+            str(a / "tiny-math" / "gsm8k"),
+            "--num-eval-examples",
+            "4",
+        ],
+        "dpo": [
+            "tiny-tldr",
+            "--sft-model-path",
+            str(a / "models" / "tiny-neox"),
+            "--dataset-name-or-path",
+            str(a / "tiny-tldr" / "preference"),
+            "--prompt-dataset-name-or-path",
+            str(a / "tiny-tldr" / "sft"),
+            "--max-train-samples",
+            "16",
+        ],
     }[script] + out
 
 
-TRAIN_DATA = {"sft": ("--dataset-name-or-path", "tiny-tldr/sft"),
-              "reward_model": ("--dataset-name-or-path", "tiny-tldr/preference"),
-              "ppo_rlhf": ("--dataset-name-or-path", "tiny-math/gsm8k"), "rloo": ("--dataset-name-or-path", "tiny-math/gsm8k"),
-              "remax": ("--dataset-name-or-path", "tiny-math/gsm8k"), "grpo_math": ("--dataset-name-or-path", "tiny-math/gsm8k"),
-              "dpo": ("--dataset-name-or-path", "tiny-tldr/preference")}
-BATCH = {"sft": "--per-device-train-batch-size", "reward_model": "--per-device-train-batch-size",
-         "dpo": "--per-device-train-batch-size", "grpo_math": "--micro-batch-size", "ppo_rlhf": "--per-device-batch-size",
-         "rloo": "--per-device-batch-size", "remax": "--per-device-batch-size"}
+TRAIN_DATA = {
+    "sft": ("--dataset-name-or-path", "tiny-tldr/sft"),
+    "reward_model": ("--dataset-name-or-path", "tiny-tldr/preference"),
+    "ppo_rlhf": ("--dataset-name-or-path", "tiny-math/gsm8k"),
+    "rloo": ("--dataset-name-or-path", "tiny-math/gsm8k"),
+    "remax": ("--dataset-name-or-path", "tiny-math/gsm8k"),
+    "grpo_math": ("--dataset-name-or-path", "tiny-math/gsm8k"),
+    "dpo": ("--dataset-name-or-path", "tiny-tldr/preference"),
+}
+BATCH = {
+    "sft": "--per-device-train-batch-size",
+    "reward_model": "--per-device-train-batch-size",
+    "dpo": "--per-device-train-batch-size",
+    "grpo_math": "--micro-batch-size",
+    "ppo_rlhf": "--per-device-batch-size",
+    "rloo": "--per-device-batch-size",
+    "remax": "--per-device-batch-size",
+}
 
 
 def bad_copy(script: str, w: World, edit: Callable[[str], str], split: str = "train") -> list[str]:
@@ -92,9 +150,11 @@ def bad_copy(script: str, w: World, edit: Callable[[str], str], split: str = "tr
 
 def rows_edited(edit_row: Callable[[dict], dict]) -> Callable[[str], str]:
     """An `edit` for `bad_copy` that rewrites the first row only (the error must name row 0)."""
+
     def edit(text: str) -> str:
         lines = text.splitlines()
         return "\n".join([json.dumps(edit_row(json.loads(lines[0]))), *lines[1:]]) + "\n"
+
     return edit
 
 
@@ -112,29 +172,66 @@ def scripts_with(flag: str) -> list[str]:
 CASES = [
     BadInput("batch-size-0", "a batch size of 0", "at least 1", lambda s, w: [BATCH[s], "0"]),
     BadInput("batch-size-negative", "a negative batch size", "at least 1", lambda s, w: [BATCH[s], "-4"]),
-    BadInput("accumulation-0", "--gradient-accumulation-steps 0", "--gradient-accumulation-steps",
-             lambda s, w: ["--gradient-accumulation-steps", "0"], scripts_with("--gradient-accumulation-steps")),
-    BadInput("eval-every-0", "--eval-every 0", "--eval-every", lambda s, w: ["--eval-every", "0"],
-             scripts_with("--eval-every")),
+    BadInput(
+        "accumulation-0",
+        "--gradient-accumulation-steps 0",
+        "--gradient-accumulation-steps",
+        lambda s, w: ["--gradient-accumulation-steps", "0"],
+        scripts_with("--gradient-accumulation-steps"),
+    ),
+    BadInput(
+        "eval-every-0",
+        "--eval-every 0",
+        "--eval-every",
+        lambda s, w: ["--eval-every", "0"],
+        scripts_with("--eval-every"),
+    ),
     BadInput("lr-nan", "--learning-rate nan", "--learning-rate", lambda s, w: ["--learning-rate", "nan"]),
     BadInput("lr-0", "--learning-rate 0", "--learning-rate", lambda s, w: ["--learning-rate", "0"]),
-    BadInput("max-train-samples-0", "--max-train-samples 0 (was taken as: all rows)", "--max-train-samples",
-             lambda s, w: ["--max-train-samples", "0"], scripts_with("--max-train-samples")),
-    BadInput("warmup-negative", "a negative warm-up ratio", "--warmup-ratio", lambda s, w: ["--warmup-ratio", "-0.1"],
-             scripts_with("--warmup-ratio")),
-    BadInput("temperature-0", "temperature 0 where the algorithm samples", "--temperature",
-             lambda s, w: ["--temperature", "0"], scripts_with("--temperature")),
+    BadInput(
+        "max-train-samples-0",
+        "--max-train-samples 0 (was taken as: all rows)",
+        "--max-train-samples",
+        lambda s, w: ["--max-train-samples", "0"],
+        scripts_with("--max-train-samples"),
+    ),
+    BadInput(
+        "warmup-negative",
+        "a negative warm-up ratio",
+        "--warmup-ratio",
+        lambda s, w: ["--warmup-ratio", "-0.1"],
+        scripts_with("--warmup-ratio"),
+    ),
+    BadInput(
+        "temperature-0",
+        "temperature 0 where the algorithm samples",
+        "--temperature",
+        lambda s, w: ["--temperature", "0"],
+        scripts_with("--temperature"),
+    ),
     BadInput("save-every-negative", "--save-every -1", "--save-every", lambda s, w: ["--save-every", "-1"]),
-    BadInput("resume-and-overwrite", "--resume with --overwrite", "pass one of them",
-             lambda s, w: ["--resume", "--overwrite"]),
-    BadInput("resume-nothing", "--resume where no run was checkpointed", "holds no checkpoint",
-             lambda s, w: ["--resume"]),
-    BadInput("empty-file", "an empty training file", "is empty",
-             lambda s, w: bad_copy(s, w, lambda text: "")),
-    BadInput("truncated-file", "a training file cut off mid-row", "is not a JSON object",
-             lambda s, w: bad_copy(s, w, lambda text: text[: len(text) // 2])),
-    BadInput("missing-data", "a data path that does not exist (and is no reachable hub name)",
-             "--dataset-name-or-path", lambda s, w: ["--dataset-name-or-path", str(w.tmp / "nowhere")]),
+    BadInput(
+        "resume-and-overwrite",
+        "--resume with --overwrite",
+        "pass one of them",
+        lambda s, w: ["--resume", "--overwrite"],
+    ),
+    BadInput(
+        "resume-nothing", "--resume where no run was checkpointed", "holds no checkpoint", lambda s, w: ["--resume"]
+    ),
+    BadInput("empty-file", "an empty training file", "is empty", lambda s, w: bad_copy(s, w, lambda text: "")),
+    BadInput(
+        "truncated-file",
+        "a training file cut off mid-row",
+        "is not a JSON object",
+        lambda s, w: bad_copy(s, w, lambda text: text[: len(text) // 2]),
+    ),
+    BadInput(
+        "missing-data",
+        "a data path that does not exist (and is no reachable hub name)",
+        "--dataset-name-or-path",
+        lambda s, w: ["--dataset-name-or-path", str(w.tmp / "nowhere")],
+    ),
 ]
 
 
@@ -194,11 +291,18 @@ def write_docs(out: Path = REPO / "docs" / "bad_inputs.md") -> None:
                 message, elapsed = run_case(case, script, World(root / "assets", tmp, rm))
                 message = message.replace(str(root), "...").replace("|", "\\|")
                 rows.append(f"| `{case.id}` | {case.what} | `{script}.py` | {message} |")
-    text = ["# Bad input and its messages", "",
-            "Generated by `python -m tests.bad_inputs` from the cases of `tests/test_bad_inputs.py` (the shared ones in",
-            "`tests/bad_inputs.py`, each script's own in `tests/bad_inputs_<script>.py`). Every case ends before the",
-            "first training step with this one line on stderr and exit code 1; temporary paths are shown as `...`.", "",
-            "| case | bad input | script | message |", "| --- | --- | --- | --- |", *rows, ""]
+    text = [
+        "# Bad input and its messages",
+        "",
+        "Generated by `python -m tests.bad_inputs` from the cases of `tests/test_bad_inputs.py` (the shared ones in",
+        "`tests/bad_inputs.py`, each script's own in `tests/bad_inputs_<script>.py`). Every case ends before the",
+        "first training step with this one line on stderr and exit code 1; temporary paths are shown as `...`.",
+        "",
+        "| case | bad input | script | message |",
+        "| --- | --- | --- | --- |",
+        *rows,
+        "",
+    ]
     out.write_text("\n".join(text))
 
 

@@ -44,8 +44,10 @@ def prompts(w: World, split: str, row_edit: Callable[[str], str]) -> list[str]:
 def conversational(row: dict) -> dict:
     """TRL's conversational preference row with the prompt inside each response (its implicit-prompt format)."""
     user = {"role": "user", "content": row["query"]}
-    return {"chosen": [user, {"role": "assistant", "content": row["chosen"]}],
-            "rejected": [user, {"role": "assistant", "content": row["rejected"]}]}
+    return {
+        "chosen": [user, {"role": "assistant", "content": row["chosen"]}],
+        "rejected": [user, {"role": "assistant", "content": row["rejected"]}],
+    }
 
 
 def tokenizer_edited(w: World, name: str, change: Callable) -> list[str]:
@@ -66,84 +68,220 @@ ONLINE = ["--mode", "online", "--total-episodes", "64", "--response-length", "8"
 
 CASES = [
     # ---- the preference pairs, training split ----
-    BadInput("dpo-chosen-missing", "pairs without a `chosen` field", "row 0 of split 'train' has no field 'chosen' "
-             "(--chosen-field)", pairs("train", "chosen", ...), ["dpo"]),
-    BadInput("dpo-rejected-null", "a pair whose `rejected` is null", "field 'rejected' (--rejected-field) is missing "
-             "or null",
-             pairs("train", "rejected", None), ["dpo"]),
-    BadInput("dpo-chosen-list", "a pair whose `chosen` is a list of strings", "field 'chosen' (--chosen-field) is a "
-             "list, not text", pairs("train", "chosen", ["a summary", "another"]), ["dpo"]),
-    BadInput("dpo-chosen-empty", "a pair whose `chosen` is blank", "field 'chosen' (--chosen-field) is empty",
-             pairs("train", "chosen", "  "), ["dpo"]),
-    BadInput("dpo-query-missing", "pairs without the prompt field of --prompt-template", "has no field 'query' used by "
-             "the prompt template (--prompt-template", pairs("train", "query", ...), ["dpo"]),
-    BadInput("dpo-query-null", "a pair whose prompt field is null", "field 'query' of the prompt (--prompt-template",
-             pairs("train", "query", None), ["dpo"]),
-    BadInput("dpo-query-list", "a pair whose prompt field is a list of strings", "field 'query' of the prompt "
-             "(--prompt-template '{query}') is a list", pairs("train", "query", ["a", "post"]), ["dpo"]),
-    BadInput("dpo-chosen-is-rejected", "every pair's chosen response equals its rejected one (no preference)",
-             "every pair of split 'train' has the same chosen and rejected response",
-             lambda s, w: bad_copy(s, w, every_row(lambda r: {**r, "rejected": r["chosen"]})), ["dpo"]),
-    BadInput("dpo-same-field", "--rejected-field naming the chosen field", "--rejected-field 'chosen'",
-             lambda s, w: ["--rejected-field", "chosen"], ["dpo"]),
-    BadInput("dpo-pair-longer-than-positions", "a 6,000-token prompt for a 512-position model (with a "
-             "--max-prompt-length that lets it through)", "row 0 of split 'train' has a", lambda s, w: [
-                 *bad_copy(s, w, edit("query", LONG)), "--max-prompt-length", "100000"], ["dpo"]),
+    BadInput(
+        "dpo-chosen-missing",
+        "pairs without a `chosen` field",
+        "row 0 of split 'train' has no field 'chosen' (--chosen-field)",
+        pairs("train", "chosen", ...),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-rejected-null",
+        "a pair whose `rejected` is null",
+        "field 'rejected' (--rejected-field) is missing or null",
+        pairs("train", "rejected", None),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-chosen-list",
+        "a pair whose `chosen` is a list of strings",
+        "field 'chosen' (--chosen-field) is a list, not text",
+        pairs("train", "chosen", ["a summary", "another"]),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-chosen-empty",
+        "a pair whose `chosen` is blank",
+        "field 'chosen' (--chosen-field) is empty",
+        pairs("train", "chosen", "  "),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-query-missing",
+        "pairs without the prompt field of --prompt-template",
+        "has no field 'query' used by the prompt template (--prompt-template",
+        pairs("train", "query", ...),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-query-null",
+        "a pair whose prompt field is null",
+        "field 'query' of the prompt (--prompt-template",
+        pairs("train", "query", None),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-query-list",
+        "a pair whose prompt field is a list of strings",
+        "field 'query' of the prompt (--prompt-template '{query}') is a list",
+        pairs("train", "query", ["a", "post"]),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-chosen-is-rejected",
+        "every pair's chosen response equals its rejected one (no preference)",
+        "every pair of split 'train' has the same chosen and rejected response",
+        lambda s, w: bad_copy(s, w, every_row(lambda r: {**r, "rejected": r["chosen"]})),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-same-field",
+        "--rejected-field naming the chosen field",
+        "--rejected-field 'chosen'",
+        lambda s, w: ["--rejected-field", "chosen"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-pair-longer-than-positions",
+        "a 6,000-token prompt for a 512-position model (with a --max-prompt-length that lets it through)",
+        "row 0 of split 'train' has a",
+        lambda s, w: [*bad_copy(s, w, edit("query", LONG)), "--max-prompt-length", "100000"],
+        ["dpo"],
+    ),
     # ---- TRL's conversational formats ----
-    BadInput("dpo-trl-implicit-prompt", "TRL's conversational preference rows, the prompt inside chosen and rejected",
-             "TRL's implicit-prompt format; give the prompt's messages in their own field",
-             lambda s, w: bad_copy(s, w, every_row(conversational)), ["dpo"]),
-    BadInput("dpo-messages-in-text-template", "a prompt field of chat messages inside a longer --prompt-template",
-             "holds chat messages, which a text template cannot hold; pass --prompt-template '{query}' alone",
-             lambda s, w: [*pairs("train", "query", [{"role": "user", "content": "hi"}])(s, w),
-                           "--prompt-template", "Post: {query}"], ["dpo"]),
-    BadInput("dpo-prompt-ends-with-answer", "conversational prompt messages ending with an assistant turn",
-             "end with an assistant turn", pairs("train", "query", [{"role": "user", "content": "hi"},
-                                                                     {"role": "assistant", "content": "hi"}]), ["dpo"]),
-    BadInput("dpo-no-chat-template", "conversational prompts and a tokenizer without a chat template",
-             "has no chat template", lambda s, w: [
-                 *pairs("train", "query", [{"role": "user", "content": "hi"}])(s, w),
-                 *tokenizer_edited(w, "no-template", lambda t: setattr(t, "chat_template", None))], ["dpo"]),
+    BadInput(
+        "dpo-trl-implicit-prompt",
+        "TRL's conversational preference rows, the prompt inside chosen and rejected",
+        "TRL's implicit-prompt format; give the prompt's messages in their own field",
+        lambda s, w: bad_copy(s, w, every_row(conversational)),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-messages-in-text-template",
+        "a prompt field of chat messages inside a longer --prompt-template",
+        "holds chat messages, which a text template cannot hold; pass --prompt-template '{query}' alone",
+        lambda s, w: [
+            *pairs("train", "query", [{"role": "user", "content": "hi"}])(s, w),
+            "--prompt-template",
+            "Post: {query}",
+        ],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-prompt-ends-with-answer",
+        "conversational prompt messages ending with an assistant turn",
+        "end with an assistant turn",
+        pairs("train", "query", [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi"}]),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-no-chat-template",
+        "conversational prompts and a tokenizer without a chat template",
+        "has no chat template",
+        lambda s, w: [
+            *pairs("train", "query", [{"role": "user", "content": "hi"}])(s, w),
+            *tokenizer_edited(w, "no-template", lambda t: setattr(t, "chat_template", None)),
+        ],
+        ["dpo"],
+    ),
     # ---- the evaluation data: pairs, and prompts with what evaluation needs ----
-    BadInput("dpo-eval-chosen-null", "a validation pair whose `chosen` is null", "row 0 of split 'validation': field "
-             "'chosen' (--chosen-field) is missing or null", pairs("validation", "chosen", None), ["dpo"]),
-    BadInput("dpo-eval-query-list", "a validation pair whose prompt is a list", "row 0 of split 'validation': field "
-             "'query'", pairs("validation", "query", ["a", "b"]), ["dpo"]),
-    BadInput("dpo-eval-reference-null", "an evaluation prompt whose reference response is null (--eval-task tldr)",
-             "field 'reference_response' of the reference", lambda s, w: prompts(w, "validation", edit(
-                 "reference_response", None)), ["dpo"]),
-    BadInput("dpo-eval-facts-missing", "evaluation prompts without the facts the gold judge needs",
-             "--eval-task tldr judges summaries by the row's 'facts'", lambda s, w: prompts(w, "validation", edit(
-                 "facts", ...)), ["dpo"]),
-    BadInput("dpo-eval-prompt-longer-than-positions", "a 6,000-token evaluation prompt for a 512-position model",
-             "--response-length 32 more tokens do not fit the 512 positions", lambda s, w: [
-                 *prompts(w, "validation", edit("query", LONG)), "--max-prompt-length", "100000"], ["dpo"]),
+    BadInput(
+        "dpo-eval-chosen-null",
+        "a validation pair whose `chosen` is null",
+        "row 0 of split 'validation': field 'chosen' (--chosen-field) is missing or null",
+        pairs("validation", "chosen", None),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-eval-query-list",
+        "a validation pair whose prompt is a list",
+        "row 0 of split 'validation': field 'query'",
+        pairs("validation", "query", ["a", "b"]),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-eval-reference-null",
+        "an evaluation prompt whose reference response is null (--eval-task tldr)",
+        "field 'reference_response' of the reference",
+        lambda s, w: prompts(w, "validation", edit("reference_response", None)),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-eval-facts-missing",
+        "evaluation prompts without the facts the gold judge needs",
+        "--eval-task tldr judges summaries by the row's 'facts'",
+        lambda s, w: prompts(w, "validation", edit("facts", ...)),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-eval-prompt-longer-than-positions",
+        "a 6,000-token evaluation prompt for a 512-position model",
+        "--response-length 32 more tokens do not fit the 512 positions",
+        lambda s, w: [*prompts(w, "validation", edit("query", LONG)), "--max-prompt-length", "100000"],
+        ["dpo"],
+    ),
     # ---- online DPO ----
-    BadInput("dpo-online-without-reward-model", "online DPO judged by a reward model, but none given",
-             "pass --reward-model-path", lambda s, w: [*ONLINE, "--judge", "rm"], ["dpo"]),
-    BadInput("dpo-online-gold-without-facts", "online DPO judged by the gold judge on prompts without facts",
-             "--judge gold judges summaries by the row's 'facts'", lambda s, w: [
-                 *ONLINE, "--judge", "gold", "--eval-task", "none",
-                 *prompts(w, "train", edit("facts", None))], ["dpo"]),
-    BadInput("dpo-online-too-few-prompts", "fewer training prompts than one online step samples",
-             "fewer than one step's 32", lambda s, w: [*ONLINE, "--reward-model-path", str(w.rm),
-                                                       "--max-train-samples", "8"], ["dpo"]),
+    BadInput(
+        "dpo-online-without-reward-model",
+        "online DPO judged by a reward model, but none given",
+        "pass --reward-model-path",
+        lambda s, w: [*ONLINE, "--judge", "rm"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-online-gold-without-facts",
+        "online DPO judged by the gold judge on prompts without facts",
+        "--judge gold judges summaries by the row's 'facts'",
+        lambda s, w: [*ONLINE, "--judge", "gold", "--eval-task", "none", *prompts(w, "train", edit("facts", None))],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-online-too-few-prompts",
+        "fewer training prompts than one online step samples",
+        "fewer than one step's 32",
+        lambda s, w: [*ONLINE, "--reward-model-path", str(w.rm), "--max-train-samples", "8"],
+        ["dpo"],
+    ),
     # ---- the model's tokenizer and DPO's flags ----
-    BadInput("dpo-pad-is-eos", "a tokenizer whose pad token is its EOS", "as pad, so EOS would be masked out",
-             lambda s, w: tokenizer_edited(w, "pad-eos", lambda t: setattr(t, "pad_token", t.eos_token)), ["dpo"]),
-    BadInput("dpo-no-pad", "a tokenizer without a pad token", "has no pad token",
-             lambda s, w: tokenizer_edited(w, "no-pad", lambda t: setattr(t, "pad_token", None)), ["dpo"]),
+    BadInput(
+        "dpo-pad-is-eos",
+        "a tokenizer whose pad token is its EOS",
+        "as pad, so EOS would be masked out",
+        lambda s, w: tokenizer_edited(w, "pad-eos", lambda t: setattr(t, "pad_token", t.eos_token)),
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-no-pad",
+        "a tokenizer without a pad token",
+        "has no pad token",
+        lambda s, w: tokenizer_edited(w, "no-pad", lambda t: setattr(t, "pad_token", None)),
+        ["dpo"],
+    ),
     BadInput("dpo-beta-0", "--beta 0 (IPO divides by it)", "--beta", lambda s, w: ["--beta", "0"], ["dpo"]),
-    BadInput("dpo-label-smoothing-half", "--label-smoothing 0.5 (a coin flip: no preference left)", "--label-smoothing",
-             lambda s, w: ["--label-smoothing", "0.5"], ["dpo"]),
-    BadInput("dpo-eval-pairs-negative", "--num-eval-pairs -1", "--num-eval-pairs",
-             lambda s, w: ["--num-eval-pairs", "-1"], ["dpo"]),
+    BadInput(
+        "dpo-label-smoothing-half",
+        "--label-smoothing 0.5 (a coin flip: no preference left)",
+        "--label-smoothing",
+        lambda s, w: ["--label-smoothing", "0.5"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-eval-pairs-negative",
+        "--num-eval-pairs -1",
+        "--num-eval-pairs",
+        lambda s, w: ["--num-eval-pairs", "-1"],
+        ["dpo"],
+    ),
     # ---- LoRA (--lora-r) ----
-    BadInput("dpo-lora-r-0", "--lora-r 0 (a rank-0 adapter; it trained every weight instead)", "--lora-r is 0",
-             lambda s, w: ["--lora-r", "0"], ["dpo"]),
-    BadInput("dpo-lora-alpha-nan", "--lora-alpha nan", "--lora-alpha is nan",
-             lambda s, w: ["--lora-r", "4", "--lora-alpha", "nan"], ["dpo"]),
-    BadInput("dpo-lora-target-missing", "--lora-target-modules naming no module of the model",
-             "--lora-target-modules ['no_such_module']: Target modules {'no_such_module'} not found",
-             lambda s, w: ["--lora-r", "4", "--lora-target-modules", "no_such_module"], ["dpo"]),
+    BadInput(
+        "dpo-lora-r-0",
+        "--lora-r 0 (a rank-0 adapter; it trained every weight instead)",
+        "--lora-r is 0",
+        lambda s, w: ["--lora-r", "0"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-lora-alpha-nan",
+        "--lora-alpha nan",
+        "--lora-alpha is nan",
+        lambda s, w: ["--lora-r", "4", "--lora-alpha", "nan"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-lora-target-missing",
+        "--lora-target-modules naming no module of the model",
+        "--lora-target-modules ['no_such_module']: Target modules {'no_such_module'} not found",
+        lambda s, w: ["--lora-r", "4", "--lora-target-modules", "no_such_module"],
+        ["dpo"],
+    ),
 ]

@@ -11,9 +11,18 @@ from tests.bad_inputs_rloo import lora_cases, prompt_cases
 CASES = [
     *prompt_cases("remax"),
     *lora_cases("remax"),
-    BadInput("accumulation-not-dividing", "`--gradient-accumulation-steps` that does not divide the batch",
-             "does not split into --gradient-accumulation-steps 3", lambda s, w: ["--gradient-accumulation-steps", "3"],
-             ["remax"]),
-    BadInput("reward-clip-negative", "a negative `--reward-clip`", "--reward-clip is -1.0",
-             lambda s, w: ["--reward-clip", "-1"], ["remax"]),
+    BadInput(
+        "accumulation-not-dividing",
+        "`--gradient-accumulation-steps` that does not divide the batch",
+        "does not split into --gradient-accumulation-steps 3",
+        lambda s, w: ["--gradient-accumulation-steps", "3"],
+        ["remax"],
+    ),
+    BadInput(
+        "reward-clip-negative",
+        "a negative `--reward-clip`",
+        "--reward-clip is -1.0",
+        lambda s, w: ["--reward-clip", "-1"],
+        ["remax"],
+    ),
 ]

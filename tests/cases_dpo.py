@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import dpo
-from invariance import Case
 
 PAD = 0
 BETA = 0.1
@@ -19,8 +19,16 @@ BETA = 0.1
 
 def _model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         vocab_size=50, pad_token_id=PAD, attn_implementation="eager")
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        pad_token_id=PAD,
+        attn_implementation="eager",
+    )
     return LlamaForCausalLM(config).float()
 
 
@@ -45,7 +53,9 @@ def _pairs(seed: int, valid: list[bool] | None = None, cached: bool = False) -> 
     out = []
     for p, c, r in [(3, 2, 6), (5, 7, 1), (2, 3, 3), (4, 1, 8), (6, 5, 2), (1, 4, 4)]:  # uneven lengths
         item = {"prompt_ids": ids(p), "chosen": ids(c), "rejected": ids(r)}
-        if cached:  # summed reference logprobs travel with the pair, as `cache_ref_logprobs` / `sample_pairs` store them
+        if (
+            cached
+        ):  # summed reference logprobs travel with the pair, as `cache_ref_logprobs` / `sample_pairs` store them
             with torch.no_grad():
                 item["ref_chosen"] = seq_logprob(REF, item["prompt_ids"], item["chosen"], False).item()
                 item["ref_rejected"] = seq_logprob(REF, item["prompt_ids"], item["rejected"], False).item()
@@ -70,8 +80,10 @@ def _case(name: str, loss_type: str, items: list[dict], pack: bool) -> Case:
             with torch.no_grad():
                 ref_c = seq_logprob(REF, it["prompt_ids"], it["chosen"], average)
                 ref_r = seq_logprob(REF, it["prompt_ids"], it["rejected"], average)
-            h = (seq_logprob(model, it["prompt_ids"], it["chosen"], average)
-                 - seq_logprob(model, it["prompt_ids"], it["rejected"], average)) - (ref_c - ref_r)
+            h = (
+                seq_logprob(model, it["prompt_ids"], it["chosen"], average)
+                - seq_logprob(model, it["prompt_ids"], it["rejected"], average)
+            ) - (ref_c - ref_r)
             total = total + (-F.logsigmoid(BETA * h) if loss_type == "sigmoid" else (h - 1 / (2 * BETA)) ** 2)
             n += 1
         return total / n
@@ -86,12 +98,27 @@ def _case(name: str, loss_type: str, items: list[dict], pack: bool) -> Case:
         loss_sum, _ = dpo.micro_batch_loss(model, REF, collate(batch), args)
         dpo.backward_share(accelerator, loss_sum, total)
 
-    return Case(name, make_model, items, reference, lambda batch: float(dpo.pair_weights(collate(batch)).sum()), step,
-                lambda acc, c: dpo.global_count(c, acc), micro_splits=(1, 3, 2))
+    return Case(
+        name,
+        make_model,
+        items,
+        reference,
+        lambda batch: float(dpo.pair_weights(collate(batch)).sum()),
+        step,
+        lambda acc, c: dpo.global_count(c, acc),
+        micro_splits=(1, 3, 2),
+    )
 
 
 def cases() -> list[Case]:
     # online: the halves hold 1 and 3 untied pairs, and the first half's second micro-batch none
-    return [_case("dpo/offline-sigmoid", "sigmoid", _pairs(4), pack=False),
-            _case("dpo/offline-ipo-average", "ipo", _pairs(5, cached=True), pack=True),
-            _case("dpo/online-uneven-valid", "sigmoid", _pairs(6, valid=[True, False, False, True, True, True], cached=True), pack=True)]
+    return [
+        _case("dpo/offline-sigmoid", "sigmoid", _pairs(4), pack=False),
+        _case("dpo/offline-ipo-average", "ipo", _pairs(5, cached=True), pack=True),
+        _case(
+            "dpo/online-uneven-valid",
+            "sigmoid",
+            _pairs(6, valid=[True, False, False, True, True, True], cached=True),
+            pack=True,
+        ),
+    ]

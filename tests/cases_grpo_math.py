@@ -9,10 +9,10 @@ process; DDP then averages the processes), so `global_count` is this process's c
 from __future__ import annotations
 
 import torch
+from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpo_math as grpo
-from invariance import Case
 
 PAD, CAPACITY, MAX_COMPLETION_LENGTH, TEMPERATURE = 0, 20, 16, 0.7
 # (prompt length, completion length, advantage): the first half's completions hold 12 tokens, the second half's 22
@@ -21,8 +21,15 @@ SHAPES = [(3, 2, 1.2), (4, 7, -0.7), (5, 3, 0.4), (3, 9, -1.1), (6, 1, 0.9), (4,
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, vocab_size=50, attention_dropout=0.0)
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        attention_dropout=0.0,
+    )
     return LlamaForCausalLM(config).float().train()  # sdpa: the block-diagonal mask comes from the position ids
 
 
@@ -42,8 +49,15 @@ def make_items() -> list[dict]:
         completion = torch.randint(1, 50, (c,), generator=g).tolist()
         with torch.no_grad():
             lp = plain_logprobs(model, prompt, completion)
-        items.append({"prompt": prompt, "completion": completion, "advantage": adv,
-                      "old": lp + 0.3 * torch.randn(c, generator=g), "ref": lp + 0.3 * torch.randn(c, generator=g)})
+        items.append(
+            {
+                "prompt": prompt,
+                "completion": completion,
+                "advantage": adv,
+                "old": lp + 0.3 * torch.randn(c, generator=g),
+                "ref": lp + 0.3 * torch.randn(c, generator=g),
+            }
+        )
     return items
 
 
@@ -104,10 +118,15 @@ def cases() -> list[Case]:
     common = {"temperature": TEMPERATURE, "max_completion_length": MAX_COMPLETION_LENGTH, "epsilon_low": 0.2}
     return [
         make_case("grpo_math/grpo", grpo.Args(loss_type="grpo", beta=0.04, epsilon_high=0.2, **common), True, items),
-        make_case("grpo_math/dr_grpo", grpo.Args(loss_type="dr_grpo", beta=0.04, epsilon_high=0.2, **common), False,
-                  items),
+        make_case(
+            "grpo_math/dr_grpo", grpo.Args(loss_type="dr_grpo", beta=0.04, epsilon_high=0.2, **common), False, items
+        ),
         make_case("grpo_math/dapo", grpo.Args(loss_type="dapo", beta=0.0, epsilon_high=0.28, **common), True, items),
-        make_case("grpo_math/gspo", grpo.Args(importance_sampling_level="sequence", beta=0.0, epsilon_high=0.25,
-                                              **common), True, items),
+        make_case(
+            "grpo_math/gspo",
+            grpo.Args(importance_sampling_level="sequence", beta=0.0, epsilon_high=0.25, **common),
+            True,
+            items,
+        ),
         make_case("grpo_math/cispo", grpo.Args(loss_type="cispo", beta=0.0, epsilon_high=0.3, **common), True, items),
     ]

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 from accelerate.utils import DistributedType
+from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 import ppo_rlhf as ppo
-from invariance import Case
 
 PAD, EOS, W = 0, 2, 6  # W: the rollout's width, response_length here
 ARGS = ppo.Args(temperature=0.7, cliprange=0.2, cliprange_value=0.2, vf_coef=0.5)
@@ -22,8 +22,17 @@ KEYS = ("logprobs", "values", "returns", "advantages", "padding_mask", "padding_
 
 def make_model() -> ppo.PolicyAndValue:
     torch.manual_seed(0)
-    config = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, vocab_size=50, pad_token_id=PAD, eos_token_id=EOS, attention_dropout=0.0)
+    config = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        attention_dropout=0.0,
+    )
     policy = LlamaForCausalLM(LlamaConfig(**config)).float()
     value_model = LlamaForSequenceClassification(LlamaConfig(**config, num_labels=1)).float()
     value_model.config.reward_bias = 0.3  # the value model starts as a reward model: its bias is part of every value
@@ -49,7 +58,7 @@ def make_items() -> list[dict]:
     clipped, some not), random returns and advantages, the masks of `main` (tokens past EOS; values past EOS+1)."""
     model, g = make_model(), torch.Generator().manual_seed(1)
     items = []
-    for i, (nq, nr) in enumerate(zip(QUERY_LENGTHS, RESPONSE_LENGTHS)):
+    for nq, nr in zip(QUERY_LENGTHS, RESPONSE_LENGTHS):
         query = torch.randint(3, 50, (nq,), generator=g).tolist()
         response = torch.randint(3, 50, (nr,), generator=g).tolist()
         if nr < W:
@@ -61,11 +70,18 @@ def make_items() -> list[dict]:
             logprobs, values = alone(model, query, response)
         old = torch.full((W,), ppo.INVALID_LOGPROB)
         old[:nr] = logprobs + 0.4 * torch.randn(nr, generator=g)
-        items.append({"query": query, "response": response, "logprobs": old,
-                      "values": (values + 0.4 * torch.randn(W, generator=g)).masked_fill(mask_p1, 0),
-                      "returns": torch.randn(W, generator=g).masked_fill(mask_p1, 0),
-                      "advantages": torch.randn(W, generator=g).masked_fill(mask, 0),
-                      "padding_mask": mask, "padding_mask_p1": mask_p1})
+        items.append(
+            {
+                "query": query,
+                "response": response,
+                "logprobs": old,
+                "values": (values + 0.4 * torch.randn(W, generator=g)).masked_fill(mask_p1, 0),
+                "returns": torch.randn(W, generator=g).masked_fill(mask_p1, 0),
+                "advantages": torch.randn(W, generator=g).masked_fill(mask, 0),
+                "padding_mask": mask,
+                "padding_mask_p1": mask_p1,
+            }
+        )
     return items
 
 
@@ -88,8 +104,12 @@ def reference(model: ppo.PolicyAndValue, items: list[dict]) -> torch.Tensor:
 
 def count(items: list[dict]) -> torch.Tensor:
     """(valid tokens, valid value positions): the two denominators of `ppo_micro_batch`'s means"""
-    return torch.tensor([float(sum((~it["padding_mask"]).sum() for it in items)),
-                         float(sum((~it["padding_mask_p1"]).sum() for it in items))])
+    return torch.tensor(
+        [
+            float(sum((~it["padding_mask"]).sum() for it in items)),
+            float(sum((~it["padding_mask_p1"]).sum() for it in items)),
+        ]
+    )
 
 
 def global_count(accelerator, c: torch.Tensor) -> tuple[float, float]:
@@ -101,12 +121,33 @@ def stepper(separate: bool):
         # main's default: separate backward passes in a plain single process only (DDP: one backward per step)
         separate_backward = separate and accelerator.distributed_type == DistributedType.NO
         rollout = {k: torch.stack([it[k] for it in items]) for k in KEYS}
-        ppo.ppo_micro_batch(model, accelerator, [it["query"] for it in items], [it["response"] for it in items],
-                            rollout, total, ARGS, separate_backward, PAD)
+        ppo.ppo_micro_batch(
+            model,
+            accelerator,
+            [it["query"] for it in items],
+            [it["response"] for it in items],
+            rollout,
+            total,
+            ARGS,
+            separate_backward,
+            PAD,
+        )
+
     return step
 
 
 def cases() -> list[Case]:
     items = make_items()
-    return [Case(f"ppo_rlhf_{name}", make_model, items, reference, count, stepper(separate), global_count,
-                 micro_splits=(1, 3, 2)) for name, separate in (("one_backward", False), ("separate_backward", True))]
+    return [
+        Case(
+            f"ppo_rlhf_{name}",
+            make_model,
+            items,
+            reference,
+            count,
+            stepper(separate),
+            global_count,
+            micro_splits=(1, 3, 2),
+        )
+        for name, separate in (("one_backward", False), ("separate_backward", True))
+    ]

@@ -7,10 +7,10 @@ The responses' lengths are uneven, so each micro-batch and each process holds a 
 from __future__ import annotations
 
 import torch
+from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import remax
-from invariance import Case
 
 PAD, CAPACITY, TEMPERATURE = 0, 16, 0.7
 # (prompt length, response length): the first half's responses hold 10 tokens, the second half's 17
@@ -19,8 +19,15 @@ SHAPES = [(3, 2), (4, 7), (5, 1), (2, 9), (6, 3), (3, 5)]
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, vocab_size=50, attention_dropout=0.0)
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        attention_dropout=0.0,
+    )
     return LlamaForCausalLM(config).float().train()  # sdpa: the block-diagonal mask comes from the position ids
 
 
@@ -36,9 +43,13 @@ def make_items() -> list[dict]:
     g = torch.Generator().manual_seed(3)
     items = []
     for q, r in SHAPES:
-        items.append({"query": torch.randint(1, 50, (q,), generator=g).tolist(),
-                      "response": torch.randint(1, 50, (r,), generator=g).tolist(),
-                      "advantages": torch.randn(r, generator=g)})
+        items.append(
+            {
+                "query": torch.randint(1, 50, (q,), generator=g).tolist(),
+                "response": torch.randint(1, 50, (r,), generator=g).tolist(),
+                "advantages": torch.randn(r, generator=g),
+            }
+        )
     return items
 
 
@@ -54,12 +65,22 @@ def step(accelerator, model, items, total):
     advantages = torch.zeros(len(items), width)
     for i, it in enumerate(items):
         advantages[i, : len(it["response"])] = it["advantages"]
-    loss_sum = remax.remax_micro_batch_loss(model, [it["query"] for it in items], [it["response"] for it in items],
-                                            advantages, PAD, CAPACITY, TEMPERATURE)
+    loss_sum = remax.remax_micro_batch_loss(
+        model, [it["query"] for it in items], [it["response"] for it in items], advantages, PAD, CAPACITY, TEMPERATURE
+    )
     remax.backward_share(accelerator, loss_sum, total)
 
 
 def cases() -> list[Case]:
-    return [Case("remax", make_model, make_items(), reference, count=lambda it: float(sum(len(x["response"]) for x in it)),
-                 step=step, global_count=lambda accelerator, count: remax.global_count(count, accelerator),
-                 micro_splits=(1, 3, 2))]
+    return [
+        Case(
+            "remax",
+            make_model,
+            make_items(),
+            reference,
+            count=lambda it: float(sum(len(x["response"]) for x in it)),
+            step=step,
+            global_count=lambda accelerator, count: remax.global_count(count, accelerator),
+            micro_splits=(1, 3, 2),
+        )
+    ]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from invariance import Case
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 import reward_model as rm
-from invariance import Case
 
 PAD = 0
 CENTER = 0.01
@@ -19,8 +19,17 @@ BIAS = 0.25
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         vocab_size=50, pad_token_id=PAD, num_labels=1, attn_implementation="eager")
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        pad_token_id=PAD,
+        num_labels=1,
+        attn_implementation="eager",
+    )
     model = LlamaForSequenceClassification(config).float()
     model.config.reward_bias = BIAS
     return model
@@ -90,10 +99,20 @@ def _case(name: str, objective: str, items: list[dict], reference) -> Case:
         loss_sum, _ = rm.micro_batch_loss(model, collate(batch), args)
         rm.backward_share(accelerator, loss_sum, total)
 
-    return Case(name, make_model, items, reference, lambda batch: float(rm.loss_units(collate(batch), objective)), step,
-                lambda acc, c: rm.global_count(c, acc), micro_splits=(1, 3, 2))
+    return Case(
+        name,
+        make_model,
+        items,
+        reference,
+        lambda batch: float(rm.loss_units(collate(batch), objective)),
+        step,
+        lambda acc, c: rm.global_count(c, acc),
+        micro_splits=(1, 3, 2),
+    )
 
 
 def cases() -> list[Case]:
-    return [_case("reward_model/outcome-uneven-pairs", "outcome", _pairs(), outcome_reference),
-            _case("reward_model/process-uneven-steps", "process", _solutions(), process_reference)]
+    return [
+        _case("reward_model/outcome-uneven-pairs", "outcome", _pairs(), outcome_reference),
+        _case("reward_model/process-uneven-steps", "process", _solutions(), process_reference),
+    ]

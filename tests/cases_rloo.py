@@ -11,20 +11,28 @@ equal micro-batches as main does (2 + 2 here; two processes: 1 + 1 each); the re
 from __future__ import annotations
 
 import torch
+from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import rloo
-from invariance import Case
 
 PAD, CAPACITY, TEMPERATURE, CLIPRANGE = 0, 16, 0.7, 0.2
-# (prompt length, response length, advantage, old log pi(y|x) offset): offsets of +-0.5 put those ratios outside the clip
+# (prompt length, response length, advantage, old log pi(y|x) offset): offsets of +-0.5 put those ratios outside the
+# clip
 SHAPES = [(3, 2, 1.2, 0.0), (4, 7, -0.7, 0.5), (5, 1, 0.4, -0.5), (2, 9, -1.1, 0.05)]
 
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=2, vocab_size=50, attention_dropout=0.0)
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        attention_dropout=0.0,
+    )
     return LlamaForCausalLM(config).float().train()  # sdpa: the block-diagonal mask comes from the position ids
 
 
@@ -38,7 +46,10 @@ def make_items() -> list[dict]:
     g = torch.Generator().manual_seed(2)
     model, items = make_model(), []
     for q, r, adv, offset in SHAPES:
-        query, response = torch.randint(1, 50, (q,), generator=g).tolist(), torch.randint(1, 50, (r,), generator=g).tolist()
+        query, response = (
+            torch.randint(1, 50, (q,), generator=g).tolist(),
+            torch.randint(1, 50, (r,), generator=g).tolist(),
+        )
         with torch.no_grad():
             old = plain_seq_logprob(model, query, response) + offset
         items.append({"query": query, "response": response, "advantage": adv, "old": old.item()})
@@ -57,14 +68,31 @@ def reference(model, items):
 
 
 def step(accelerator, model, items, total):
-    loss, _ = rloo.rloo_micro_batch_loss(model, [it["query"] for it in items], [it["response"] for it in items],
-                                         torch.tensor([it["old"] for it in items]),
-                                         torch.tensor([it["advantage"] for it in items]), PAD, CAPACITY, TEMPERATURE,
-                                         CLIPRANGE)
+    loss, _ = rloo.rloo_micro_batch_loss(
+        model,
+        [it["query"] for it in items],
+        [it["response"] for it in items],
+        torch.tensor([it["old"] for it in items]),
+        torch.tensor([it["advantage"] for it in items]),
+        PAD,
+        CAPACITY,
+        TEMPERATURE,
+        CLIPRANGE,
+    )
     accelerator.backward(loss)  # as main: the micro-batch's mean over its responses
 
 
 def cases() -> list[Case]:
     items = make_items()
-    return [Case("rloo", make_model, items, reference, count=lambda it: float(len(it)), step=step,
-                 global_count=lambda accelerator, count: count, micro_splits=(2, 2))]
+    return [
+        Case(
+            "rloo",
+            make_model,
+            items,
+            reference,
+            count=lambda it: float(len(it)),
+            step=step,
+            global_count=lambda accelerator, count: count,
+            micro_splits=(2, 2),
+        )
+    ]

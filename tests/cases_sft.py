@@ -5,18 +5,26 @@ micro-batches and processes must give the gradient of that one mean."""
 from __future__ import annotations
 
 import torch
+from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import sft
-from invariance import Case
 
 PAD = 0
 
 
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
-                         vocab_size=50, pad_token_id=PAD, attn_implementation="eager")
+    config = LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=50,
+        pad_token_id=PAD,
+        attn_implementation="eager",
+    )
     return LlamaForCausalLM(config).float()
 
 
@@ -52,5 +60,15 @@ def step(accelerator, model, items: list[dict], total: float) -> None:
 
 
 def cases() -> list[Case]:
-    return [Case("sft/uneven-response-lengths", make_model, _examples(), reference, count, step,
-                 lambda acc, c: sft.global_count(c, acc), micro_splits=(1, 3, 2))]
+    return [
+        Case(
+            "sft/uneven-response-lengths",
+            make_model,
+            _examples(),
+            reference,
+            count,
+            step,
+            lambda acc, c: sft.global_count(c, acc),
+            micro_splits=(1, 3, 2),
+        )
+    ]

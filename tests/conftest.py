@@ -38,7 +38,11 @@ def ignores_positions():
 
         def forward(self, input_ids, position_ids=None, attention_mask=None, use_cache=False):
             if attention_mask is None:  # a packed row: positions 0..T-1, one sequence
-                return self.inner(input_ids=input_ids, position_ids=torch.arange(input_ids.shape[1], device=input_ids.device)[None], use_cache=False)
+                return self.inner(
+                    input_ids=input_ids,
+                    position_ids=torch.arange(input_ids.shape[1], device=input_ids.device)[None],
+                    use_cache=False,
+                )
             return self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
 
     return IgnoresPositions

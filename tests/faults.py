@@ -37,8 +37,9 @@ def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def stop_part_way(cmd: list[str], run_dir: Path, after_step: int, sig: int = signal.SIGTERM,
-                  timeout: float = 600) -> subprocess.CompletedProcess:
+def stop_part_way(
+    cmd: list[str], run_dir: Path, after_step: int, sig: int = signal.SIGTERM, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Starts `cmd`, waits for a metrics row of `after_step` or later, sends `sig` and waits for the exit."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env())
     start = time.time()
@@ -67,7 +68,10 @@ def assert_same_run(resumed: Path, reference: Path, tolerance: float = 0.0) -> N
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=tolerance, rtol=tolerance)
-    assert json.loads((resumed / "done.json").read_text())["step"] == json.loads((reference / "done.json").read_text())["step"]
+    assert (
+        json.loads((resumed / "done.json").read_text())["step"]
+        == json.loads((reference / "done.json").read_text())["step"]
+    )
 
 
 def check_stopped(out: subprocess.CompletedProcess, run_dir: Path, sig: int = signal.SIGTERM) -> None:

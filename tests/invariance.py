@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from accelerate import Accelerator
 
-CASE_MODULES = ["cases_sft", "cases_reward_model", "cases_dpo", "cases_ppo_rlhf", "cases_rloo", "cases_remax", "cases_grpo_math"]
+CASE_MODULES = [
+    "cases_sft",
+    "cases_reward_model",
+    "cases_dpo",
+    "cases_ppo_rlhf",
+    "cases_rloo",
+    "cases_remax",
+    "cases_grpo_math",
+]
 
 
 @dataclass
@@ -49,8 +58,13 @@ def all_cases() -> list[Case]:
 
 
 def flat_grad(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().float()
-                      for p in model.parameters() if p.requires_grad])
+    return torch.cat(
+        [
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().float()
+            for p in model.parameters()
+            if p.requires_grad
+        ]
+    )
 
 
 def reference_grad(case: Case) -> torch.Tensor:

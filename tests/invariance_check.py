@@ -8,12 +8,13 @@ import sys
 import torch
 from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin
-
 from invariance import accumulated_grad, all_cases, reference_grad
 
 failed = []
 for case in all_cases():
-    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_with_dataloader=False))
+    accelerator = Accelerator(
+        cpu=True, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2, sync_with_dataloader=False)
+    )
     half = len(case.items) // 2
     mine = case.items[:half] if accelerator.process_index == 0 else case.items[half:]
     assert len(case.items) % 2 == 0 and len(mine) >= 2, f"{case.name}: needs an even number (>= 4) of items"
@@ -23,5 +24,7 @@ for case in all_cases():
     if not ok:
         failed.append(case.name)
     if accelerator.is_main_process:
-        print(f"{case.name}: {'ok' if ok else 'DIFFERS'} (max abs diff {(got - want).abs().max().item():.2e})", flush=True)
+        print(
+            f"{case.name}: {'ok' if ok else 'DIFFERS'} (max abs diff {(got - want).abs().max().item():.2e})", flush=True
+        )
 sys.exit(1 if failed else 0)

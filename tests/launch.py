@@ -16,6 +16,21 @@ def free_port() -> int:
 def launch_cmd(script: str | Path, *args: str, nproc: int = 2) -> list[str]:
     """`accelerate launch --multi_gpu --num_processes {nproc}` of a script path (accelerate's module mode does not set
     up the process group here): gloo processes on this CPU, DDP on GPUs."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-            str(free_port()), str(script), *args]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        str(nproc),
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        *args,
+    ]

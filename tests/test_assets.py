@@ -16,7 +16,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 
 
 def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path):
-    a, b, c = (build(tmp_path / name, seed=seed, n_train=200, n_eval=20) for name, seed in (("a", 0), ("b", 0), ("c", 1)))
+    a, b, c = (
+        build(tmp_path / name, seed=seed, n_train=200, n_eval=20) for name, seed in (("a", 0), ("b", 0), ("c", 1))
+    )
     tree_a, tree_b, tree_c = _tree(tmp_path / "a"), _tree(tmp_path / "b"), _tree(tmp_path / "c")
     assert tree_a.keys() == tree_b.keys()
     assert any(k.endswith("model.safetensors") for k in tree_a) and any(k.endswith("tokenizer.json") for k in tree_a)

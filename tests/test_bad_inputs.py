@@ -28,8 +28,13 @@ def test_bad_input_ends_in_one_line_before_training(case, script, assets, tiny_r
 @pytest.mark.parametrize("script", ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"])
 def test_the_command_line_prints_the_line_and_exits_non_zero(script, assets, tiny_rm, tmp_path):
     """As a user sees it: exit code 1, the `error:` line last on stderr, no traceback."""
-    cmd = [sys.executable, str(REPO / f"{script}.py"), *base_flags(script, World(assets, tmp_path, tiny_rm)),
-           "--learning-rate", "nan"]
+    cmd = [
+        sys.executable,
+        str(REPO / f"{script}.py"),
+        *base_flags(script, World(assets, tmp_path, tiny_rm)),
+        "--learning-rate",
+        "nan",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1] == "error: --learning-rate is nan; give a finite number"

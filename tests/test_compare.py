@@ -12,12 +12,16 @@ import pytest
 from benchmark import compare, results
 
 
-def _write_run(root: Path, name: str, values: list[float], extra_lines: list[str] = (), done: bool = True,
-               every: int = 100) -> Path:
+def _write_run(
+    root: Path, name: str, values: list[float], extra_lines: list[str] = (), done: bool = True, every: int = 100
+) -> Path:
     """A run directory: `eval/gold_reward` = values[i] at episode every * i; `done`: it completed its budget."""
     run = root / name
     run.mkdir(parents=True)
-    lines = [json.dumps({"step": i, "episode": every * i, "time": 2.0 * i, "eval/gold_reward": v}) for i, v in enumerate(values)]
+    lines = [
+        json.dumps({"step": i, "episode": every * i, "time": 2.0 * i, "eval/gold_reward": v})
+        for i, v in enumerate(values)
+    ]
     (run / "metrics.jsonl").write_text("\n".join(lines + list(extra_lines)) + "\n")
     if done:
         (run / "done.json").write_text(json.dumps({"step": len(values) - 1, "argv": ["tiny-tldr"]}))
@@ -33,7 +37,10 @@ def _write_rows(root: Path, name: str, rows: list[dict], done: bool = True) -> N
 
 def _means(md: str) -> dict[str, float]:
     """algorithm -> mean final value, from compare's markdown table."""
-    return {cells[0]: float(cells[2]) for cells in ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:])}
+    return {
+        cells[0]: float(cells[2])
+        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:])
+    }
 
 
 def test_known_curves_give_known_mean_and_band():
@@ -47,7 +54,9 @@ def test_known_curves_give_known_mean_and_band():
     assert agg["low"][0] >= 0.0 and agg["high"][0] <= 2.0
     assert agg["mean"][0] - agg["low"][0] == pytest.approx(agg["high"][0] - agg["mean"][0], abs=0.15)
     # curves logged at different x are interpolated onto the common range
-    shifted = compare.aggregate_curves([(np.array([0.0, 10.0]), np.array([0.0, 10.0])), (np.array([5.0, 20.0]), np.array([5.0, 20.0]))], 2)
+    shifted = compare.aggregate_curves(
+        [(np.array([0.0, 10.0]), np.array([0.0, 10.0])), (np.array([5.0, 20.0]), np.array([5.0, 20.0]))], 2
+    )
     np.testing.assert_allclose(shifted["x"], [5.0, 10.0])
     np.testing.assert_allclose(shifted["mean"], [5.0, 10.0])
 
@@ -57,7 +66,9 @@ def test_bootstrap_ci_and_iqm_by_hand():
     assert compare.bootstrap_ci(np.array([0.7])) == (0.7, 0.7)
     lo, hi = compare.bootstrap_ci(np.array([0.0, 1.0] * 50))
     assert lo == pytest.approx(0.5 - 1.96 * 0.05, abs=0.03) and hi == pytest.approx(0.5 + 1.96 * 0.05, abs=0.03)
-    assert compare.iqm(np.array([100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -100.0])) == pytest.approx(3.5)  # drops 2 at each end
+    assert compare.iqm(np.array([100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -100.0])) == pytest.approx(
+        3.5
+    )  # drops 2 at each end
     assert compare.iqm(np.array([1.0, 2.0, 9.0])) == pytest.approx(4.0)  # 3 runs: floor(0.75) = 0 dropped
 
 
@@ -68,7 +79,10 @@ def test_groups_by_algorithm_and_summarises_final_values(tmp_path):
     runs = [compare.read_run(p) for p in sorted(tmp_path.iterdir())]
     table = {t["group"]: t for t in compare.summarize(runs, "eval/gold_reward")}
     assert table["ppo_tiny-tldr"]["seeds"] == 3 and table["ppo_tiny-tldr"]["mean"] == pytest.approx(0.7)
-    assert table["rloo_tiny-tldr"]["seeds"] == 1 and table["rloo_tiny-tldr"]["low"] == table["rloo_tiny-tldr"]["high"] == 0.9
+    assert (
+        table["rloo_tiny-tldr"]["seeds"] == 1
+        and table["rloo_tiny-tldr"]["low"] == table["rloo_tiny-tldr"]["high"] == 0.9
+    )
     assert "| ppo_tiny-tldr | 3 | 0.700 |" in compare.markdown_table(list(table.values()), "eval/gold_reward")
 
 
@@ -90,9 +104,11 @@ def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
 def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, capsys):
 
     def run(name, start, end, eps, lengths=None):
-        rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": start},
-                {"step": 1, "episode": 64, "time": 5.0, "perf/episodes_per_sec": eps, "perf/peak_mem_gb": 1.0},
-                {"step": 2, "episode": 128, "time": 9.0, "eval/accuracy": end}]
+        rows = [
+            {"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": start},
+            {"step": 1, "episode": 64, "time": 5.0, "perf/episodes_per_sec": eps, "perf/peak_mem_gb": 1.0},
+            {"step": 2, "episode": 128, "time": 9.0, "eval/accuracy": end},
+        ]
         if lengths:  # the secondary metric, logged by some scripts only
             rows[0]["eval/completion_length"], rows[2]["eval/completion_length"] = lengths
         _write_rows(tmp_path, name, rows)
@@ -119,10 +135,26 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, caps
 
 def test_prm_table_reports_the_last_values_of_each_reward_setting(tmp_path):
     def run(name, acc, length, eos, steps):
-        rows = [{"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": 0.2, "eval/completion_length": 7.0, "eval/eos_rate": 1.0},
-                {"step": 1, "episode": 64, "time": 2.0, "objective/num_steps": 2.0},
-                {"step": 2, "episode": 128, "time": 3.0, "objective/num_steps": steps},
-                {"step": 2, "episode": 128, "time": 4.0, "eval/accuracy": acc, "eval/completion_length": length, "eval/eos_rate": eos}]
+        rows = [
+            {
+                "step": 0,
+                "episode": 0,
+                "time": 1.0,
+                "eval/accuracy": 0.2,
+                "eval/completion_length": 7.0,
+                "eval/eos_rate": 1.0,
+            },
+            {"step": 1, "episode": 64, "time": 2.0, "objective/num_steps": 2.0},
+            {"step": 2, "episode": 128, "time": 3.0, "objective/num_steps": steps},
+            {
+                "step": 2,
+                "episode": 128,
+                "time": 4.0,
+                "eval/accuracy": acc,
+                "eval/completion_length": length,
+                "eval/eos_rate": eos,
+            },
+        ]
         _write_rows(tmp_path, name, rows)
 
     run("ppo-prm-raw_tiny-math__1", 0.1, 70.0, 0.2, 6.0)
@@ -130,7 +162,11 @@ def test_prm_table_reports_the_last_values_of_each_reward_setting(tmp_path):
     run("ppo-prm-clip-delta_tiny-math__1", 0.5, 30.0, 1.0, 3.5)
     lines = results.prm_table(tmp_path).splitlines()
     assert len(lines) == 4  # header, rule, and the two settings that have runs (no success-only PPO here)
-    assert lines[2].startswith("| ppo-prm-raw | 2 | 0.200 (0.100, 0.300: 2 seeds) |") and "| 65.000 (" in lines[2] and "| 5.500 (" in lines[2]
+    assert (
+        lines[2].startswith("| ppo-prm-raw | 2 | 0.200 (0.100, 0.300: 2 seeds) |")
+        and "| 65.000 (" in lines[2]
+        and "| 5.500 (" in lines[2]
+    )
     assert lines[3] == "| ppo-prm-clip-delta | 1 | 0.500 | 30.000 | 1.000 | 3.500 |"
     assert results.prm_table(tmp_path / "nothing") == ""
 
@@ -141,7 +177,9 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
     ppo = [_write_run(tmp_path, f"ppo_tiny-tldr__{s}", [0.3, 0.5, 0.7, 0.8], every=100) for s in (1, 2)]
     ppo.append(_write_run(tmp_path, "ppo_tiny-tldr__3", [0.3, 0.1], done=False))
     rloo = [_write_run(tmp_path, f"rloo_tiny-tldr__{s}", [0.3, 0.4, 0.5, 0.55, 0.6], every=80) for s in (1, 2, 3)]
-    with_crash = _means(compare.markdown_table(compare.summarize([compare.read_run(p) for p in ppo + rloo], "eval/gold_reward"), ""))
+    with_crash = _means(
+        compare.markdown_table(compare.summarize([compare.read_run(p) for p in ppo + rloo], "eval/gold_reward"), "")
+    )
     assert with_crash["ppo_tiny-tldr"] < with_crash["rloo_tiny-tldr"], "the case this test is about"
 
     drawn = {}
@@ -162,13 +200,19 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
     md = out.with_suffix(".md").read_text()
     means = _means(md)
     assert means == {"ppo_tiny-tldr": pytest.approx(0.8), "rloo_tiny-tldr": pytest.approx(0.6)}
-    assert "| ppo_tiny-tldr | 2 | 0.800 | 0.800, 0.800 (2 seeds) |" in md and "| rloo_tiny-tldr | 3 | 0.600 | [0.600, 0.600] |" in md
+    assert (
+        "| ppo_tiny-tldr | 2 | 0.800 | 0.800, 0.800 (2 seeds) |" in md
+        and "| rloo_tiny-tldr | 3 | 0.600 | [0.600, 0.600] |" in md
+    )
     # the curves: PPO from its 2 finished runs, over all of their episodes (the crashed run stopped at 100)
     agg = drawn["episode"]["ppo_tiny-tldr"]
     assert agg["seeds"] == 2 and agg["x"][0] == 0 and agg["x"][-1] == 300 and agg["mean"][-1] == pytest.approx(0.8)
     assert compare.curve_label("ppo_tiny-tldr", agg) == "ppo_tiny-tldr (2 seeds, band: min-max)"
     assert drawn["episode"]["rloo_tiny-tldr"]["x"][-1] == 320 and drawn["time"]["ppo_tiny-tldr"]["x"][-1] == 6.0
-    assert compare.curve_label("rloo_tiny-tldr", drawn["episode"]["rloo_tiny-tldr"]) == "rloo_tiny-tldr (3 seeds, band: 95% bootstrap CI)"
+    assert (
+        compare.curve_label("rloo_tiny-tldr", drawn["episode"]["rloo_tiny-tldr"])
+        == "rloo_tiny-tldr (3 seeds, band: 95% bootstrap CI)"
+    )
     # an old suite's DONE marker does not make a run finished, and says why
     (ppo[2] / "DONE").write_text("{}")
     compare.finished_runs([compare.read_run(ppo[2])])

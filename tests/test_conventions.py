@@ -11,31 +11,58 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p for p in REPO.glob("*.py") if p.name not in ("setup.py", "conftest.py"))
 LOCAL = {p.stem for p in SCRIPTS} | {"benchmark", "tests"}
-COPIED = ["gold_judge", "extract_gsm8k_answer", "extract_boxed_answer", "numbers_equal", "TLDR_FACT_WORDS", "TLDR_MAX_WORDS"]
-# helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler, or PPO's pack and
-# check_packing for its one-row packed_sdpa attention, are not listed)
+COPIED = [
+    "gold_judge",
+    "extract_gsm8k_answer",
+    "extract_boxed_answer",
+    "numbers_equal",
+    "TLDR_FACT_WORDS",
+    "TLDR_MAX_WORDS",
+]
+# helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler, or PPO's pack
+# and check_packing for its one-row packed_sdpa attention, are not listed)
 ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 RL = ["ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 LORA = ["sft", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verify) in every script that grades answers
 GLOBAL_MEAN = ["sft", "reward_model", "ppo_rlhf", "remax", "dpo"]  # RLOO and GRPO keep their own (equal-size) means
-BETWEEN_SCRIPTS = {"check_packing": ["grpo_math", "rloo", "remax"], "sample_responses": ["rloo", "ppo_rlhf"],
-                   "pack": ["rloo", "remax"], "packed_logprobs": ["rloo", "remax"],
-                   # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
-                   "make_accelerator": ALL, "zero3": ALL, "save_model": ALL, "ensure_pad_token": ALL,
-                   "shard_length": ALL, "configure_deepspeed": ALL, "prepare_frozen": RL,
-                   "end_with_eos": ["sft", "reward_model", "dpo"],
-                   "math_verify_equal": MATH, "extract_answer": MATH, "success_reward": MATH,
-                   # one mean over the whole mini-batch of every process (tests/test_invariance.py)
-                   "global_count": GLOBAL_MEAN, "backward_share": GLOBAL_MEAN, "step_micro_batches": ["sft", "reward_model"],
-                   "refine_step_rewards": ["ppo_rlhf", "grpo_math"],
-                   # loading and durable runs (tests/test_faults.py, tests/test_bad_inputs.py)
-                   "load_split": ALL, "require_hub": ALL, "Run": ALL, "replace_dir": ALL, "check_args": ALL,
-                   "chat_messages": ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "dpo"],
-                   "reference_text": ["ppo_rlhf", "rloo", "remax", "dpo"],
-                   "non_finite_policy": ["rloo", "remax"], "check_finite_weights": ["rloo", "remax"],
-                   # LoRA through peft (tests/test_lora*.py); save_model merges the adapters in every script
-                   "add_lora": LORA, "LoraReference": LORA, "merge_lora": ALL}
+BETWEEN_SCRIPTS = {
+    "check_packing": ["grpo_math", "rloo", "remax"],
+    "sample_responses": ["rloo", "ppo_rlhf"],
+    "pack": ["rloo", "remax"],
+    "packed_logprobs": ["rloo", "remax"],
+    # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
+    "make_accelerator": ALL,
+    "zero3": ALL,
+    "save_model": ALL,
+    "ensure_pad_token": ALL,
+    "shard_length": ALL,
+    "configure_deepspeed": ALL,
+    "prepare_frozen": RL,
+    "end_with_eos": ["sft", "reward_model", "dpo"],
+    "math_verify_equal": MATH,
+    "extract_answer": MATH,
+    "success_reward": MATH,
+    # one mean over the whole mini-batch of every process (tests/test_invariance.py)
+    "global_count": GLOBAL_MEAN,
+    "backward_share": GLOBAL_MEAN,
+    "step_micro_batches": ["sft", "reward_model"],
+    "refine_step_rewards": ["ppo_rlhf", "grpo_math"],
+    # loading and durable runs (tests/test_faults.py, tests/test_bad_inputs.py)
+    "load_split": ALL,
+    "require_hub": ALL,
+    "Run": ALL,
+    "replace_dir": ALL,
+    "check_args": ALL,
+    "chat_messages": ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "dpo"],
+    "reference_text": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "non_finite_policy": ["rloo", "remax"],
+    "check_finite_weights": ["rloo", "remax"],
+    # LoRA through peft (tests/test_lora*.py); save_model merges the adapters in every script
+    "add_lora": LORA,
+    "LoraReference": LORA,
+    "merge_lora": ALL,
+}
 
 
 def _definitions(path: Path) -> dict[str, str]:
@@ -95,7 +122,9 @@ def test_script_stands_alone(script):
             names = [node.module.split(".")[0]]
         else:
             continue
-        assert not set(names) & LOCAL, f"line {node.lineno} imports {names}: an algorithm script imports only third-party packages"
+        assert not set(names) & LOCAL, (
+            f"line {node.lineno} imports {names}: an algorithm script imports only third-party packages"
+        )
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
@@ -123,7 +152,9 @@ def test_args_fields_are_documented_and_presets_exist(script):
     for i, node in enumerate(body):
         if isinstance(node, ast.AnnAssign):
             nxt = body[i + 1] if i + 1 < len(body) else None
-            documented = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+            documented = (
+                isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+            )
             assert documented, f"Args.{node.target.id} has no docstring"
     presets = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "PRESETS")
     keys = [k.value for k in presets.value.keys]
@@ -137,3 +168,49 @@ def test_help_lists_presets(script):
 
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and "tiny" in out.stdout
+
+
+@pytest.mark.parametrize("command", [["format", "--check"], ["check"]], ids=["format", "lint"])
+def test_ruff_format_and_lint_pass(command):
+    """`ruff format --check` and `ruff check` over the repository, with pyproject.toml's settings (120 columns)."""
+    import shutil
+    import subprocess
+
+    ruff = shutil.which("ruff") or pytest.fail("ruff is not installed: pip install -e '.[dev]'")
+    out = subprocess.run([ruff, *command, "."], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"ruff {' '.join(command)} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
+
+
+def test_readme_is_one_screen_and_its_links_exist():
+    """The README stays short (issue 24: about 150 lines), and every local page or image that it or a docs page
+    links to exists."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150, "README.md: over 150 lines; move the detail to docs/"
+    for page in [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if not re.match(r"[a-z]+://", target):
+                assert (page.parent / target).exists(), f"{page.relative_to(REPO)} links to {target}, which is missing"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_the_algorithm_comes_first(script):
+    """Reader first (CONTRIBUTING.md): after `PRESETS` come the algorithm's math, then `main`, within the first 60% of
+    the file, then the plumbing; a speed-work section, if any, is last."""
+    lines = script.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+    presets = next(
+        i for i, n in enumerate(tree.body) if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "PRESETS"
+    )
+    first = tree.body[presets + 1]
+    banner = " ".join(lines[tree.body[presets].end_lineno : first.lineno])
+    assert isinstance(first, ast.FunctionDef | ast.ClassDef) and " math" in banner, (
+        f"{script.name}: {getattr(first, 'name', '?')} follows PRESETS, under no '... math' banner"
+    )
+    main = next(n.lineno for n in tree.body if getattr(n, "name", None) == "main")
+    plumbing = next(i + 1 for i, line in enumerate(lines) if line.startswith("# Plumbing:"))
+    assert main < plumbing and main <= 0.6 * len(lines), f"{script.name}: main starts at line {main} of {len(lines)}"
+    speed = [i + 1 for i, line in enumerate(lines) if line.startswith("# Speed work")]
+    last_def = max(n.lineno for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))
+    assert not speed or (speed[0] > main and speed[0] > plumbing and speed[0] < last_def)

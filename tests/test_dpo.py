@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import dpo
+from tests.launch import launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 LOG2 = math.log(2.0)
@@ -48,7 +48,9 @@ def test_ipo_and_hinge_losses_by_hand():
     hinge, _, _ = dpo.dpo_loss(PC, PR, RC, RR, BETA, "hinge")
     # max(0, 1 - beta h): 1 - 0.75, 1 + 0.75; and 0 once the margin passes 1/beta
     assert hinge.tolist() == pytest.approx([0.25, 1.75])
-    far, _, _ = dpo.dpo_loss(torch.tensor([0.0]), torch.tensor([-5.0]), torch.tensor([0.0]), torch.tensor([0.0]), BETA, "hinge")
+    far, _, _ = dpo.dpo_loss(
+        torch.tensor([0.0]), torch.tensor([-5.0]), torch.tensor([0.0]), torch.tensor([0.0]), BETA, "hinge"
+    )
     assert far.item() == 0.0
     with pytest.raises(ValueError):
         dpo.dpo_loss(PC, PR, RC, RR, BETA, "nope")
@@ -100,8 +102,12 @@ def test_ipo_average_divides_live_and_cached_reference_logprobs_alike(assets):
             h = (pc / len_c - pr / len_r) - (rc / len_c - rr / len_r)
             expected = ((h - 1 / (2 * 0.1)) ** 2).sum()
             live, _ = dpo.micro_batch_loss(policy, ref, batch, args)
-            cached_items = [{**it, "ref_chosen": c, "ref_rejected": r} for it, c, r in zip(items, rc.tolist(), rr.tolist())]
-            cached, _ = dpo.micro_batch_loss(policy, None, dpo.collate_pairs(cached_items, tok.pad_token_id, pack), args)
+            cached_items = [
+                {**it, "ref_chosen": c, "ref_rejected": r} for it, c, r in zip(items, rc.tolist(), rr.tolist())
+            ]
+            cached, _ = dpo.micro_batch_loss(
+                policy, None, dpo.collate_pairs(cached_items, tok.pad_token_id, pack), args
+            )
         assert live.item() == pytest.approx(expected.item(), rel=1e-5)
         assert cached.item() == pytest.approx(expected.item(), rel=1e-5)
 
@@ -114,24 +120,33 @@ def test_label_smoothing_is_the_cdpo_formula():
     # eps = 0.5: the labels carry no information, the loss is the same for a pair and its swap
     half, _, _ = dpo.dpo_loss(PC, PR, RC, RR, BETA, "sigmoid", label_smoothing=0.5)
     assert half[0].item() == pytest.approx(half[1].item())
-    # and the smoothed loss is minimised at a finite margin (plain DPO keeps pushing): d/dh = 0 at sigmoid(beta h) = 1 - eps
+    # and the smoothed loss is minimised at a finite margin (plain DPO keeps pushing): d/dh = 0 at sigmoid(beta h) = 1 -
+    # eps
     h = torch.tensor([0.0], requires_grad=True)
     opt = torch.optim.SGD([h], lr=5.0)
     for _ in range(2000):
         opt.zero_grad()
-        loss, _, _ = dpo.dpo_loss(h, torch.zeros(1), torch.zeros(1), torch.zeros(1), BETA, "sigmoid", label_smoothing=eps)
+        loss, _, _ = dpo.dpo_loss(
+            h, torch.zeros(1), torch.zeros(1), torch.zeros(1), BETA, "sigmoid", label_smoothing=eps
+        )
         loss.sum().backward()
         opt.step()
     assert torch.sigmoid(BETA * h).item() == pytest.approx(1 - eps, abs=1e-3)
 
 
 def _pair_items(tok, n: int = 3) -> list[dict]:
-    prompts = ["SUBREDDIT: r/pets\n\nPOST: my dog ate my phone\n\nTL;DR:", "POST: hi\n\nTL;DR:", "POST: my boss is angry at me again\n\nTL;DR:"]
+    prompts = [
+        "SUBREDDIT: r/pets\n\nPOST: my dog ate my phone\n\nTL;DR:",
+        "POST: hi\n\nTL;DR:",
+        "POST: my boss is angry at me again\n\nTL;DR:",
+    ]
     chosen = [" my dog ate my phone", " hi", " my boss is angry"]
     rejected = [" so basically my dog ate it and honestly", " hello there friend", " boss"]
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-    return [{"prompt_ids": enc(p), "chosen": enc(c) + [tok.eos_token_id], "rejected": enc(r) + [tok.eos_token_id]}
-            for p, c, r in list(zip(prompts, chosen, rejected))[:n]]
+    return [
+        {"prompt_ids": enc(p), "chosen": enc(c) + [tok.eos_token_id], "rejected": enc(r) + [tok.eos_token_id]}
+        for p, c, r in list(zip(prompts, chosen, rejected))[:n]
+    ]
 
 
 def test_at_initialisation_loss_is_log2_and_accuracy_is_one_half(assets):
@@ -183,17 +198,28 @@ def test_packed_pairs_give_the_padded_logprobs_loss_and_gradients(assets, model_
     path = assets / "models" / model_name
     tok = AutoTokenizer.from_pretrained(path)
     policy, ref = AutoModelForCausalLM.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    with torch.no_grad():  # a policy different from the reference, so the loss and rewards are not at their initial values
+    with (
+        torch.no_grad()
+    ):  # a policy different from the reference, so the loss and rewards are not at their initial values
         for p in policy.parameters():
             p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
     items = _pair_items(tok)
     eos = tok.eos_token_id
     # a fourth pair whose responses share their first tokens, and one where chosen is a prefix of rejected
-    items += [{"prompt_ids": items[1]["prompt_ids"], "chosen": items[0]["chosen"], "rejected": items[0]["chosen"][:2] + [eos]},
-              {"prompt_ids": items[2]["prompt_ids"], "chosen": [eos], "rejected": items[2]["rejected"]}]
+    items += [
+        {
+            "prompt_ids": items[1]["prompt_ids"],
+            "chosen": items[0]["chosen"],
+            "rejected": items[0]["chosen"][:2] + [eos],
+        },
+        {"prompt_ids": items[2]["prompt_ids"], "chosen": [eos], "rejected": items[2]["rejected"]},
+    ]
     padded, packed = dpo.collate_pairs(items, tok.pad_token_id), dpo.collate_pairs(items, tok.pad_token_id, pack=True)
     assert packed["input_ids"].numel() < padded["input_ids"].numel()  # no padding, and each prompt once
-    for lengths in (dpo.response_lengths(padded), dpo.response_lengths(packed)):  # what IPO's per-token average divides by
+    for lengths in (
+        dpo.response_lengths(padded),
+        dpo.response_lengths(packed),
+    ):  # what IPO's per-token average divides by
         assert [t.tolist() for t in lengths] == [[len(it[k]) for it in items] for k in ("chosen", "rejected")]
     results = []
     for batch in (padded, packed):
@@ -203,8 +229,18 @@ def test_packed_pairs_give_the_padded_logprobs_loss_and_gradients(assets, model_
             ref_c, ref_r = dpo.forward_logprobs(ref, batch)
         losses, r_c, r_r = dpo.dpo_loss(chosen, rejected, ref_c, ref_r, 0.1, "sigmoid")
         losses.mean().backward()
-        results.append((chosen.detach(), rejected.detach(), ref_c, ref_r, losses.detach(), r_c, r_r,
-                        torch.cat([p.grad.flatten() for p in policy.parameters()])))
+        results.append(
+            (
+                chosen.detach(),
+                rejected.detach(),
+                ref_c,
+                ref_r,
+                losses.detach(),
+                r_c,
+                r_r,
+                torch.cat([p.grad.flatten() for p in policy.parameters()]),
+            )
+        )
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
@@ -235,7 +271,10 @@ def test_online_pairs_put_the_higher_gold_score_first(assets):
     assert data["version"] == 3 and len(pairs) == len(rows)
     for i, pair in enumerate(pairs):
         assert pair["prompt_ids"] == rows[i]["prompt_ids"]
-        gold_c, gold_r = (dpo.gold_judge(tok.decode(pair[k], skip_special_tokens=True), ["dog", "phone", "angry"]) for k in ("chosen", "rejected"))
+        gold_c, gold_r = (
+            dpo.gold_judge(tok.decode(pair[k], skip_special_tokens=True), ["dog", "phone", "angry"])
+            for k in ("chosen", "rejected")
+        )
         assert gold_c >= gold_r
         assert bool(data["valid"][i]) == (gold_c != gold_r)
     # the reference logprobs that come with the pairs are the reference model's on the padded batch
@@ -249,7 +288,13 @@ def test_online_pairs_put_the_higher_gold_score_first(assets):
 
 
 def _env() -> dict:
-    return {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def _rows(path: Path) -> list[dict]:
@@ -268,15 +313,49 @@ def tiny_rm(assets, tmp_path_factory) -> Path:
 
 
 def _common(assets: Path, tmp_path: Path) -> list[str]:
-    return ["--sft-model-path", str(assets / "models" / "tiny-neox"), "--dataset-name-or-path", str(assets / "tiny-tldr" / "preference"),
-            "--prompt-dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--output-dir", str(tmp_path / "runs"),
-            "--num-eval-examples", "8", "--num-eval-pairs", "8", "--per-device-eval-batch-size", "8", "--num-threads", "1",
-            "--response-length", "16", "--log-every", "1"]
+    return [
+        "--sft-model-path",
+        str(assets / "models" / "tiny-neox"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-tldr" / "preference"),
+        "--prompt-dataset-name-or-path",
+        str(assets / "tiny-tldr" / "sft"),
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--num-eval-examples",
+        "8",
+        "--num-eval-pairs",
+        "8",
+        "--per-device-eval-batch-size",
+        "8",
+        "--num-threads",
+        "1",
+        "--response-length",
+        "16",
+        "--log-every",
+        "1",
+    ]
 
 
 def test_offline_dpo_runs_and_fits_its_pairs(assets, tmp_path):
-    cmd = [sys.executable, str(REPO / "dpo.py"), "tiny-tldr", "--run-name", "off", *_common(assets, tmp_path), "--max-train-samples", "16",
-           "--per-device-train-batch-size", "8", "--num-train-epochs", "4", "--learning-rate", "1e-3", "--eval-every", "100"]
+    cmd = [
+        sys.executable,
+        str(REPO / "dpo.py"),
+        "tiny-tldr",
+        "--run-name",
+        "off",
+        *_common(assets, tmp_path),
+        "--max-train-samples",
+        "16",
+        "--per-device-train-batch-size",
+        "8",
+        "--num-train-epochs",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--eval-every",
+        "100",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = _rows(tmp_path / "runs" / "off" / "metrics.jsonl")
@@ -291,11 +370,30 @@ def test_offline_dpo_runs_and_fits_its_pairs(assets, tmp_path):
 
 # the reward model's continuous scores rarely tie (an untrained policy's samples under the gold judge nearly always
 # do, which would leave no pair in the loss); the gold labelling is checked in the unit test above
-@pytest.mark.parametrize("extra", [["--judge", "rm"], ["--judge", "rm", "--async", "--num-threads", "2"]], ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "extra", [["--judge", "rm"], ["--judge", "rm", "--async", "--num-threads", "2"]], ids=["sync", "async"]
+)
 def test_online_dpo_runs(assets, tiny_rm, tmp_path, extra):
-    cmd = [sys.executable, str(REPO / "dpo.py"), "tiny-tldr-online", "--run-name", "on", *_common(assets, tmp_path),
-           "--reward-model-path", str(tiny_rm), "--total-episodes", "32", "--per-device-train-batch-size", "4",
-           "--gradient-accumulation-steps", "2", "--eval-every", "2", "--no-non-eos-penalty", *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / "dpo.py"),
+        "tiny-tldr-online",
+        "--run-name",
+        "on",
+        *_common(assets, tmp_path),
+        "--reward-model-path",
+        str(tiny_rm),
+        "--total-episodes",
+        "32",
+        "--per-device-train-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--no-non-eos-penalty",
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = _rows(tmp_path / "runs" / "on" / "metrics.jsonl")
@@ -308,17 +406,21 @@ def test_online_dpo_runs(assets, tiny_rm, tmp_path, extra):
     assert sum("eval/gold_reward" in r for r in rows) == 3  # steps 0, 2, 4
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_offline_dpo_on_two_processes(assets, tmp_path):
     # a script path, not `-m module`: accelerate's module mode does not set up the process group here
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(REPO / "dpo.py"), "tiny-tldr",
-           "--run-name", "ddp", *_common(assets, tmp_path), "--max-train-samples", "32", "--per-device-train-batch-size", "4", "--eval-every", "100"]
+    cmd = launch_cmd(
+        str(REPO / "dpo.py"),
+        "tiny-tldr",
+        "--run-name",
+        "ddp",
+        *_common(assets, tmp_path),
+        "--max-train-samples",
+        "32",
+        "--per-device-train-batch-size",
+        "4",
+        "--eval-every",
+        "100",
+    )
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _rows(tmp_path / "runs" / "ddp" / "metrics.jsonl")
@@ -340,11 +442,23 @@ def test_optimizer_steps_exactly_as_configured_when_the_loader_wraps(assets, tmp
 
     monkeypatch.setattr(torch.optim.AdamW, "step", counting)
     args = dataclasses.replace(
-        dpo.PRESETS["tiny-tldr"][1], sft_model_path=str(assets / "models" / "tiny-neox"),
+        dpo.PRESETS["tiny-tldr"][1],
+        sft_model_path=str(assets / "models" / "tiny-neox"),
         dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
-        prompt_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"), output_dir=str(tmp_path), run_name="count",
-        max_train_samples=10, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=3,
-        num_eval_examples=0, num_eval_pairs=0, eval_every=100, log_every=1, save_model=False, num_threads=1)
+        prompt_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"),
+        output_dir=str(tmp_path),
+        run_name="count",
+        max_train_samples=10,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        num_train_epochs=3,
+        num_eval_examples=0,
+        num_eval_pairs=0,
+        eval_every=100,
+        log_every=1,
+        save_model=False,
+        num_threads=1,
+    )
     dpo.main(args)
     assert len(calls) == 6
     train = [r for r in _rows(tmp_path / "count" / "metrics.jsonl") if "train/loss" in r]

@@ -12,12 +12,41 @@ from tests.faults import assert_same_run, check_stopped, metric_rows, run, scrip
 
 
 def sft_flags(assets, tmp_path, name: str, *extra: str) -> list[str]:
-    return ["--model-name-or-path", str(assets / "models" / "tiny-neox"),
-            "--dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--max-prompt-length", "96",
-            "--max-response-length", "48", "--max-train-samples", "96", "--per-device-train-batch-size", "8",
-            "--gradient-accumulation-steps", "2", "--num-train-epochs", "2", "--learning-rate", "1e-3",
-            "--num-eval-examples", "4", "--eval-every", "4", "--log-every", "1", "--eval-task", "tldr",
-            "--num-threads", "1", "--output-dir", str(tmp_path), "--run-name", name, *extra]
+    return [
+        "--model-name-or-path",
+        str(assets / "models" / "tiny-neox"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-tldr" / "sft"),
+        "--max-prompt-length",
+        "96",
+        "--max-response-length",
+        "48",
+        "--max-train-samples",
+        "96",
+        "--per-device-train-batch-size",
+        "8",
+        "--gradient-accumulation-steps",
+        "2",
+        "--num-train-epochs",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--num-eval-examples",
+        "4",
+        "--eval-every",
+        "4",
+        "--log-every",
+        "1",
+        "--eval-task",
+        "tldr",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
 def test_sft_stopped_by_sigterm_resumes_to_the_uninterrupted_run(assets, tmp_path):
@@ -48,9 +77,19 @@ def test_sft_killed_outright_resumes_from_its_last_periodic_checkpoint(assets, t
 def small_sft_args(assets, tmp_path, **kw):
     import sft
 
-    base = dict(model_name_or_path=str(assets / "models" / "tiny-neox"), max_prompt_length=96, max_response_length=48,
-                dataset_name_or_path=str(assets / "tiny-tldr" / "sft"), max_train_samples=16, num_eval_examples=2,
-                per_device_train_batch_size=8, eval_every=100, num_threads=1, output_dir=str(tmp_path), run_name="r")
+    base = dict(
+        model_name_or_path=str(assets / "models" / "tiny-neox"),
+        max_prompt_length=96,
+        max_response_length=48,
+        dataset_name_or_path=str(assets / "tiny-tldr" / "sft"),
+        max_train_samples=16,
+        num_eval_examples=2,
+        per_device_train_batch_size=8,
+        eval_every=100,
+        num_threads=1,
+        output_dir=str(tmp_path),
+        run_name="r",
+    )
     return sft.Args(**{**base, **kw})
 
 
@@ -110,7 +149,9 @@ def test_sft_under_two_processes_stopped_by_sigterm_resumes_to_the_uninterrupted
     run(launch_cmd(REPO / "sft.py", *flags("full")))
     killed = launch_cmd(REPO / "sft.py", *flags("killed"))
     out = stop_part_way(killed, tmp_path / "killed", after_step=2)
-    assert (tmp_path / "killed" / "checkpoint" / "state.json").exists() and not (tmp_path / "killed" / "done.json").exists()
+    assert (tmp_path / "killed" / "checkpoint" / "state.json").exists() and not (
+        tmp_path / "killed" / "done.json"
+    ).exists()
     assert "stopped by SIGTERM after step" in out.stderr, out.stderr[-3000:]
     assert len(json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text())["running"]) == 2
     run([*launch_cmd(REPO / "sft.py", *flags("killed")), "--resume"])

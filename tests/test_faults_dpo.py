@@ -25,12 +25,35 @@ def tiny_rm(assets, tmp_path_factory):
 
 
 def dpo_flags(assets, tmp_path, *extra: str) -> list[str]:
-    return ["--sft-model-path", str(assets / "models" / "tiny-neox"),
-            "--dataset-name-or-path", str(assets / "tiny-tldr" / "preference"),
-            "--prompt-dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--per-device-train-batch-size", "4",
-            "--gradient-accumulation-steps", "2", "--learning-rate", "1e-3", "--response-length", "12",
-            "--num-eval-examples", "4", "--num-eval-pairs", "8", "--eval-every", "2", "--log-every", "1",
-            "--num-threads", "1", "--output-dir", str(tmp_path), *extra]
+    return [
+        "--sft-model-path",
+        str(assets / "models" / "tiny-neox"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-tldr" / "preference"),
+        "--prompt-dataset-name-or-path",
+        str(assets / "tiny-tldr" / "sft"),
+        "--per-device-train-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--response-length",
+        "12",
+        "--num-eval-examples",
+        "4",
+        "--num-eval-pairs",
+        "8",
+        "--eval-every",
+        "2",
+        "--log-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(tmp_path),
+        *extra,
+    ]
 
 
 # offline: 28 pairs = 7 micro-batches of 4 an epoch, 2 epochs = 6 steps of 2; step 4 draws across the epoch's end
@@ -39,8 +62,18 @@ OFFLINE = ["tiny-tldr", "--max-train-samples", "28", "--num-train-epochs", "2"]
 
 def online(rm) -> list[str]:
     """6 steps of 8 prompts out of 40 (5 a pass: the 6th step starts a new shuffle), two samples each, RM labels."""
-    return ["tiny-tldr-online", "--reward-model-path", str(rm), "--judge", "rm", "--max-train-samples", "40",
-            "--total-episodes", "48", "--no-non-eos-penalty"]
+    return [
+        "tiny-tldr-online",
+        "--reward-model-path",
+        str(rm),
+        "--judge",
+        "rm",
+        "--max-train-samples",
+        "40",
+        "--total-episodes",
+        "48",
+        "--no-non-eos-penalty",
+    ]
 
 
 def in_process(argv: list[str]) -> None:
@@ -95,8 +128,21 @@ def test_async_online_dpo_checkpointed_and_stopped_resumes_to_the_uninterrupted_
 def test_a_non_finite_loss_stops_with_a_checkpoint_of_the_step_before(assets, tmp_path):
     """Learning rate 1e30: Adam moves every weight by about 1e30 at step 1, so the loss of step 2 is not finite. The
     run writes a checkpoint of step 1 and ends in one line, before the weights take the non-finite gradient."""
-    argv = [*OFFLINE, *dpo_flags(assets, tmp_path, "--learning-rate", "1e30", "--num-eval-examples", "0",
-                                 "--num-eval-pairs", "0", "--run-name", "nan")]
+    argv = [
+        *OFFLINE,
+        *dpo_flags(
+            assets,
+            tmp_path,
+            "--learning-rate",
+            "1e30",
+            "--num-eval-examples",
+            "0",
+            "--num-eval-pairs",
+            "0",
+            "--run-name",
+            "nan",
+        ),
+    ]
     with pytest.raises(SystemExit, match=r"^error: non-finite (DPO loss|gradient norm) at step 2: lower --learning"):
         in_process(argv)
     state = json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())
@@ -114,17 +160,29 @@ def test_trl_conversational_pairs_are_rendered_with_the_chat_template(assets):
 
     tokenizer = AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox")
     user = [{"role": "system", "content": "Summarize."}, {"role": "user", "content": "my dog ate my exam"}]
-    rows = [{"prompt": user, "chosen": [{"role": "assistant", "content": " dog ate exam"}],
-             "rejected": [{"role": "assistant", "content": " so basically a dog"}]}]
+    rows = [
+        {
+            "prompt": user,
+            "chosen": [{"role": "assistant", "content": " dog ate exam"}],
+            "rejected": [{"role": "assistant", "content": " so basically a dog"}],
+        }
+    ]
     args = dpo.Args(prompt_template="{prompt}")
     (pair,) = dpo.tokenize_pairs(Dataset.from_list(rows), tokenizer, args, "train", 512)
-    assert pair["prompt_ids"] == list(tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True,
-                                                                      return_dict=False))
+    assert pair["prompt_ids"] == list(
+        tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     assert tokenizer.decode(pair["prompt_ids"]).endswith("<|assistant|>\n")
     eos = tokenizer.eos_token_id
     assert pair["chosen"] == tokenizer(" dog ate exam", add_special_tokens=False)["input_ids"] + [eos]
     assert pair["rejected"] == tokenizer(" so basically a dog", add_special_tokens=False)["input_ids"] + [eos]
     text = dpo.Args(prompt_template="{prompt}", use_chat_template=True)  # the same prompt given as text
-    (plain,) = dpo.tokenize_pairs(Dataset.from_list([{"prompt": "my dog ate my exam", "chosen": " dog ate exam",
-                                                      "rejected": " so basically a dog"}]), tokenizer, text, "train")
+    (plain,) = dpo.tokenize_pairs(
+        Dataset.from_list(
+            [{"prompt": "my dog ate my exam", "chosen": " dog ate exam", "rejected": " so basically a dog"}]
+        ),
+        tokenizer,
+        text,
+        "train",
+    )
     assert plain["chosen"] == pair["chosen"] and tokenizer.decode(plain["prompt_ids"]).endswith("<|assistant|>\n")

@@ -16,9 +16,11 @@ from tests.faults import REPO, assert_same_run, check_stopped, metric_rows, run,
 
 # 8 steps of 2 questions x 4 completions (two mini-batches each, so 16 optimizer steps), warm-up over the first 10
 # optimizer steps (a stop after step 2 or 3 resumes inside it), evaluation every 3 steps and pass@2 at the end
-FLAGS = ("--questions-per-device 2 --num-generations 4 --max-completion-length 12 --micro-batch-size 4 "
-         "--num-mini-batches 2 --total-steps 8 --eval-every 3 --num-eval-examples 4 --pass-k 2 --log-every 1 "
-         "--learning-rate 1e-3 --warmup-steps 10 --num-threads 1").split()
+FLAGS = (
+    "--questions-per-device 2 --num-generations 4 --max-completion-length 12 --micro-batch-size 4 "
+    "--num-mini-batches 2 --total-steps 8 --eval-every 3 --num-eval-examples 4 --pass-k 2 --log-every 1 "
+    "--learning-rate 1e-3 --warmup-steps 10 --num-threads 1"
+).split()
 
 # An untrained policy is never right, so every group would be dropped by dynamic sampling and no draw would vary: this
 # wrapper runs grpo_math.py with a success reward that is a fixed function of the completion's text (about 1 in 3
@@ -34,9 +36,19 @@ grpo_math.main(tyro.extras.overridable_config_cli(grpo_math.PRESETS))
 
 
 def grpo_flags(assets, tmp_path, name: str, *extra: str) -> list[str]:
-    return ["tiny", "--model-name-or-path", str(assets / "models" / "tiny-llama"),
-            "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), *FLAGS,
-            "--output-dir", str(tmp_path), "--run-name", name, *extra]
+    return [
+        "tiny",
+        "--model-name-or-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        *FLAGS,
+        "--output-dir",
+        str(tmp_path),
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +90,11 @@ def test_dapo_killed_outright_resumes_from_its_periodic_checkpoint_with_the_ques
     (tmp_path / "lucky_grpo.py").write_text(LUCKY.format(repo=str(REPO)))
 
     def cmd(name: str, *extra: str) -> list[str]:
-        return [sys.executable, str(tmp_path / "lucky_grpo.py"),
-                *grpo_flags(assets, tmp_path, name, "--loss-type", "dapo", *extra)]
+        return [
+            sys.executable,
+            str(tmp_path / "lucky_grpo.py"),
+            *grpo_flags(assets, tmp_path, name, "--loss-type", "dapo", *extra),
+        ]
 
     run(cmd("full"))
     killed = cmd("killed", "--save-every", "2")

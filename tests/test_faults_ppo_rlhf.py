@@ -19,12 +19,46 @@ def ppo_cmd(world, name: str, *extra: str) -> list[str]:
     """6 updates of 8 responses over 20 prompts (2 batches an epoch: the replay of the data position on resume crosses
     the prompt loader's epochs), evaluated every 2 updates and before the first."""
     assets, rm, data, tmp = world
-    return script_cmd("ppo_rlhf", "tiny-tldr", "--sft-model-path", str(assets / "models" / "tiny-neox"),
-                      "--reward-model-path", str(rm), "--dataset-name-or-path", str(data), "--response-length", "12",
-                      "--total-episodes", "48", "--per-device-batch-size", "8", "--num-mini-batches", "2",
-                      "--num-ppo-epochs", "2", "--learning-rate", "1e-3", "--adaptive-kl", "--target-kl", "0.1",
-                      "--kl-horizon", "100", "--num-eval-examples", "4", "--eval-every", "2", "--log-every", "1",
-                      "--num-threads", "1", "--output-dir", str(tmp), "--run-name", name, *extra)
+    return script_cmd(
+        "ppo_rlhf",
+        "tiny-tldr",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-neox"),
+        "--reward-model-path",
+        str(rm),
+        "--dataset-name-or-path",
+        str(data),
+        "--response-length",
+        "12",
+        "--total-episodes",
+        "48",
+        "--per-device-batch-size",
+        "8",
+        "--num-mini-batches",
+        "2",
+        "--num-ppo-epochs",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--adaptive-kl",
+        "--target-kl",
+        "0.1",
+        "--kl-horizon",
+        "100",
+        "--num-eval-examples",
+        "4",
+        "--eval-every",
+        "2",
+        "--log-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(tmp),
+        "--run-name",
+        name,
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +106,9 @@ def test_ppo_killed_outright_resumes_from_its_last_periodic_checkpoint(world):
     assert_same_run(tmp / "sigkill", tmp / "full")
 
 
-def test_a_non_finite_loss_stops_with_one_line_and_a_checkpoint_of_the_last_finite_update(assets, tmp_path, monkeypatch):
+def test_a_non_finite_loss_stops_with_one_line_and_a_checkpoint_of_the_last_finite_update(
+    assets, tmp_path, monkeypatch
+):
     """A NaN value loss at update 2 (of a run of one optimizer step an update): `error: non-finite PPO loss at update
     2 ...`, before the optimizer step, and a checkpoint of update 1 (the weights never saw the NaN)."""
     import torch
@@ -87,12 +123,27 @@ def test_a_non_finite_loss_stops_with_one_line_and_a_checkpoint_of_the_last_fini
         return (loss * float("nan") if len(calls) == 2 else loss), clipfrac
 
     monkeypatch.setattr(ppo, "value_loss", nan_at_the_second_update)
-    args = ppo.Args(exp_name="nan", run_name="nan", output_dir=str(tmp_path), num_threads=1,
-                    sft_model_path=str(assets / "models" / "tiny-llama"), reward_model_path=None, reward_source="math",
-                    dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"), eval_split="test",
-                    prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}",
-                    max_prompt_length=96, response_length=8, total_episodes=24, per_device_batch_size=8,
-                    num_mini_batches=1, num_ppo_epochs=1, eval_every=100, num_eval_examples=2)
+    args = ppo.Args(
+        exp_name="nan",
+        run_name="nan",
+        output_dir=str(tmp_path),
+        num_threads=1,
+        sft_model_path=str(assets / "models" / "tiny-llama"),
+        reward_model_path=None,
+        reward_source="math",
+        dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+        eval_split="test",
+        prompt_template="Question: {question}\nAnswer:\n",
+        reference_template="{answer}",
+        max_prompt_length=96,
+        response_length=8,
+        total_episodes=24,
+        per_device_batch_size=8,
+        num_mini_batches=1,
+        num_ppo_epochs=1,
+        eval_every=100,
+        num_eval_examples=2,
+    )
     try:
         with pytest.raises(SystemExit, match=r"^error: non-finite PPO loss at update 2 .*--learning-rate"):
             ppo.main(args)

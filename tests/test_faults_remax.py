@@ -16,24 +16,44 @@ import tyro
 from safetensors.torch import load_file
 
 import remax
-from tests.faults import (
-    assert_same_run,
-    check_stopped,
-    metric_rows,
-    script_cmd,
-    stop_part_way,
-)
+from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
 def remax_flags(assets, out, name: str, *extra: str) -> list[str]:
     """8 updates of 4 prompts (each a sampled and a greedy response) in two micro-batches of gradient accumulation,
     evaluated every 3 updates."""
-    return ["tiny-math", "--sft-model-path", str(assets / "models" / "tiny-llama"),
-            "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), "--response-length", "12",
-            "--total-episodes", "32", "--per-device-batch-size", "4", "--gradient-accumulation-steps", "2",
-            "--learning-rate", "1e-3", "--num-eval-examples", "4", "--per-device-eval-batch-size", "4",
-            "--eval-every", "3", "--log-every", "1", "--num-threads", "1", "--output-dir", str(out),
-            "--run-name", name, *extra]
+    return [
+        "tiny-math",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        "--response-length",
+        "12",
+        "--total-episodes",
+        "32",
+        "--per-device-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--num-eval-examples",
+        "4",
+        "--per-device-eval-batch-size",
+        "4",
+        "--eval-every",
+        "3",
+        "--log-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
 def in_process(argv: list[str]) -> dict:
@@ -84,8 +104,10 @@ def test_remax_killed_outright_resumes_from_its_last_periodic_checkpoint(assets,
     assert json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text())["step"] == 4
     in_process([*flags, "--resume"])
     assert_same_run(tmp_path / "killed", reference)
-    samples = [[json.loads(line) for line in (d / "samples.jsonl").read_text().splitlines()]
-               for d in (tmp_path / "killed", reference)]
+    samples = [
+        [json.loads(line) for line in (d / "samples.jsonl").read_text().splitlines()]
+        for d in (tmp_path / "killed", reference)
+    ]
     assert samples[0] == samples[1]
 
 
@@ -116,6 +138,8 @@ def test_remax_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(
 
     monkeypatch.setattr(remax, "sample_responses", blows_up_at_update_3)
     message = error_line(remax_flags(assets, tmp_path, "nan"))
-    assert message.startswith("error: the policy's logits are not finite at update 3 (sampling met inf or nan): "
-                              "update 2 moved the weights too far; lower --learning-rate (now 0.001)"), message
+    assert message.startswith(
+        "error: the policy's logits are not finite at update 3 (sampling met inf or nan): "
+        "update 2 moved the weights too far; lower --learning-rate (now 0.001)"
+    ), message
     assert json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())["step"] == 2

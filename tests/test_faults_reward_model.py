@@ -23,12 +23,38 @@ def rm_flags(assets, out, name: str, *extra: str) -> list[str]:
     """8 optimizer steps: 32 pairs in micro-batches of 4, accumulated 2 a step, over 2 epochs (so the resume must replay
     the data order across the epoch boundary and restore the schedule), evaluated every 3 steps, then normalised on 16
     reference responses."""
-    return ["tiny-tldr", "--sft-model-path", str(assets / "models" / "tiny-neox"),
-            "--dataset-name-or-path", str(assets / "tiny-tldr" / "preference"),
-            "--norm-dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--max-train-samples", "32",
-            "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2", "--num-train-epochs", "2",
-            "--num-eval-examples", "8", "--num-norm-examples", "16", "--eval-every", "3", "--log-every", "1",
-            "--num-threads", "1", "--output-dir", str(out), "--run-name", name, *extra]
+    return [
+        "tiny-tldr",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-neox"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-tldr" / "preference"),
+        "--norm-dataset-name-or-path",
+        str(assets / "tiny-tldr" / "sft"),
+        "--max-train-samples",
+        "32",
+        "--per-device-train-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "2",
+        "--num-train-epochs",
+        "2",
+        "--num-eval-examples",
+        "8",
+        "--num-norm-examples",
+        "16",
+        "--eval-every",
+        "3",
+        "--log-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
 def in_process(argv: list[str]) -> dict:
@@ -50,8 +76,9 @@ def reference(assets, tmp_path_factory):
 
 def test_reward_model_stopped_by_sigterm_resumes_to_the_uninterrupted_run(assets, tmp_path, reference):
     flags = rm_flags(assets, tmp_path, "killed")
-    check_stopped(stop_part_way(script_cmd("reward_model", *flags), tmp_path / "killed", after_step=2),
-                  tmp_path / "killed")
+    check_stopped(
+        stop_part_way(script_cmd("reward_model", *flags), tmp_path / "killed", after_step=2), tmp_path / "killed"
+    )
     state = json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text())
     assert 2 <= state["step"] < 8 and state["episode"] == 8 * state["step"]
     in_process([*flags, "--resume"])

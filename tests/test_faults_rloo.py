@@ -16,24 +16,48 @@ import tyro
 from safetensors.torch import load_file
 
 import rloo
-from tests.faults import (
-    assert_same_run,
-    check_stopped,
-    metric_rows,
-    script_cmd,
-    stop_part_way,
-)
+from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
 def rloo_flags(assets, out, name: str, *extra: str) -> list[str]:
     """8 updates of 2 prompts x k = 4 responses, two PPO epochs of two minibatches each (so the checkpoint must also
     restore the RNG of the minibatch shuffle and AdamW's moments), evaluated every 3 updates."""
-    return ["tiny-math", "--sft-model-path", str(assets / "models" / "tiny-llama"),
-            "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), "--response-length", "12",
-            "--total-episodes", "64", "--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2",
-            "--num-mini-batches", "2", "--learning-rate", "1e-3", "--num-eval-examples", "4",
-            "--per-device-eval-batch-size", "4", "--eval-every", "3", "--log-every", "1", "--num-threads", "1",
-            "--output-dir", str(out), "--run-name", name, *extra]
+    return [
+        "tiny-math",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        "--response-length",
+        "12",
+        "--total-episodes",
+        "64",
+        "--per-device-batch-size",
+        "8",
+        "--rloo-k",
+        "4",
+        "--num-ppo-epochs",
+        "2",
+        "--num-mini-batches",
+        "2",
+        "--learning-rate",
+        "1e-3",
+        "--num-eval-examples",
+        "4",
+        "--per-device-eval-batch-size",
+        "4",
+        "--eval-every",
+        "3",
+        "--log-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
 def in_process(argv: list[str]) -> dict:
@@ -84,8 +108,10 @@ def test_rloo_killed_outright_resumes_from_its_last_periodic_checkpoint(assets, 
     assert json.loads((tmp_path / "killed" / "checkpoint" / "state.json").read_text())["step"] == 4
     in_process([*flags, "--resume"])
     assert_same_run(tmp_path / "killed", reference)
-    samples = [[json.loads(line) for line in (d / "samples.jsonl").read_text().splitlines()]
-               for d in (tmp_path / "killed", reference)]
+    samples = [
+        [json.loads(line) for line in (d / "samples.jsonl").read_text().splitlines()]
+        for d in (tmp_path / "killed", reference)
+    ]
     assert samples[0] == samples[1]
 
 
@@ -115,8 +141,10 @@ def test_rloo_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(a
 
     monkeypatch.setattr(rloo, "sample_responses", blows_up_at_update_3)
     message = error_line(rloo_flags(assets, tmp_path, "nan"))
-    assert message.startswith("error: the policy's logits are not finite at update 3 (sampling met inf or nan): "
-                              "update 2 moved the weights too far; lower --learning-rate (now 0.001)"), message
+    assert message.startswith(
+        "error: the policy's logits are not finite at update 3 (sampling met inf or nan): "
+        "update 2 moved the weights too far; lower --learning-rate (now 0.001)"
+    ), message
     assert json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())["step"] == 2
 
 
@@ -135,13 +163,15 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(assets, scri
     model = str(assets / "models" / "tiny-llama")
     tokenizer = AutoTokenizer.from_pretrained(model)
     question, answer = "Tom has 3 apples. He finds 2 more. How many apples does Tom have?", "3 + 2 = 5.\n#### 5"
-    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": question}],
-                               "completion": [{"role": "assistant", "content": answer}]}])
+    chat = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": question}], "completion": [{"role": "assistant", "content": answer}]}]
+    )
     plain = Dataset.from_list([{"question": question, "answer": answer}])
     common = {"sft_model_path": model, "reward_source": "math", "reward_model_path": None, "eval_task": "gsm8k"}
     chat_args = module.Args(prompt_template="{prompt}", reference_template="{completion}", **common)
-    plain_args = module.Args(prompt_template="{question}", reference_template="{answer}", use_chat_template=True,
-                             **common)
+    plain_args = module.Args(
+        prompt_template="{question}", reference_template="{answer}", use_chat_template=True, **common
+    )
     got = module.prepare_prompts(chat, tokenizer, chat_args, "train", 512, evaluation=True)
     want = module.prepare_prompts(plain, tokenizer, plain_args, "train", 512, evaluation=True)
     assert got == want and got[0]["gold"] == "5" and got[0]["reference"] == answer

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import grpo_math as grpo
+from tests.launch import free_port, launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -70,9 +70,20 @@ def test_gsm8k_reward(text, gold, expected):
 
 
 GSM8K_EXTRACTIONS = [  # (text, what extract_gsm8k_answer returns)
-    ("#### $1,234", "1234"), ("#### 1\n#### 2", "2"), ("no answer", None), ("#### -3.5 kg", "-3.5"), ("####", None),
-    ("#### $ 7.", "7"), ("x = 3\n#### 42\nThe end.", "42"), ("#### 1,000,000", "1000000"), ("#### 3/4", "3"),
-    ("#### \\frac{1}{2}", None), ("#### 12 - 2 = 10", "12"), ("### 5", None), ("#### 0.25", "0.25"), ("#### 5%", "5"),
+    ("#### $1,234", "1234"),
+    ("#### 1\n#### 2", "2"),
+    ("no answer", None),
+    ("#### -3.5 kg", "-3.5"),
+    ("####", None),
+    ("#### $ 7.", "7"),
+    ("x = 3\n#### 42\nThe end.", "42"),
+    ("#### 1,000,000", "1000000"),
+    ("#### 3/4", "3"),
+    ("#### \\frac{1}{2}", None),
+    ("#### 12 - 2 = 10", "12"),
+    ("### 5", None),
+    ("#### 0.25", "0.25"),
+    ("#### 5%", "5"),
 ]
 
 
@@ -168,8 +179,13 @@ def test_group_advantages_for_each_variant_on_g4():
     # group 3: mean 1, deviations (1, -1, 0, 0), unbiased variance 2 / 3
     eps = 1e-4
     s3 = math.sqrt(2 / 3)
-    expected_scaled = torch.tensor([[0.75 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps)],
-                                    [0.0, 0.0, 0.0, 0.0], [1 / (s3 + eps), -1 / (s3 + eps), 0.0, 0.0]])
+    expected_scaled = torch.tensor(
+        [
+            [0.75 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps), -0.25 / (0.5 + eps)],
+            [0.0, 0.0, 0.0, 0.0],
+            [1 / (s3 + eps), -1 / (s3 + eps), 0.0, 0.0],
+        ]
+    )
     for loss_type in ("grpo", "dapo"):  # both divide by the group std
         args = grpo.Args(loss_type=loss_type)
         grpo.resolve_variant(args)
@@ -177,8 +193,10 @@ def test_group_advantages_for_each_variant_on_g4():
     args = grpo.Args(loss_type="dr_grpo")
     grpo.resolve_variant(args)
     assert args.scale_rewards is False
-    torch.testing.assert_close(grpo.group_advantages(rewards, args.scale_rewards, eps),
-                               torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.0, 0.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]]))
+    torch.testing.assert_close(
+        grpo.group_advantages(rewards, args.scale_rewards, eps),
+        torch.tensor([[0.75, -0.25, -0.25, -0.25], [0.0, 0.0, 0.0, 0.0], [1.0, -1.0, 0.0, 0.0]]),
+    )
 
 
 def test_clip_higher_is_asymmetric():
@@ -199,7 +217,12 @@ def test_clip_higher_is_asymmetric():
     loss, clipped = grpo.clipped_surrogate(lp(0.5), pos, 0.2, 0.28)
     assert loss.item() == pytest.approx(-0.5) and not clipped.item()
     # the gradient vanishes exactly where the clip is active
-    for ratio, adv, eps_high, has_grad in [(1.25, pos, 0.28, True), (1.25, pos, 0.2, False), (1.3, pos, 0.28, False), (0.75, neg, 0.28, False)]:
+    for ratio, adv, eps_high, has_grad in [
+        (1.25, pos, 0.28, True),
+        (1.25, pos, 0.2, False),
+        (1.3, pos, 0.28, False),
+        (0.75, neg, 0.28, False),
+    ]:
         x = lp(ratio).requires_grad_(True)
         grpo.clipped_surrogate(x, adv, 0.2, eps_high)[0].sum().backward()
         assert (x.grad.abs().item() > 0) == has_grad, (ratio, adv, eps_high)
@@ -233,7 +256,9 @@ def test_cispo_truncates_the_weight_and_keeps_every_token_gradient():
     logp = torch.tensor([[-1.0, -2.0, -3.0]], requires_grad=True)
     old = logp.detach() - ratios.log()
     adv = torch.tensor([2.0])
-    loss, truncated = grpo.cispo_surrogate(logp, grpo.importance_log_ratio(logp, old, torch.ones(1, 3), "token"), adv, 5.0)
+    loss, truncated = grpo.cispo_surrogate(
+        logp, grpo.importance_log_ratio(logp, old, torch.ones(1, 3), "token"), adv, 5.0
+    )
     torch.testing.assert_close(loss.detach(), torch.tensor([[-1.5 * 2 * -1.0, -5.0 * 2 * -2.0, -0.1 * 2 * -3.0]]))
     assert truncated.tolist() == [[False, True, False]]
     loss.sum().backward()
@@ -272,10 +297,12 @@ def test_reinforce_pp_baseline_normalises_over_the_global_batch_not_per_group():
     assert adv[0, 0].item() == pytest.approx(1.45960, abs=1e-4)
     # GRPO's per-group normalisation would give the all-right group 0 and the first group +-0.707: not this
     assert adv[2, 0].item() != 0.0
+
     # two processes: each whitens with the statistics of both (reduce sums them), equal to one process's result
     def stats(a, m):
         m = m.float()
         return torch.stack([(a * m).sum(), (a**2 * m).sum(), m.sum()])
+
     raw = (rewards.view(-1, 2) - rewards.view(-1, 2).mean(1, keepdim=True)).reshape(-1, 1).expand(4, 3)
     top = grpo.reinforce_pp_advantages(rewards[:2], mask[:2], 2, True, reduce=lambda t: t + stats(raw[2:], mask[2:]))
     torch.testing.assert_close(top, expected[:2])
@@ -285,8 +312,14 @@ def test_reinforce_pp_puts_the_k1_kl_of_the_later_tokens_in_the_return():
     """Hu 2025 eq. 8-9: A_t = r - beta * sum_{s >= t} KL_s. r = 1, KL = (0.1, 0.2, 0.3), beta 0.5:
     returns (1 - 0.3, 1 - 0.25, 1 - 0.15) = (0.7, 0.75, 0.85), then whitened over the 3 tokens."""
     kl = torch.tensor([[0.1, 0.2, 0.3]])
-    adv = grpo.reinforce_pp_advantages(torch.tensor([1.0, 0.0]), torch.tensor([[1, 1, 1], [0, 0, 0]]), 2, baseline=False,
-                                       kl=torch.cat([kl, torch.zeros(1, 3)]), beta=0.5)
+    adv = grpo.reinforce_pp_advantages(
+        torch.tensor([1.0, 0.0]),
+        torch.tensor([[1, 1, 1], [0, 0, 0]]),
+        2,
+        baseline=False,
+        kl=torch.cat([kl, torch.zeros(1, 3)]),
+        beta=0.5,
+    )
     returns = torch.tensor([0.7, 0.75, 0.85])
     expected = (returns - returns.mean()) / (returns.var(unbiased=False) + 1e-8).sqrt()
     torch.testing.assert_close(adv[0], expected)
@@ -302,13 +335,15 @@ def test_sampler_correction_removes_the_bias_of_a_mismatched_sampler(mode):
     theta = torch.tensor([0.5, -0.3, 0.2, 0.0, -1.0])
     delta = torch.tensor([0.4, -0.2, 0.0, 0.3, -0.5])
     r = torch.tensor([1.0, 0.0, 0.5, -0.5, 2.0])
-    pi, pi_s = theta.softmax(0), (theta + delta).softmax(0)
+    pi_s = (theta + delta).softmax(0)
     exact = torch.autograd.functional.jacobian(lambda t: (t.softmax(0) * r).sum(), theta)
 
     def update(correct: bool) -> torch.Tensor:
         t = theta.clone().requires_grad_(True)
         logp = t.log_softmax(0)[:, None]  # (K actions, 1 token)
-        loss, _ = grpo.clipped_surrogate(logp - logp.detach(), r, 0.2, 0.2)  # on-policy: -A with gradient -A grad log pi
+        loss, _ = grpo.clipped_surrogate(
+            logp - logp.detach(), r, 0.2, 0.2
+        )  # on-policy: -A with gradient -A grad log pi
         if correct:
             w, capped = grpo.sampler_weights(logp.detach(), pi_s.log()[:, None], torch.ones(5, 1), mode, cap=10.0)
             assert not capped.any()
@@ -358,9 +393,14 @@ def test_beta_defaults_to_0_for_dapo_and_0_04_otherwise():
     import tyro
 
     dapo = ["--loss-type", "dapo"]
-    for preset, cli, beta in [("tiny", [], 0.04), ("tiny", dapo, 0.0), ("gsm8k-qwen2.5-0.5b", [], 0.04),
-                              ("gsm8k-qwen2.5-0.5b", dapo, 0.0), ("math-qwen2.5-math-1.5b", [], 0.0),
-                              ("tiny", [*dapo, "--beta", "0.02"], 0.02)]:
+    for preset, cli, beta in [
+        ("tiny", [], 0.04),
+        ("tiny", dapo, 0.0),
+        ("gsm8k-qwen2.5-0.5b", [], 0.04),
+        ("gsm8k-qwen2.5-0.5b", dapo, 0.0),
+        ("math-qwen2.5-math-1.5b", [], 0.0),
+        ("tiny", [*dapo, "--beta", "0.02"], 0.02),
+    ]:
         args = tyro.extras.overridable_config_cli(grpo.PRESETS, args=[preset, *cli])
         grpo.resolve_variant(args)
         assert args.beta == beta, (preset, cli)
@@ -397,7 +437,10 @@ def test_loss_aggregation_grpo_dr_grpo_dapo_by_hand():
             grpo.aggregate_loss(per_token, mask, "nope", 8)
         # micro-batches: summing the pieces with the whole batch's normalisers gives the whole-batch loss
         whole = grpo.aggregate_loss(per_token, mask, loss_type, 8)
-        pieces = sum(grpo.aggregate_loss(per_token[i : i + 1], mask[i : i + 1], loss_type, 8, num_sequences=2, num_tokens=6.0) for i in range(2))
+        pieces = sum(
+            grpo.aggregate_loss(per_token[i : i + 1], mask[i : i + 1], loss_type, 8, num_sequences=2, num_tokens=6.0)
+            for i in range(2)
+        )
         assert pieces.item() == pytest.approx(whole.item())
 
 
@@ -412,9 +455,13 @@ def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
 def test_dynamic_sampling_filters_groups_on_accuracy_not_on_the_total_reward():
     # DAPO eq. 11: a group is kept when 0 < |{o_i : is_equivalent(a, o_i)}| < G, i.e. its accuracy is neither all 0
     # nor all 1; the overlong penalty (and the format reward) do not count. G = 4, three groups:
-    success = torch.tensor([[0.0, 0.0, 0.0, 0.0],  # all wrong, different lengths: total rewards differ, dropped
-                            [1.0, 0.0, 1.0, 0.0],  # mixed: kept
-                            [1.0, 1.0, 1.0, 1.0]])  # all right, one overlong: dropped
+    success = torch.tensor(
+        [
+            [0.0, 0.0, 0.0, 0.0],  # all wrong, different lengths: total rewards differ, dropped
+            [1.0, 0.0, 1.0, 0.0],  # mixed: kept
+            [1.0, 1.0, 1.0, 1.0],
+        ]
+    )  # all right, one overlong: dropped
     overlong = torch.tensor([[0.0, -0.5, -1.0, 0.0], [0.0, 0.0, -0.25, 0.0], [0.0, 0.0, 0.0, -0.5]])
     fmt = torch.tensor([[0.1, 0.0, 0.0, 0.1], [0.1, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.0]])
     parts = {"success": success.view(-1), "format": fmt.view(-1), "overlong": overlong.view(-1)}
@@ -428,11 +475,19 @@ def test_dynamic_sampling_filters_groups_on_accuracy_not_on_the_total_reward():
 def test_soft_overlong_penalty_values():
     lengths = torch.tensor([10, 15, 16, 18, 20])
     # DAPO eq. 13 with L_max = 20 and a 5-token buffer: 0 up to 15 tokens, then linear to -1 at 20
-    torch.testing.assert_close(grpo.soft_overlong_penalty(lengths, 20, 5, 1.0), torch.tensor([0.0, 0.0, -0.2, -0.6, -1.0]))
-    torch.testing.assert_close(grpo.soft_overlong_penalty(lengths, 20, 5, 0.5), torch.tensor([0.0, 0.0, -0.1, -0.3, -0.5]))
+    torch.testing.assert_close(
+        grpo.soft_overlong_penalty(lengths, 20, 5, 1.0), torch.tensor([0.0, 0.0, -0.2, -0.6, -1.0])
+    )
+    torch.testing.assert_close(
+        grpo.soft_overlong_penalty(lengths, 20, 5, 0.5), torch.tensor([0.0, 0.0, -0.1, -0.3, -0.5])
+    )
     torch.testing.assert_close(grpo.soft_overlong_penalty(lengths, 20, 0, 1.0), torch.zeros(5))
     # the paper's numbers: 16384 tokens are free, 20480 get -1
-    assert grpo.soft_overlong_penalty(torch.tensor([16384, 18432, 20480]), 20480, 4096, 1.0).tolist() == [0.0, -0.5, -1.0]
+    assert grpo.soft_overlong_penalty(torch.tensor([16384, 18432, 20480]), 20480, 4096, 1.0).tolist() == [
+        0.0,
+        -0.5,
+        -1.0,
+    ]
 
 
 def test_clip_and_delta_on_a_three_step_example():
@@ -459,7 +514,9 @@ def test_clip_and_delta_on_a_three_step_example():
     assert grpo.refine_step_rewards([0.8, 0.4], "delta", 1.0, 0.5) == pytest.approx([0.8, 0.0])
     assert grpo.refine_step_rewards([], "delta", 1.0, 0.5) == []
     # Clip never rewards a step, so padding a solution with plausible steps only costs
-    assert sum(grpo.refine_step_rewards(r + [0.99] * 5, "clip", 1.0, 0.5)) <= sum(grpo.refine_step_rewards(r, "clip", 1.0, 0.5))
+    assert sum(grpo.refine_step_rewards(r + [0.99] * 5, "clip", 1.0, 0.5)) <= sum(
+        grpo.refine_step_rewards(r, "clip", 1.0, 0.5)
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -485,7 +542,11 @@ def test_packed_logprobs_equal_each_sequence_alone(tiny):
     tokenizer, model, _ = tiny
     enc = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    prompts = [enc("Question: Tom has 3 apples.\nAnswer:\n"), enc("Question: x\nAnswer:\n"), enc("Question: 2 + 2?\nAnswer:\n")]
+    prompts = [
+        enc("Question: Tom has 3 apples.\nAnswer:\n"),
+        enc("Question: x\nAnswer:\n"),
+        enc("Question: 2 + 2?\nAnswer:\n"),
+    ]
     completions = [enc("3 + 1 = 4 apples.\n#### 4") + [eos], [5, 6, eos], [7]]
     packed = grpo.pack(prompts, completions, pad, capacity=80)
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
@@ -496,14 +557,20 @@ def test_packed_logprobs_equal_each_sequence_alone(tiny):
         with torch.no_grad():
             together, _ = grpo.completion_logprobs(model, packed, temperature)
         for i, (p, c) in enumerate(zip(prompts, completions)):
-            torch.testing.assert_close(together[i, : len(c)], plain_logprobs(model, p, c, temperature), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                together[i, : len(c)], plain_logprobs(model, p, c, temperature), atol=1e-5, rtol=1e-5
+            )
             assert packed["mask"][i].sum() == len(c) and packed["targets"][i, : len(c)].tolist() == c
     # a capacity below the longest sequence is raised to it; one sequence per row then, still exact
     narrow = grpo.pack(prompts, completions, pad, capacity=1)
     assert len(narrow["input_ids"]) == 3 and narrow["input_ids"].shape[1] == max(lengths)
     with torch.no_grad():
-        torch.testing.assert_close(grpo.completion_logprobs(model, narrow, 1.0)[0] * narrow["mask"],
-                                   grpo.completion_logprobs(model, packed, 1.0)[0] * packed["mask"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            grpo.completion_logprobs(model, narrow, 1.0)[0] * narrow["mask"],
+            grpo.completion_logprobs(model, packed, 1.0)[0] * packed["mask"],
+            atol=1e-5,
+            rtol=1e-5,
+        )
 
 
 def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs(tiny):
@@ -514,14 +581,20 @@ def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs
     greedy, _ = grpo.hf_sample(model, prompts, pad, eos, 12, 0.0, batch_size=4)
     ids, mask = grpo.left_pad(prompts, pad)
     with torch.no_grad():
-        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=pad, eos_token_id=eos)
-    for row, out in zip(ref[:, ids.shape[1]:].tolist(), greedy):
+        ref = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=pad, eos_token_id=eos
+        )
+    for row, out in zip(ref[:, ids.shape[1] :].tolist(), greedy):
         assert out == (row[: row.index(eos) + 1] if eos in row else row)
     torch.manual_seed(0)
     sampled, logprobs = grpo.hf_sample(model, prompts, pad, eos, 12, 1.3, batch_size=4)
-    assert all(1 <= len(c) <= 12 and (eos not in c or c.index(eos) == len(c) - 1) for c in sampled)  # stops at its first EOS
+    assert all(
+        1 <= len(c) <= 12 and (eos not in c or c.index(eos) == len(c) - 1) for c in sampled
+    )  # stops at its first EOS
     for p, c, lp in zip(prompts, sampled, logprobs):
-        torch.testing.assert_close(lp, plain_logprobs(model, p, c, 1.3), atol=1e-4, rtol=1e-4)  # the old policy's logprobs
+        torch.testing.assert_close(
+            lp, plain_logprobs(model, p, c, 1.3), atol=1e-4, rtol=1e-4
+        )  # the old policy's logprobs
 
 
 def test_process_reward_is_the_sum_of_refined_step_probabilities(tiny):
@@ -545,16 +618,21 @@ def test_process_reward_is_the_sum_of_refined_step_probabilities(tiny):
         prm(input_ids=torch.tensor([ids]))
     handle.remove()
     probs = torch.sigmoid(captured["s"][0, positions, 0]).tolist()
-    for refine, expected in [("clip", [min(p - 0.5, 0.0) for p in probs]), ("none", probs),
-                             ("delta", [probs[0] - probs[1], probs[1], 0.0])]:  # Gao et al.: the last step's is dropped
+    for refine, expected in [
+        ("clip", [min(p - 0.5, 0.0) for p in probs]),
+        ("none", probs),
+        ("delta", [probs[0] - probs[1], probs[1], 0.0]),
+    ]:  # Gao et al.: the last step's is dropped
         args = grpo.Args(prm_refine=refine, prm_coef=1.0, prm_clip_eta=0.5)
         per_token, n_steps = grpo.process_rewards(prm, tokenizer, [prompt], responses, args)
         assert n_steps == [3]
         assert per_token.sum(1).item() == pytest.approx(sum(expected), abs=1e-5), refine  # GRPO adds the sum
         # the last step (ending at EOS) carries the last refined reward: 0 under Delta
         assert per_token[0, len(completion) - 1].item() == pytest.approx(expected[-1], abs=1e-6)
-        assert (per_token[0, len(completion):] == 0).all()  # nothing on the padding
-    assert grpo.process_rewards(prm, tokenizer, [prompt], responses, grpo.Args(prm_refine="clip"))[0].sum().item() <= 0.0
+        assert (per_token[0, len(completion) :] == 0).all()  # nothing on the padding
+    assert (
+        grpo.process_rewards(prm, tokenizer, [prompt], responses, grpo.Args(prm_refine="clip"))[0].sum().item() <= 0.0
+    )
     # an outcome model: one score at the last token of prompt + completion, plus the normalisation bias
     prm.config.reward_bias = 0.25
     full = torch.tensor([prompt + completion])
@@ -571,7 +649,10 @@ def test_reward_model_with_another_tokenizer_or_type_is_an_error(assets, tmp_pat
     prm.save_pretrained(tmp_path / "prm")
     AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "prm")
     args = grpo.Args()
-    assert grpo.load_reward_model(str(tmp_path / "prm"), args, "--prm-path", "process", tokenizer).config.reward_type == "process"
+    assert (
+        grpo.load_reward_model(str(tmp_path / "prm"), args, "--prm-path", "process", tokenizer).config.reward_type
+        == "process"
+    )
     with pytest.raises(SystemExit, match="not an outcome reward model"):
         grpo.load_reward_model(str(tmp_path / "prm"), args, "--reward-model-path", "outcome", tokenizer)
     other = AutoTokenizer.from_pretrained(path)
@@ -582,10 +663,14 @@ def test_reward_model_with_another_tokenizer_or_type_is_an_error(assets, tmp_pat
 
 def test_malformed_rows_are_errors_naming_row_and_field(tiny):
     tokenizer, _, _ = tiny
-    args = grpo.Args(prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96)
+    args = grpo.Args(
+        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96
+    )
     ok = {"question": "Tom has 3 apples.", "answer": "#### 3"}
     with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'answer'"):
-        grpo.prepare_questions(Dataset.from_list([ok, {"question": "q", "solution": "#### 3"}]), tokenizer, args, "train")
+        grpo.prepare_questions(
+            Dataset.from_list([ok, {"question": "q", "solution": "#### 3"}]), tokenizer, args, "train"
+        )
     with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'question'"):
         grpo.prepare_questions(Dataset.from_list([ok, {"problem": "q", "answer": "#### 3"}]), tokenizer, args, "train")
     with pytest.raises(SystemExit, match=r"row 1 of split 'test': field\(s\) \['answer'\].*no final answer"):
@@ -594,13 +679,20 @@ def test_malformed_rows_are_errors_naming_row_and_field(tiny):
     with pytest.raises(SystemExit, match=r"row 0 .*\['solution'\].*boxed"):
         grpo.prepare_questions(Dataset.from_list([{"problem": "p", "solution": "it is 3"}]), tokenizer, boxed, "train")
     with pytest.raises(SystemExit, match="max-prompt-length"):
-        grpo.prepare_questions(Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]), tokenizer, args, "train")
+        grpo.prepare_questions(
+            Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]), tokenizer, args, "train"
+        )
     rows = grpo.prepare_questions(Dataset.from_list([ok]), tokenizer, args, "train")
     assert rows[0]["gold"] == "3"
     too_long = r"row 0 of split 'train' has a \d+-token prompt, which with --max-completion-length 600 needs"
     with pytest.raises(SystemExit, match=too_long):
-        grpo.prepare_questions(Dataset.from_list([ok]), tokenizer, dataclasses.replace(args, max_completion_length=600),
-                               "train", positions=512)
+        grpo.prepare_questions(
+            Dataset.from_list([ok]),
+            tokenizer,
+            dataclasses.replace(args, max_completion_length=600),
+            "train",
+            positions=512,
+        )
 
 
 def test_conversational_questions_are_rendered_with_the_chat_template(tiny):
@@ -608,8 +700,10 @@ def test_conversational_questions_are_rendered_with_the_chat_template(tiny):
     # (as --use-chat-template renders a text question); a prompt-completion's completion is the reference
     tokenizer, _, _ = tiny
     args = grpo.Args(prompt_template="{prompt}", reference_template="{completion}", max_prompt_length=96)
-    row = {"prompt": [{"role": "user", "content": "Tom has 3 apples."}],
-           "completion": [{"role": "assistant", "content": "3 = 3\n#### 3"}]}
+    row = {
+        "prompt": [{"role": "user", "content": "Tom has 3 apples."}],
+        "completion": [{"role": "assistant", "content": "3 = 3\n#### 3"}],
+    }
     got = grpo.prepare_questions(Dataset.from_list([row]), tokenizer, args, "train")[0]
     plain = Dataset.from_list([{"prompt": "Tom has 3 apples.", "completion": "#### 3"}])
     text = grpo.prepare_questions(plain, tokenizer, dataclasses.replace(args, use_chat_template=True), "train")[0]
@@ -623,11 +717,27 @@ def test_conversational_questions_are_rendered_with_the_chat_template(tiny):
 
 
 def _args(assets, tmp_path, **kw) -> grpo.Args:
-    base = dict(model_name_or_path=str(assets / "models" / "tiny-llama"), dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
-                dataset_config=None, prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}",
-                max_prompt_length=96, questions_per_device=2, num_generations=4, total_steps=2, max_completion_length=12,
-                micro_batch_size=4, num_mini_batches=2, learning_rate=1e-4, eval_every=1, num_eval_examples=4, pass_k=2,
-                output_dir=str(tmp_path), num_threads=1, seed=3)
+    base = dict(
+        model_name_or_path=str(assets / "models" / "tiny-llama"),
+        dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+        dataset_config=None,
+        prompt_template="Question: {question}\nAnswer:\n",
+        reference_template="{answer}",
+        max_prompt_length=96,
+        questions_per_device=2,
+        num_generations=4,
+        total_steps=2,
+        max_completion_length=12,
+        micro_batch_size=4,
+        num_mini_batches=2,
+        learning_rate=1e-4,
+        eval_every=1,
+        num_eval_examples=4,
+        pass_k=2,
+        output_dir=str(tmp_path),
+        num_threads=1,
+        seed=3,
+    )
     base.update(kw)
     return grpo.Args(**base)
 
@@ -640,15 +750,34 @@ def _rows(path: Path) -> list[dict]:
 def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
     # untrained completions are never right; random rewards give the groups some variance to learn from
     gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
-    args = _args(assets, tmp_path, loss_type=loss_type, run_name=loss_type, beta=0.04 if loss_type == "grpo" else 0.0, format_reward_coef=0.1)
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
+    args = _args(
+        assets,
+        tmp_path,
+        loss_type=loss_type,
+        run_name=loss_type,
+        beta=0.04 if loss_type == "grpo" else 0.0,
+        format_reward_coef=0.1,
+    )
     metrics = grpo.main(args)
     rows = _rows(tmp_path / loss_type / "metrics.jsonl")
     train = [r for r in rows if "loss/policy" in r]
     assert [r["step"] for r in train] == [1, 2]
     for r in train:
-        for key in ("objective/reward", "objective/entropy", "loss/policy", "policy/clipfrac", "perf/episodes_per_sec",
-                    "perf/peak_mem_gb", "objective/num_steps", "objective/completion_length", "episode", "time"):
+        for key in (
+            "objective/reward",
+            "objective/entropy",
+            "loss/policy",
+            "policy/clipfrac",
+            "perf/episodes_per_sec",
+            "perf/peak_mem_gb",
+            "objective/num_steps",
+            "objective/completion_length",
+            "episode",
+            "time",
+        ):
             assert key in r and math.isfinite(r[key]), key
     assert ("objective/kl" in train[0]) == (loss_type == "grpo")
     if loss_type == "dapo":
@@ -662,20 +791,29 @@ def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
     assert (tmp_path / loss_type / "config.json").exists() and (tmp_path / loss_type / "samples.jsonl").exists()
 
 
-@pytest.mark.parametrize("variant", [dict(importance_sampling_level="sequence"), dict(loss_type="cispo"),
-                                     dict(advantage_estimator="reinforce_pp", beta=0.04),
-                                     dict(advantage_estimator="reinforce_pp_baseline", beta=0.04)],
-                         ids=["gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        dict(importance_sampling_level="sequence"),
+        dict(loss_type="cispo"),
+        dict(advantage_estimator="reinforce_pp", beta=0.04),
+        dict(advantage_estimator="reinforce_pp_baseline", beta=0.04),
+    ],
+    ids=["gspo", "cispo", "reinforce_pp", "reinforce_pp_baseline"],
+)
 def test_gspo_cispo_and_reinforce_pp_run_end_to_end(assets, tmp_path, monkeypatch, variant):
     gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
     args = _args(assets, tmp_path, run_name="v", pass_k=0, eval_every=2, save_model=False, **variant)
     grpo.main(args)
     train = [r for r in _rows(tmp_path / "v" / "metrics.jsonl") if "loss/policy" in r]
     assert [r["step"] for r in train] == [1, 2] and all(math.isfinite(r["loss/policy"]) for r in train)
     assert ("objective/kl" in train[0]) == ("beta" in variant)
     assert json.loads((tmp_path / "v" / "config.json").read_text())["kl_estimator"] == (
-        "k2" if variant.get("advantage_estimator") == "reinforce_pp_baseline" else "k3")
+        "k2" if variant.get("advantage_estimator") == "reinforce_pp_baseline" else "k3"
+    )
 
 
 def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypatch):
@@ -689,9 +827,21 @@ def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypa
 
     monkeypatch.setattr(grpo, "hf_sample", shifted)
     gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
-    args = _args(assets, tmp_path, run_name="tis", pass_k=0, eval_every=2, save_model=False, sampler_logprobs=False,
-                 sampler_correction="token_truncate", num_mini_batches=1, total_steps=1)
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
+    args = _args(
+        assets,
+        tmp_path,
+        run_name="tis",
+        pass_k=0,
+        eval_every=2,
+        save_model=False,
+        sampler_logprobs=False,
+        sampler_correction="token_truncate",
+        num_mini_batches=1,
+        total_steps=1,
+    )
     grpo.main(args)
     row = next(r for r in _rows(tmp_path / "tis" / "metrics.jsonl") if "loss/policy" in r)
     assert row["mismatch/abs_logprob_diff"] == pytest.approx(0.3, abs=1e-4)
@@ -719,8 +869,15 @@ def test_a_student_learns_only_what_its_teacher_disagrees_with(assets, tmp_path,
     the weights); from another teacher (tiny-neox, same tokenizer) it has a positive reverse KL and moves."""
     from safetensors.torch import load_file
 
-    args = _args(assets, tmp_path, run_name=teacher, pass_k=0, eval_every=2, advantage_estimator="distill",
-                 teacher_model_path=str(assets / "models" / teacher))
+    args = _args(
+        assets,
+        tmp_path,
+        run_name=teacher,
+        pass_k=0,
+        eval_every=2,
+        advantage_estimator="distill",
+        teacher_model_path=str(assets / "models" / teacher),
+    )
     grpo.main(args)
     row = next(r for r in _rows(tmp_path / teacher / "metrics.jsonl") if "loss/policy" in r)
     before = load_file(assets / "models" / "tiny-llama" / "model.safetensors")
@@ -736,14 +893,29 @@ def test_async_grpo_trains_one_step_off_policy_and_repeats_exactly(assets, tmp_p
     """--async: the batch of step s comes from the weights step s - 1 started from (lag 0 on the first step, then 1),
     and only the generator thread draws from the global RNG, so two runs give the same numbers."""
     gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
     rows = {}
     for name in ("a", "b"):
         gen.manual_seed(0)
-        grpo.main(_args(assets, tmp_path, run_name=name, total_steps=3, pass_k=0, eval_every=3, save_model=False,
-                        async_generation=True, num_threads=2))
-        rows[name] = [{k: v for k, v in r.items() if not k.startswith(("time", "perf/"))}
-                      for r in _rows(tmp_path / name / "metrics.jsonl")]
+        grpo.main(
+            _args(
+                assets,
+                tmp_path,
+                run_name=name,
+                total_steps=3,
+                pass_k=0,
+                eval_every=3,
+                save_model=False,
+                async_generation=True,
+                num_threads=2,
+            )
+        )
+        rows[name] = [
+            {k: v for k, v in r.items() if not k.startswith(("time", "perf/"))}
+            for r in _rows(tmp_path / name / "metrics.jsonl")
+        ]
     train = [r for r in rows["a"] if "loss/policy" in r]
     assert [r["async/policy_lag"] for r in train] == [0, 1, 1]
     assert all(math.isfinite(r["loss/policy"]) for r in train)
@@ -753,7 +925,17 @@ def test_async_grpo_trains_one_step_off_policy_and_repeats_exactly(assets, tmp_p
 def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):
     # an untrained model is never right: every group is dropped, and after max_sampling_rounds the batch is
     # topped up with dropped groups so that every process still runs the same optimizer steps
-    args = _args(assets, tmp_path, loss_type="dapo", run_name="topup", total_steps=1, max_sampling_rounds=2, overlong_buffer=0, pass_k=0, save_model=False)
+    args = _args(
+        assets,
+        tmp_path,
+        loss_type="dapo",
+        run_name="topup",
+        total_steps=1,
+        max_sampling_rounds=2,
+        overlong_buffer=0,
+        pass_k=0,
+        save_model=False,
+    )
     grpo.main(args)
     train = [r for r in _rows(tmp_path / "topup" / "metrics.jsonl") if "loss/policy" in r]
     assert train[0]["objective/groups_dropped"] == 1.0 and train[0]["perf/sampling_rounds"] == 2
@@ -767,17 +949,30 @@ def test_learned_process_reward_runs_end_to_end(assets, tmp_path):
     prm.config.reward_type, prm.config.step_separator, prm.config.reward_bias = "process", "\n", 0.0
     prm.save_pretrained(prm_dir)
     AutoTokenizer.from_pretrained(assets / "models" / "tiny-llama").save_pretrained(prm_dir)
-    args = _args(assets, tmp_path, run_name="prm", prm_path=str(prm_dir), prm_refine="clip", prm_clip_eta=0.6,
-                 total_steps=1, pass_k=0, save_model=False)
+    args = _args(
+        assets,
+        tmp_path,
+        run_name="prm",
+        prm_path=str(prm_dir),
+        prm_refine="clip",
+        prm_clip_eta=0.6,
+        total_steps=1,
+        pass_k=0,
+        save_model=False,
+    )
     grpo.main(args)
     train = [r for r in _rows(tmp_path / "prm" / "metrics.jsonl") if "loss/policy" in r]
     assert train[0]["objective/process_rm"] < 0.0  # Clip: 0.5 - 0.6 a step, never positive
-    assert train[0]["objective/reward"] == pytest.approx(train[0]["objective/success"] + train[0]["objective/process_rm"], abs=1e-5)
+    assert train[0]["objective/reward"] == pytest.approx(
+        train[0]["objective/success"] + train[0]["objective/process_rm"], abs=1e-5
+    )
 
 
 def test_non_finite_loss_is_an_error(assets, tmp_path, monkeypatch):
     # a one-line error, and a checkpoint of the weights as they were (before the optimizer saw the bad loss)
-    monkeypatch.setattr(grpo, "clipped_surrogate", lambda lr, adv, lo, hi: (lr * float("nan"), torch.zeros_like(lr, dtype=torch.bool)))
+    monkeypatch.setattr(
+        grpo, "clipped_surrogate", lambda lr, adv, lo, hi: (lr * float("nan"), torch.zeros_like(lr, dtype=torch.bool))
+    )
     with pytest.raises(SystemExit, match=r"^error: non-finite GRPO loss at step 1: lower --learning-rate.*checkpoint"):
         grpo.main(_args(assets, tmp_path, run_name="nan", total_steps=1, pass_k=0, save_model=False))
     state = json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())
@@ -789,12 +984,6 @@ def test_vllm_without_package_or_gpu_is_a_clear_error(assets, tmp_path):
         grpo.main(_args(assets, tmp_path, run_name="vllm", use_vllm=True, total_steps=1))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes(assets, tmp_path):
     # an untrained policy is never right, so an untrained PRM (refine `none`: raw step probabilities) gives the groups
     # reward variance, hence gradients; it also runs the PRM under DDP
@@ -802,19 +991,61 @@ def test_two_processes(assets, tmp_path):
     prm.config.reward_type, prm.config.step_separator = "process", "\n"
     prm.save_pretrained(tmp_path / "prm")
     AutoTokenizer.from_pretrained(assets / "models" / "tiny-llama").save_pretrained(tmp_path / "prm")
-    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(REPO / "grpo_math.py"), "tiny",
-           "--model-name-or-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
-           "--output-dir", str(tmp_path / "runs"), "--run-name", "ddp", "--total-steps", "2", "--questions-per-device", "2",
-           "--num-generations", "4", "--max-completion-length", "12", "--micro-batch-size", "4", "--num-eval-examples", "6",
-           "--eval-every", "1", "--pass-k", "2", "--beta", "0.04", "--loss-type", "dapo", "--dynamic-sampling", "False",
-           "--prm-path", str(tmp_path / "prm"), "--prm-refine", "none", "--learning-rate", "1e-3"]
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+    }
+    cmd = launch_cmd(
+        str(REPO / "grpo_math.py"),
+        "tiny",
+        "--model-name-or-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        "ddp",
+        "--total-steps",
+        "2",
+        "--questions-per-device",
+        "2",
+        "--num-generations",
+        "4",
+        "--max-completion-length",
+        "12",
+        "--micro-batch-size",
+        "4",
+        "--num-eval-examples",
+        "6",
+        "--eval-every",
+        "1",
+        "--pass-k",
+        "2",
+        "--beta",
+        "0.04",
+        "--loss-type",
+        "dapo",
+        "--dynamic-sampling",
+        "False",
+        "--prm-path",
+        str(tmp_path / "prm"),
+        "--prm-refine",
+        "none",
+        "--learning-rate",
+        "1e-3",
+    )
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _rows(tmp_path / "runs" / "ddp" / "metrics.jsonl")
     train = [r for r in rows if "loss/policy" in r]
-    assert [r["episode"] for r in train] == [16, 32]  # both ranks count: 2 processes x 2 questions x 4 completions per step
+    assert [r["episode"] for r in train] == [
+        16,
+        32,
+    ]  # both ranks count: 2 processes x 2 questions x 4 completions per step
     assert all("objective/kl" in r and "objective/overlong" in r and r["objective/process_rm"] > 0 for r in train)
     assert train[1]["objective/kl"] > 0  # the second step starts from moved weights
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1, 2] and "eval/maj@k" in rows[-1]
@@ -852,8 +1083,18 @@ def test_optimizer_steps_once_per_mini_batch_with_micro_batches(assets, tmp_path
     # 2 questions x 4 completions = 8 per step, 2 mini-batches of 4, micro-batches of 3 (3 + 1: two backward passes
     # per optimizer step), 2 iterations, 2 steps: exactly 2 x 2 x 2 = 8 optimizer steps
     calls = _count_adamw_steps(monkeypatch)
-    args = _args(assets, tmp_path, run_name="count", micro_batch_size=3, num_mini_batches=2, num_iterations=2,
-                 total_steps=2, pass_k=0, eval_every=10, save_model=False)
+    args = _args(
+        assets,
+        tmp_path,
+        run_name="count",
+        micro_batch_size=3,
+        num_mini_batches=2,
+        num_iterations=2,
+        total_steps=2,
+        pass_k=0,
+        eval_every=10,
+        save_model=False,
+    )
     grpo.main(args)
     assert len(calls) == args.total_steps * args.num_mini_batches * args.num_iterations
 
@@ -878,16 +1119,40 @@ def test_optimizer_steps_once_per_mini_batch_under_deepspeed(assets, tmp_path):
     pytest.importorskip("deepspeed")
     (tmp_path / "count_steps.py").write_text(STEP_COUNTER)
     (tmp_path / "counts").mkdir()
-    env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO),
-           "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu", "COUNT_DIR": str(tmp_path / "counts")}
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "DS_ACCELERATOR": "cpu",
+        "COUNT_DIR": str(tmp_path / "counts"),
+    }
     config = REPO / "benchmark" / "accelerate_configs" / "deepspeed_zero2.yaml"
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-           "--num_processes", "1", "--main_process_port", str(_free_port()), str(tmp_path / "count_steps.py"), "tiny",
-           "--model-name-or-path", str(assets / "models" / "tiny-llama"),
-           "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
-           "--output-dir", str(tmp_path / "runs"), "--run-name", "ds", *"--total-steps 2 --questions-per-device 2 "
-           "--num-generations 4 --max-completion-length 12 --micro-batch-size 2 --num-mini-batches 2 --num-iterations 2 "
-           "--num-eval-examples 2 --eval-every 10 --pass-k 0 --no-save-model --num-threads 1".split()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--num_processes",
+        "1",
+        "--main_process_port",
+        str(free_port()),
+        str(tmp_path / "count_steps.py"),
+        "tiny",
+        "--model-name-or-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        "ds",
+        *"--total-steps 2 --questions-per-device 2 "
+        "--num-generations 4 --max-completion-length 12 --micro-batch-size 2 --num-mini-batches 2 --num-iterations 2 "
+        "--num-eval-examples 2 --eval-every 10 --pass-k 0 --no-save-model --num-threads 1".split(),
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (tmp_path / "counts" / "rank0").read_text() == "8"
@@ -931,10 +1196,25 @@ def test_synced_sampler_makes_the_same_forward_calls_on_every_process(assets, tm
     # ZeRO-3: every forward pass is a collective, so a process with fewer prompts, or whose rows all finished, must keep
     # stepping with the others; its completions must equal the unsynced sampler's
     (tmp_path / "sampler.py").write_text(SYNCED_SAMPLER)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-           "OUT_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
-           str(tmp_path / "sampler.py"), str(assets / "models" / "tiny-llama")]
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "OUT_DIR": str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(tmp_path / "sampler.py"),
+        str(assets / "models" / "tiny-llama"),
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from benchmark.compare import read_run
-from benchmark.run import final_metrics
+from benchmark.run import QUICK_STAGES, final_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 # minimal improvement over the starting SFT policy (seed 1), in gold reward and in win rate. Over 3 seeds of the
@@ -31,13 +31,19 @@ TLDR_MARGINS = {"ppo": 0.15, "rloo": 0.1, "remax": 0.1, "dpo": 0.1, "online-dpo"
 # full preset reaches ~0.45 over 3 seeds (README)
 MATH_MARGINS = {"grpo": 0.1}
 STAGES = [f"{a}_tiny-tldr" for a in TLDR_MARGINS] + [f"{a}_tiny-math" for a in MATH_MARGINS]
+assert sorted(STAGES) == sorted(QUICK_STAGES), "the README's main job (suite `quick`) runs what these tests check"
 
 
 def _suite(workdir: Path, timeout: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "benchmark.run", "tiny", "--seeds", "1", "--jobs", "2", "--quick",
-                           "--only", *STAGES, "--workdir", str(workdir)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "benchmark.run", "quick", "--seeds", "1", "--jobs", "2", "--workdir", str(workdir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")

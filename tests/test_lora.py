@@ -23,9 +23,13 @@ def test_merge_lora_adds_alpha_over_r_times_b_a():
     A = torch.tensor([[1.0, 0.0, 1.0], [0.0, 2.0, 0.0]])  # r x in
     B = torch.tensor([[1.0, 0.0], [0.0, -1.0]])  # out x r
     p = "base_model.model.layer.q"
-    sd = {f"{p}.base_layer.weight": W, f"{p}.base_layer.bias": torch.tensor([0.5, -0.5]),
-          f"{p}.lora_A.default.weight": A, f"{p}.lora_B.default.weight": B,
-          "base_model.model.head.weight": torch.ones(1, 2)}
+    sd = {
+        f"{p}.base_layer.weight": W,
+        f"{p}.base_layer.bias": torch.tensor([0.5, -0.5]),
+        f"{p}.lora_A.default.weight": A,
+        f"{p}.lora_B.default.weight": B,
+        "base_model.model.head.weight": torch.ones(1, 2),
+    }
     config = types.SimpleNamespace(r=2, lora_alpha=4.0, fan_in_fan_out=False)
     merged = grpo.merge_lora(sd, config)
     # B A = [[1, 0, 1], [0, -2, 0]]; times 2, plus W
@@ -40,21 +44,39 @@ def test_merge_lora_adds_alpha_over_r_times_b_a():
 
 
 def _args(assets, tmp_path, **kw) -> grpo.Args:
-    base = {"model_name_or_path": str(assets / "models" / "tiny-llama"),
-            "dataset_name_or_path": str(assets / "tiny-math" / "gsm8k"), "dataset_config": None,
-            "prompt_template": "Question: {question}\nAnswer:\n", "reference_template": "{answer}",
-            "max_prompt_length": 96, "questions_per_device": 2, "num_generations": 4, "total_steps": 2,
-            "max_completion_length": 12, "micro_batch_size": 4, "num_mini_batches": 2, "learning_rate": 1e-2,
-            "eval_every": 10, "num_eval_examples": 4, "pass_k": 0, "output_dir": str(tmp_path), "num_threads": 1,
-            "seed": 3, "beta": 0.04, "lora_r": 4, "lora_alpha": 8.0}
+    base = {
+        "model_name_or_path": str(assets / "models" / "tiny-llama"),
+        "dataset_name_or_path": str(assets / "tiny-math" / "gsm8k"),
+        "dataset_config": None,
+        "prompt_template": "Question: {question}\nAnswer:\n",
+        "reference_template": "{answer}",
+        "max_prompt_length": 96,
+        "questions_per_device": 2,
+        "num_generations": 4,
+        "total_steps": 2,
+        "max_completion_length": 12,
+        "micro_batch_size": 4,
+        "num_mini_batches": 2,
+        "learning_rate": 1e-2,
+        "eval_every": 10,
+        "num_eval_examples": 4,
+        "pass_k": 0,
+        "output_dir": str(tmp_path),
+        "num_threads": 1,
+        "seed": 3,
+        "beta": 0.04,
+        "lora_r": 4,
+        "lora_alpha": 8.0,
+    }
     base.update(kw)
     return grpo.Args(**base)
 
 
 def test_grpo_lora_trains_adapters_against_the_base_as_reference(assets, tmp_path, monkeypatch):
     gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(grpo, "success_reward",
-                        lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3))
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
     loads, refs = [], []
     load = grpo.load_causal_lm
     monkeypatch.setattr(grpo, "load_causal_lm", lambda *a, **k: loads.append(1) or load(*a, **k))
@@ -89,4 +111,3 @@ def test_grpo_lora_trains_adapters_against_the_base_as_reference(assets, tmp_pat
 def test_lora_errors_name_the_flag(assets, tmp_path):
     with pytest.raises(SystemExit, match=r"error: --lora-target-modules \['no_such_module'\]"):
         grpo.main(_args(assets, tmp_path, run_name="bad", lora_target_modules=["no_such_module"]))
-

@@ -26,8 +26,11 @@ from tests.launch import launch_cmd
 # each script with the architecture it runs on here (tiny-llama: peft's `model` attribute is the whole causal LM, which
 # ppo_rlhf.py's packed forward must not take for the body) and its batch flags (2 updates of 8 responses, 4 for ReMax)
 SCRIPTS = {
-    "rloo": (rloo, "tiny-llama", ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2",
-                                  "--num-mini-batches", "2"]),
+    "rloo": (
+        rloo,
+        "tiny-llama",
+        ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--num-mini-batches", "2"],
+    ),
     "remax": (remax, "tiny-neox", ["--per-device-batch-size", "4", "--gradient-accumulation-steps", "2"]),
     "ppo_rlhf": (ppo_rlhf, "tiny-llama", ["--per-device-batch-size", "8", "--num-mini-batches", "2"]),
 }
@@ -38,13 +41,43 @@ def _flags(assets, out, script: str, name: str, *extra: str) -> list[str]:
     if script != "ppo_rlhf":  # the policy's checkpoint as a (random-headed) reward model, no penalty for responses
         # without EOS: the responses' scores differ (all -1 on tiny-math: no advantage, nothing would train; PPO's
         # advantages come from its value model too)
-        task = ["tiny-tldr", "--reward-model-path", model, "--dataset-name-or-path", str(assets / "tiny-tldr" / "sft"),
-                "--total-episodes", "8" if script == "remax" else "16", "--no-non-eos-penalty"]
+        task = [
+            "tiny-tldr",
+            "--reward-model-path",
+            model,
+            "--dataset-name-or-path",
+            str(assets / "tiny-tldr" / "sft"),
+            "--total-episodes",
+            "8" if script == "remax" else "16",
+            "--no-non-eos-penalty",
+        ]
     else:
         task = ["tiny-math", "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), "--total-episodes", "16"]
-    return [*task, "--sft-model-path", model, "--response-length", "12", *batch, "--learning-rate", "1e-3",
-            "--lora-r", "4", "--num-eval-examples", "3", "--per-device-eval-batch-size", "3", "--eval-every", "100",
-            "--num-threads", "1", "--output-dir", str(out), "--run-name", name, *extra]
+    return [
+        *task,
+        "--sft-model-path",
+        model,
+        "--response-length",
+        "12",
+        *batch,
+        "--learning-rate",
+        "1e-3",
+        "--lora-r",
+        "4",
+        "--num-eval-examples",
+        "3",
+        "--per-device-eval-batch-size",
+        "3",
+        "--eval-every",
+        "100",
+        "--num-threads",
+        "1",
+        "--output-dir",
+        str(out),
+        "--run-name",
+        name,
+        *extra,
+    ]
 
 
 def _in_process(mod, argv: list[str]) -> dict:
@@ -95,8 +128,15 @@ def lora_run(request, assets, tmp_path_factory):
         mp.setattr(mod, "LoraReference", Recorded)
         _in_process(mod, _flags(assets, out, script, "full"))
     policy = seen["saved"].policy if script == "ppo_rlhf" else seen["saved"]
-    return {"script": script, "mod": mod, "dir": out / "full", "out": out, "policy": policy, **seen,
-            "initial": AutoModelForCausalLM.from_pretrained(assets / "models" / arch).eval()}
+    return {
+        "script": script,
+        "mod": mod,
+        "dir": out / "full",
+        "out": out,
+        "policy": policy,
+        **seen,
+        "initial": AutoModelForCausalLM.from_pretrained(assets / "models" / arch).eval(),
+    }
 
 
 def test_lora_trains_the_adapters_only_and_saves_a_plain_merged_model(lora_run):
@@ -171,8 +211,15 @@ def test_lora_on_two_processes(assets, tmp_path, script):
     """DDP (gloo on CPU) over a policy whose base weights are frozen: both ranks train and model/ is the merged plain
     model, moved away from its start."""
     cmd = launch_cmd(REPO / f"{script}.py", *_flags(assets, tmp_path, script, "ddp"))
-    proc = subprocess.run(cmd, check=False, cwd=tmp_path, env={**env(), "HF_HUB_OFFLINE": "1"}, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        cmd,
+        check=False,
+        cwd=tmp_path,
+        env={**env(), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     train = [r for r in _rows(tmp_path / "ddp") if "objective/kl" in r]
     assert [r["episode"] for r in train] == [16] and abs(train[0]["objective/kl"]) < 1e-4  # 2 ranks x 8, one update

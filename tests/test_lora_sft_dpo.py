@@ -9,9 +9,7 @@ import dataclasses
 import json
 import math
 import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ import dpo
 import sft
 from tests.bad_inputs import make_reward_model
 from tests.faults import assert_same_run, env
+from tests.launch import launch_cmd
 
 pytest.importorskip("peft")
 
@@ -82,11 +81,23 @@ def _restore_signals() -> None:  # `Run` installs its handlers
 
 
 def _sft_args(assets: Path, tmp_path: Path, **kw) -> sft.Args:
-    base = {"model_name_or_path": str(assets / "models" / "tiny-neox"),
-            "dataset_name_or_path": str(assets / "tiny-tldr" / "sft"), "max_prompt_length": 96,
-            "max_response_length": 48, "max_train_samples": 24, "per_device_train_batch_size": 8, "learning_rate": 1e-2,
-            "num_eval_examples": 2, "per_device_eval_batch_size": 2, "eval_every": 100, "log_every": 1,
-            "output_dir": str(tmp_path), "num_threads": 1, "lora_r": 4, "lora_alpha": 8.0}
+    base = {
+        "model_name_or_path": str(assets / "models" / "tiny-neox"),
+        "dataset_name_or_path": str(assets / "tiny-tldr" / "sft"),
+        "max_prompt_length": 96,
+        "max_response_length": 48,
+        "max_train_samples": 24,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 1e-2,
+        "num_eval_examples": 2,
+        "per_device_eval_batch_size": 2,
+        "eval_every": 100,
+        "log_every": 1,
+        "output_dir": str(tmp_path),
+        "num_threads": 1,
+        "lora_r": 4,
+        "lora_alpha": 8.0,
+    }
     return sft.Args(**{**base, **kw})
 
 
@@ -124,20 +135,39 @@ def tiny_rm(assets, tmp_path_factory):
 
 
 def _dpo_args(assets: Path, tmp_path: Path, preset: str = "tiny-tldr", **kw) -> dpo.Args:
-    base = {"sft_model_path": str(assets / "models" / "tiny-neox"),
-            "dataset_name_or_path": str(assets / "tiny-tldr" / "preference"),
-            "prompt_dataset_name_or_path": str(assets / "tiny-tldr" / "sft"), "output_dir": str(tmp_path),
-            "max_train_samples": 16, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2,
-            "learning_rate": 1e-2, "response_length": 12, "num_eval_examples": 2, "num_eval_pairs": 4,
-            "per_device_eval_batch_size": 4, "eval_every": 100, "log_every": 1, "num_threads": 1, "lora_r": 4,
-            "lora_alpha": 8.0}
+    base = {
+        "sft_model_path": str(assets / "models" / "tiny-neox"),
+        "dataset_name_or_path": str(assets / "tiny-tldr" / "preference"),
+        "prompt_dataset_name_or_path": str(assets / "tiny-tldr" / "sft"),
+        "output_dir": str(tmp_path),
+        "max_train_samples": 16,
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 2,
+        "learning_rate": 1e-2,
+        "response_length": 12,
+        "num_eval_examples": 2,
+        "num_eval_pairs": 4,
+        "per_device_eval_batch_size": 4,
+        "eval_every": 100,
+        "log_every": 1,
+        "num_threads": 1,
+        "lora_r": 4,
+        "lora_alpha": 8.0,
+    }
     return dataclasses.replace(dpo.PRESETS[preset][1], **{**base, **kw})
 
 
 def _online(tiny_rm: Path, **kw) -> dict:
     """3 steps of 8 prompts, two samples each, labelled by the random reward model (its scores rarely tie)."""
-    return dict(preset="tiny-tldr-online", reward_model_path=str(tiny_rm), judge="rm", max_train_samples=24,
-                total_episodes=24, non_eos_penalty=False, **kw)
+    return dict(
+        preset="tiny-tldr-online",
+        reward_model_path=str(tiny_rm),
+        judge="rm",
+        max_train_samples=24,
+        total_episodes=24,
+        non_eos_penalty=False,
+        **kw,
+    )
 
 
 def _record_dpo(monkeypatch) -> tuple[list, list, list]:
@@ -222,26 +252,54 @@ def test_online_dpo_lora_stopped_and_resumed_is_the_uninterrupted_run(assets, ti
     assert_same_run(tmp_path / "killed", tmp_path / "full")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_offline_dpo_lora_on_two_processes(assets, tmp_path):
     """DDP (gloo, 2 processes): each merged weight differs from the start by a matrix of rank at most r (B A, with
     alpha / r); the weights LoRA does not adapt (embeddings, norms, biases) are the start's."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), str(REPO / "dpo.py"), "tiny-tldr", "--run-name", "ddp",
-           "--sft-model-path", str(assets / "models" / "tiny-neox"),
-           "--dataset-name-or-path", str(assets / "tiny-tldr" / "preference"),
-           "--prompt-dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--output-dir", str(tmp_path),
-           "--max-train-samples", "16", "--per-device-train-batch-size", "4", "--learning-rate", "1e-2",
-           "--num-eval-examples", "2", "--num-eval-pairs", "4", "--per-device-eval-batch-size", "2",
-           "--response-length", "8", "--eval-every", "100", "--log-every", "1", "--num-threads", "1", "--lora-r", "4"]
-    proc = subprocess.run(cmd, cwd=tmp_path, env={**env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
-                          capture_output=True, text=True, timeout=300, check=False)
+    cmd = launch_cmd(
+        str(REPO / "dpo.py"),
+        "tiny-tldr",
+        "--run-name",
+        "ddp",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-neox"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-tldr" / "preference"),
+        "--prompt-dataset-name-or-path",
+        str(assets / "tiny-tldr" / "sft"),
+        "--output-dir",
+        str(tmp_path),
+        "--max-train-samples",
+        "16",
+        "--per-device-train-batch-size",
+        "4",
+        "--learning-rate",
+        "1e-2",
+        "--num-eval-examples",
+        "2",
+        "--num-eval-pairs",
+        "4",
+        "--per-device-eval-batch-size",
+        "2",
+        "--response-length",
+        "8",
+        "--eval-every",
+        "100",
+        "--log-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--lora-r",
+        "4",
+    )
+    proc = subprocess.run(
+        cmd,
+        cwd=tmp_path,
+        env={**env(), "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     train = [r for r in _rows(tmp_path / "ddp") if "train/loss" in r]
     assert len(train) == 2 and train[0]["train/loss"] == pytest.approx(math.log(2.0), abs=1e-6)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.launch import launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +33,11 @@ def _env(**extra) -> dict:
     [
         (["sft.py", "tldr-pythia-1b"], "EleutherAI/pythia-1b-deduped", "--model-name-or-path"),
         (["reward_model.py", "tldr-pythia-1b"], "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr", "--sft-model-path"),
-        (["sft.py", "tiny-tldr", "--dataset-name-or-path", "someone/no-such-dataset"], "someone/no-such-dataset", "--dataset-name-or-path"),
+        (
+            ["sft.py", "tiny-tldr", "--dataset-name-or-path", "someone/no-such-dataset"],
+            "someone/no-such-dataset",
+            "--dataset-name-or-path",
+        ),
     ],
 )
 def test_unreachable_hub_fails_fast_with_a_clear_message(assets, tmp_path, argv, missing, flag):
@@ -40,7 +45,9 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(assets, tmp_path, argv,
     if argv[1] == "tiny-tldr":
         args += ["--model-name-or-path", str(assets / "models" / "tiny-neox")]
     t0 = time.time()
-    proc = subprocess.run(args, cwd=tmp_path, env=_env(hf_home=str(tmp_path / "hf")), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        args, cwd=tmp_path, env=_env(hf_home=str(tmp_path / "hf")), capture_output=True, text=True, timeout=60
+    )
     elapsed = time.time() - t0
     assert proc.returncode != 0
     assert elapsed < 10, f"took {elapsed:.1f}s to fail"
@@ -48,15 +55,10 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(assets, tmp_path, argv,
     assert "Traceback" not in proc.stderr  # a message for a person, not a stack trace
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(args: list[str], cwd: Path, hf_home: Path, nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), *args]
+def _launch(
+    args: list[str], cwd: Path, hf_home: Path, nproc: int = 2, timeout: int = 300
+) -> subprocess.CompletedProcess:
+    cmd = launch_cmd(*args, nproc=nproc)
     proc = subprocess.run(cmd, cwd=cwd, env=_env(hf_home=str(hf_home)), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
@@ -74,8 +76,14 @@ def test_two_process_data_parallel_step_gives_identical_weights(assets, tmp_path
         assert torch.equal(r0[k], r1[k]), f"ranks differ on {k}"
     assert any(not torch.allclose(r0[k], initial[k]) for k in r0 if k in initial), "the weights did not move"
     # the same three steps in one process on the union batch give the same weights
-    subprocess.run([sys.executable, str(REPO / "benchmark" / "ddp_check.py"), str(out), str(assets)], cwd=REPO,
-                   env=_env(hf_home=str(tmp_path / "hf")), check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, str(REPO / "benchmark" / "ddp_check.py"), str(out), str(assets)],
+        cwd=REPO,
+        env=_env(hf_home=str(tmp_path / "hf")),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     single = load_file(out / "rank0_of1.safetensors")
     for k in r0:
         torch.testing.assert_close(r0[k], single[k], atol=2e-5, rtol=1e-4)
@@ -86,20 +94,68 @@ def _rows(path: Path) -> list[dict]:
 
 
 def test_sft_and_reward_model_run_on_two_processes(assets, tmp_path):
-    common = ["--output-dir", str(tmp_path / "runs"), "--per-device-train-batch-size", "8", "--log-every", "1", "--eval-every", "1000",
-              "--per-device-eval-batch-size", "4"]
-    _launch([str(REPO / "sft.py"), "tiny-tldr", "--run-name", "sft2", "--model-name-or-path", str(assets / "models" / "tiny-neox"),
-             "--dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--max-train-samples", "64", "--num-eval-examples", "8",
-             "--num-train-epochs", "1", *common], tmp_path, tmp_path / "hf")
+    common = [
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--per-device-train-batch-size",
+        "8",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "1000",
+        "--per-device-eval-batch-size",
+        "4",
+    ]
+    _launch(
+        [
+            str(REPO / "sft.py"),
+            "tiny-tldr",
+            "--run-name",
+            "sft2",
+            "--model-name-or-path",
+            str(assets / "models" / "tiny-neox"),
+            "--dataset-name-or-path",
+            str(assets / "tiny-tldr" / "sft"),
+            "--max-train-samples",
+            "64",
+            "--num-eval-examples",
+            "8",
+            "--num-train-epochs",
+            "1",
+            *common,
+        ],
+        tmp_path,
+        tmp_path / "hf",
+    )
     rows = _rows(tmp_path / "runs" / "sft2" / "metrics.jsonl")
     train = [r for r in rows if "train/loss" in r]
     assert [r["episode"] for r in train] == [8 * 2 * (i + 1) for i in range(4)]  # 64 rows = 4 steps of 2 x 8
     assert "eval/gold_reward" in rows[-1]
     assert (tmp_path / "runs" / "sft2" / "model" / "model.safetensors").exists()
 
-    _launch([str(REPO / "reward_model.py"), "tiny-tldr", "--run-name", "rm2", "--sft-model-path", str(tmp_path / "runs" / "sft2" / "model"),
-             "--dataset-name-or-path", str(assets / "tiny-tldr" / "preference"), "--norm-dataset-name-or-path", str(assets / "tiny-tldr" / "sft"),
-             "--max-train-samples", "32", "--num-eval-examples", "16", "--num-norm-examples", "20", *common], tmp_path, tmp_path / "hf")
+    _launch(
+        [
+            str(REPO / "reward_model.py"),
+            "tiny-tldr",
+            "--run-name",
+            "rm2",
+            "--sft-model-path",
+            str(tmp_path / "runs" / "sft2" / "model"),
+            "--dataset-name-or-path",
+            str(assets / "tiny-tldr" / "preference"),
+            "--norm-dataset-name-or-path",
+            str(assets / "tiny-tldr" / "sft"),
+            "--max-train-samples",
+            "32",
+            "--num-eval-examples",
+            "16",
+            "--num-norm-examples",
+            "20",
+            *common,
+        ],
+        tmp_path,
+        tmp_path / "hf",
+    )
     rows = _rows(tmp_path / "runs" / "rm2" / "metrics.jsonl")
     assert abs(rows[-1]["eval/reference_reward_mean"]) < 1e-4
     assert "eval/accuracy" in [k for r in rows for k in r]

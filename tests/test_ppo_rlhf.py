@@ -197,7 +197,14 @@ def test_success_reward_and_position_ids_of_padded_inputs():
     assert ppo.success_reward("so $\\boxed{0.5}$", "\\frac{1}{2}", "boxed") == 1.0  # math-verify, as grpo_math.py
     inputs = ppo.padded_inputs(torch.tensor([[1, 1, 5, 6, 0, 1], [5, 6, 7, 8, 9, 0]]), pad_id=1)
     assert inputs["attention_mask"].tolist() == [[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]
-    assert inputs["position_ids"][0, 2:5].tolist() == [0, 1, 2] and inputs["position_ids"][1].tolist() == [0, 1, 2, 3, 4, 5]
+    assert inputs["position_ids"][0, 2:5].tolist() == [0, 1, 2] and inputs["position_ids"][1].tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+    ]
 
 
 def test_ppo_runs_on_two_processes(assets, tmp_path):
@@ -205,23 +212,42 @@ def test_ppo_runs_on_two_processes(assets, tmp_path):
     every log row has episode/time, and the saved policy moved away from its start."""
     import json
     import os
-    import socket
     import subprocess
-    import sys
     from pathlib import Path
 
     from transformers import AutoModelForCausalLM
 
+    from tests.launch import launch_cmd
+
     repo = Path(__file__).resolve().parent.parent
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), str(repo / "ppo_rlhf.py"),
-           "tiny-math", "--sft-model-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
-           "--output-dir", str(tmp_path / "runs"), "--run-name", "ddp", "--response-length", "12", "--num-eval-examples", "6",
-           "--per-device-eval-batch-size", "3", "--eval-every", "1", "--num-threads", "1", "--total-episodes", "32",
-           "--per-device-batch-size", "8", "--num-mini-batches", "2"]
+    cmd = launch_cmd(
+        str(repo / "ppo_rlhf.py"),
+        "tiny-math",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        "ddp",
+        "--response-length",
+        "12",
+        "--num-eval-examples",
+        "6",
+        "--per-device-eval-batch-size",
+        "3",
+        "--eval-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--total-episodes",
+        "32",
+        "--per-device-batch-size",
+        "8",
+        "--num-mini-batches",
+        "2",
+    )
     env = {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -259,13 +285,17 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     lists[-1] = lists[-1][:1]  # a one-token response
     packed = ppo.pack(queries, lists, pad)
     lengths = [len(q) + len(r) for q, r in zip(queries, lists)]
-    assert packed["input_ids"].shape == (1, sum(lengths)) and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
+    assert (
+        packed["input_ids"].shape == (1, sum(lengths)) and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
+    )
     assert packed["position_ids"][0].tolist() == [t for n in lengths for t in range(n)]
     assert packed["last"].tolist() == [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
 
     last_mlp_tokens = []  # how many tokens the last layer's MLP of each model ran on (last_mlp_only_at)
     for m in (policy, value_model, reward_model):
-        getattr(m, m.base_model_prefix).layers[-1].mlp.register_forward_hook(lambda mod, args, out: last_mlp_tokens.append(args[0].shape[1]))
+        getattr(m, m.base_model_prefix).layers[-1].mlp.register_forward_hook(
+            lambda mod, args, out: last_mlp_tokens.append(args[0].shape[1])
+        )
     logits, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")})
     logprobs = ppo.response_logprobs(logits, packed["targets"], temperature=0.7)
     with torch.no_grad():
@@ -287,12 +317,18 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
             alone_logits = policy(input_ids=ids).logits[0, len(q) - 1 : -1] / (0.7 + 1e-7)
             alone_lp = alone_logits.log_softmax(-1).gather(1, torch.tensor(r)[:, None]).squeeze(1)
             body = getattr(value_model, value_model.base_model_prefix)
-            alone_values = value_model.score(body(input_ids=ids).last_hidden_state)[0, len(q) - 1 :, 0]  # up to the last token
+            alone_values = value_model.score(body(input_ids=ids).last_hidden_state)[
+                0, len(q) - 1 :, 0
+            ]  # up to the last token
             torch.testing.assert_close(logprobs[i, : len(r)], alone_lp, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(sampled_logprobs[i, : len(r)].detach(), alone_lp.detach(), atol=1e-4, rtol=1e-4)  # --sampler-logprobs
+            torch.testing.assert_close(
+                sampled_logprobs[i, : len(r)].detach(), alone_lp.detach(), atol=1e-4, rtol=1e-4
+            )  # --sampler-logprobs
             torch.testing.assert_close(values[i, : len(r) + 1], alone_values, atol=1e-5, rtol=1e-5)
             with torch.no_grad():
-                torch.testing.assert_close(rewards[i], ppo.outcome_reward(reward_model, ids, torch.ones_like(ids))[0], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(
+                    rewards[i], ppo.outcome_reward(reward_model, ids, torch.ones_like(ids))[0], atol=1e-5, rtol=1e-5
+                )
             alone_lp.sum().backward()
             (alone_values * torch.arange(len(r) + 1)).sum().backward()
     for got, want in zip(packed_grads, (p.grad for p in model.parameters())):
@@ -320,7 +356,11 @@ def test_packed_attention_per_sequence_equals_gathered_and_causal_attention_alon
     for got, want in zip(torch.autograd.grad((gathered * weights).sum(), (q, k, v)), grads):
         torch.testing.assert_close(got, want)
     for s, n in zip(starts.tolist(), lengths):  # by hand: softmax(q k^T * scale + causal mask) v, one sequence alone
-        qs, ks, vs = q[0, :, s : s + n], k[0, :, s : s + n].repeat_interleave(4 // kv_heads, 0), v[0, :, s : s + n].repeat_interleave(4 // kv_heads, 0)
+        qs, ks, vs = (
+            q[0, :, s : s + n],
+            k[0, :, s : s + n].repeat_interleave(4 // kv_heads, 0),
+            v[0, :, s : s + n].repeat_interleave(4 // kv_heads, 0),
+        )
         scores = (qs @ ks.transpose(1, 2) * 0.3).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         torch.testing.assert_close(out[0, s : s + n], (scores.softmax(-1) @ vs).transpose(0, 1))
 
@@ -358,7 +398,9 @@ def test_packed_attention_keeps_no_fused_qkv_output_for_backward(assets, arch):
         without_copy = saved_storages()
     if arch == "tiny-neox":
         assert fused in without_copy.values()
-        assert sum(without_copy.values()) - sum(with_copy.values()) == pytest.approx(2 * hidden * T * 4 * policy.config.num_hidden_layers, rel=0.01)
+        assert sum(without_copy.values()) - sum(with_copy.values()) == pytest.approx(
+            2 * hidden * T * 4 * policy.config.num_hidden_layers, rel=0.01
+        )
     else:
         assert sum(without_copy.values()) == sum(with_copy.values())
 
@@ -396,19 +438,44 @@ def test_separate_backward_trains_exactly_as_one_backward(assets, tmp_path, monk
     runs = {}
     for separate in (True, False):
         calls.clear()
-        args = ppo.Args(exp_name="sep", run_name=f"sep_{separate}", output_dir=str(tmp_path), seed=5, num_threads=1,
-                        sft_model_path=str(assets / "models" / "tiny-neox"), reward_model_path=None, reward_source="math",
-                        dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"), eval_split="test",
-                        prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}", max_prompt_length=96,
-                        response_length=10, temperature=1.0, total_episodes=16, per_device_batch_size=8, num_mini_batches=2,
-                        gradient_accumulation_steps=2, num_ppo_epochs=2, learning_rate=1e-3, eval_every=100, num_eval_examples=2,
-                        separate_backward=separate)
+        args = ppo.Args(
+            exp_name="sep",
+            run_name=f"sep_{separate}",
+            output_dir=str(tmp_path),
+            seed=5,
+            num_threads=1,
+            sft_model_path=str(assets / "models" / "tiny-neox"),
+            reward_model_path=None,
+            reward_source="math",
+            dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+            eval_split="test",
+            prompt_template="Question: {question}\nAnswer:\n",
+            reference_template="{answer}",
+            max_prompt_length=96,
+            response_length=10,
+            temperature=1.0,
+            total_episodes=16,
+            per_device_batch_size=8,
+            num_mini_batches=2,
+            gradient_accumulation_steps=2,
+            num_ppo_epochs=2,
+            learning_rate=1e-3,
+            eval_every=100,
+            num_eval_examples=2,
+            separate_backward=separate,
+        )
         ppo.main(args)
         # 2 updates x 2 epochs x 2 minibatches x 2 micro-batches
         assert calls == ([(True, False), (False, True)] * 16 if separate else [(True, True)] * 16)
         rows = [json.loads(line) for line in (tmp_path / f"sep_{separate}" / "metrics.jsonl").read_text().splitlines()]
-        runs[separate] = ([{k: v for k, v in r.items() if "/" in k and not k.startswith("perf/")} for r in rows if "loss/policy_avg" in r],
-                          AutoModelForCausalLM.from_pretrained(tmp_path / f"sep_{separate}" / "model").state_dict())
+        runs[separate] = (
+            [
+                {k: v for k, v in r.items() if "/" in k and not k.startswith("perf/")}
+                for r in rows
+                if "loss/policy_avg" in r
+            ],
+            AutoModelForCausalLM.from_pretrained(tmp_path / f"sep_{separate}" / "model").state_dict(),
+        )
     (rows_sep, weights_sep), (rows_one, weights_one) = runs[True], runs[False]
     assert len(rows_sep) == 2 and rows_sep[1]["loss/value_avg"] != rows_sep[0]["loss/value_avg"]
     for a, b in zip(rows_sep, rows_one):
@@ -485,16 +552,38 @@ def test_stop_token_and_the_column_for_the_score_after_eos(eager_to_stop, assets
     monkeypatch.setattr(ppo, "compute_gae", recording)
     monkeypatch.setattr(ppo, "per_token_rewards", recording_lengths)
     monkeypatch.setattr(ppo, "success_reward", lambda *a: 1.0)  # every score 1, to see where it lands
-    args = ppo.Args(exp_name="stop", run_name=f"stop_{stop_token}", output_dir=str(tmp_path), seed=3, num_threads=1,
-                    sft_model_path=str(eager_to_stop), reward_model_path=None, reward_source="math",
-                    dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"), eval_split="test",
-                    prompt_template="Question: {question}\nAnswer:\n", reference_template="{answer}",
-                    max_prompt_length=96, response_length=10, temperature=1.0, total_episodes=8,
-                    per_device_batch_size=8, num_mini_batches=1, num_ppo_epochs=1, eval_every=100, num_eval_examples=2,
-                    save_model=False, stop_token=stop_token, non_eos_penalty=False)
+    args = ppo.Args(
+        exp_name="stop",
+        run_name=f"stop_{stop_token}",
+        output_dir=str(tmp_path),
+        seed=3,
+        num_threads=1,
+        sft_model_path=str(eager_to_stop),
+        reward_model_path=None,
+        reward_source="math",
+        dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+        eval_split="test",
+        prompt_template="Question: {question}\nAnswer:\n",
+        reference_template="{answer}",
+        max_prompt_length=96,
+        response_length=10,
+        temperature=1.0,
+        total_episodes=8,
+        per_device_batch_size=8,
+        num_mini_batches=1,
+        num_ppo_epochs=1,
+        eval_every=100,
+        num_eval_examples=2,
+        save_model=False,
+        stop_token=stop_token,
+        non_eos_penalty=False,
+    )
     ppo.main(args)
-    row = next(json.loads(line) for line in (tmp_path / f"stop_{stop_token}" / "metrics.jsonl").read_text().splitlines()
-               if "objective/completion_length" in json.loads(line))
+    row = next(
+        json.loads(line)
+        for line in (tmp_path / f"stop_{stop_token}" / "metrics.jsonl").read_text().splitlines()
+        if "objective/completion_length" in json.loads(line)
+    )
     rewards, values = seen["rewards"], seen["values"]
     if stop_token == "none":
         assert row["objective/completion_length"] == 10 and rewards.shape[1] == 10

@@ -17,13 +17,13 @@ from benchmark.real_check import PYTHIA, Sources, build_model, default_assets, e
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = default_assets()
 pytestmark = [
-    pytest.mark.skipif(ASSETS is None or not ASSETS.is_dir(), reason="no real assets (CLEAN_RLHF_REAL_ASSETS)"),
+    pytest.mark.skipif(ASSETS is None or not ASSETS.is_dir(), reason="no real assets (CLEAN_RLHF_REAL_ASSETS)")
 ]
 # the engines in the order they must run: ZeRO-3 stages read the SFT and reward models that ZeRO-2 trained
 ENGINES = ["single", "ddp", "zero2", "zero3"]
 # Within the time of CI: every stage of the 1B track and of the math suite under one process and ZeRO-2 (which the
-# suites launch their RL stages with), the stages the suites launch with DDP (SFT and reward model), and the 6.9B track's
-# ZeRO-3 stages (on SFT and reward models trained under ZeRO-2, as the suite does). The RL scripts under two DDP
+# suites launch their RL stages with), the stages the suites launch with DDP (SFT and reward model), and the 6.9B
+# track's ZeRO-3 stages (on SFT and reward models trained under ZeRO-2, as the suite does). The RL scripts under two DDP
 # processes are covered on the tiny world (test_ppo_rlhf, test_rloo_remax, test_grpo_math, test_dpo). The 2.8B and
 # other 6.9B stages differ from the 1B ones only in batch sizes, which the check overrides; `CLEAN_RLHF_REAL_CHECK=all`
 # runs them too (docs/real_check.md has the full table). GRPO also runs under ZeRO-3, which no suite launches.

@@ -28,7 +28,9 @@ def test_bradley_terry_loss_matches_formula():
     expected = -sum(math.log(_sigmoid(c - r)) for c, r in [(1.0, 0.0), (-0.5, 0.5), (2.0, 2.5)]) / 3
     assert rm.bradley_terry_loss(rc, rr).item() == pytest.approx(expected, rel=1e-6)
     margin = torch.tensor([0.5, 0.0, 1.0])
-    expected_m = -sum(math.log(_sigmoid(c - r - m)) for c, r, m in [(1.0, 0.0, 0.5), (-0.5, 0.5, 0.0), (2.0, 2.5, 1.0)]) / 3
+    expected_m = (
+        -sum(math.log(_sigmoid(c - r - m)) for c, r, m in [(1.0, 0.0, 0.5), (-0.5, 0.5, 0.0), (2.0, 2.5, 1.0)]) / 3
+    )
     assert rm.bradley_terry_loss(rc, rr, margin).item() == pytest.approx(expected_m, rel=1e-6)
     centred = expected + 0.01 * ((1.0 + 0.0) ** 2 + (-0.5 + 0.5) ** 2 + (2.0 + 2.5) ** 2) / 3
     assert rm.bradley_terry_loss(rc, rr, center_coef=0.01).item() == pytest.approx(centred, rel=1e-6)
@@ -44,7 +46,9 @@ def test_process_loss_is_bce_on_step_positions_only():
 @pytest.mark.parametrize("model_name", ["tiny-neox", "tiny-llama"])
 def test_reward_is_identical_under_left_and_right_padding(assets, model_name):
     torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / model_name, num_labels=1, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        assets / "models" / model_name, num_labels=1, local_files_only=True
+    )
     torch.nn.init.normal_(model.score.weight, std=0.5)
     model.eval()
     seqs, pad = [[5, 9, 23, 40, 0], [7, 8, 0]], 1
@@ -54,7 +58,9 @@ def test_reward_is_identical_under_left_and_right_padding(assets, model_name):
     with torch.no_grad():
         r_right = rm.outcome_reward(model, right, mask_right)
         r_left = rm.outcome_reward(model, left, mask_left)
-        alone = torch.stack([rm.outcome_reward(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in seqs])
+        alone = torch.stack(
+            [rm.outcome_reward(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in seqs]
+        )
     torch.testing.assert_close(r_right, r_left, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(r_right, alone, atol=1e-5, rtol=1e-5)
     model.config.reward_bias = 0.25  # the stored normalisation is added to every reward
@@ -64,13 +70,19 @@ def test_reward_is_identical_under_left_and_right_padding(assets, model_name):
 
 @pytest.mark.parametrize("model_name", ["tiny-neox", "tiny-llama"])
 def test_packed_pairs_give_the_padded_rewards_loss_and_gradients(assets, model_name):
-    model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / model_name, num_labels=1, local_files_only=True)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        assets / "models" / model_name, num_labels=1, local_files_only=True
+    )
     torch.nn.init.normal_(model.score.weight, generator=torch.Generator().manual_seed(0), std=0.5)
     model.config.reward_bias = 0.25
     # pairs of different lengths: a shared prompt, responses sharing their first tokens, chosen a prefix of rejected,
     # no common prefix at all, and identical sequences (the reward is still read at each one's last token)
-    pairs = [([5, 9, 23, 40, 7, 0], [5, 9, 23, 41, 0]), ([7, 8, 0], [7, 8, 12, 13, 14, 15, 0]), ([3, 4, 5, 6, 0], [9, 9, 0]),
-             ([11, 12, 13, 0], [11, 12, 13, 0])]
+    pairs = [
+        ([5, 9, 23, 40, 7, 0], [5, 9, 23, 41, 0]),
+        ([7, 8, 0], [7, 8, 12, 13, 14, 15, 0]),
+        ([3, 4, 5, 6, 0], [9, 9, 0]),
+        ([11, 12, 13, 0], [11, 12, 13, 0]),
+    ]
     batch = [{"chosen": c, "rejected": r, "margin": m} for (c, r), m in zip(pairs, [0.0, 0.5, 0.0, 1.0])]
     args = rm.Args(center_rewards_coef=0.01)
     padded, packed = rm.collate(batch, 1, "outcome"), rm.collate(batch, 1, "outcome", pack=True)
@@ -81,12 +93,22 @@ def test_packed_pairs_give_the_padded_rewards_loss_and_gradients(assets, model_n
         loss, out = rm.micro_batch_loss(model, b, args)
         loss = loss / rm.loss_units(b, "outcome")  # the mean over the pairs
         loss.backward()
-        results.append((loss.detach(), out["r_chosen"], out["r_rejected"], torch.cat([p.grad.flatten() for p in model.parameters()])))
+        results.append(
+            (
+                loss.detach(),
+                out["r_chosen"],
+                out["r_rejected"],
+                torch.cat([p.grad.flatten() for p in model.parameters()]),
+            )
+        )
     for a, b in zip(*results):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
     # and the rewards are those of each sequence scored alone, as a consumer scores them
     with torch.no_grad():
-        alone = [rm.outcome_reward(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0] for s in [c for c, _ in pairs] + [r for _, r in pairs]]
+        alone = [
+            rm.outcome_reward(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long))[0]
+            for s in [c for c, _ in pairs] + [r for _, r in pairs]
+        ]
     torch.testing.assert_close(torch.cat([results[1][1], results[1][2]]), torch.stack(alone), atol=1e-5, rtol=1e-5)
 
 
@@ -119,9 +141,11 @@ def test_conversational_pairs_are_rendered_with_the_chat_template(assets):
     ready for the assistant's turn, then the assistant's text and one EOS, as the same pair in plain text would be."""
     tok = AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox")
     args = rm.Args(max_length=160, prompt_template="{prompt}")
-    row = {"prompt": [{"role": "user", "content": "my dog ate my rent"}],
-           "chosen": [{"role": "assistant", "content": " dog ate rent"}],
-           "rejected": [{"role": "assistant", "content": " dog"}]}
+    row = {
+        "prompt": [{"role": "user", "content": "my dog ate my rent"}],
+        "chosen": [{"role": "assistant", "content": " dog ate rent"}],
+        "rejected": [{"role": "assistant", "content": " dog"}],
+    }
     (pair,) = rm.tokenize_pairs(Dataset.from_list([row]), tok, args, "train")
     prompt = list(tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=False))
     for key in ("chosen", "rejected"):
@@ -131,10 +155,20 @@ def test_conversational_pairs_are_rendered_with_the_chat_template(assets):
 
 def test_normalisation_makes_mean_reference_reward_zero(assets, tmp_path):
     args = rm.Args(
-        sft_model_path=str(assets / "models" / "tiny-neox"), dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
-        norm_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"), num_norm_examples=40, max_train_samples=32,
-        per_device_train_batch_size=8, learning_rate=1e-3, num_eval_examples=16, max_length=160, output_dir=str(tmp_path),
-        run_name="rm", num_threads=1, confidence_field="confidence")
+        sft_model_path=str(assets / "models" / "tiny-neox"),
+        dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
+        norm_dataset_name_or_path=str(assets / "tiny-tldr" / "sft"),
+        num_norm_examples=40,
+        max_train_samples=32,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        num_eval_examples=16,
+        max_length=160,
+        output_dir=str(tmp_path),
+        run_name="rm",
+        num_threads=1,
+        confidence_field="confidence",
+    )
     metrics = rm.main(args)
     assert metrics["eval/reward_bias"] != 0.0
     # reload as a consumer would, and score the same reference responses independently
@@ -143,8 +177,12 @@ def test_normalisation_makes_mean_reference_reward_zero(assets, tmp_path):
     assert model.config.reward_type == "outcome"
     assert model.config.reward_bias == pytest.approx(metrics["eval/reward_bias"])
     rows = rm.load_split(str(assets / "tiny-tldr" / "sft"), "train").select(range(40))
-    seqs = [tok(r["query"], add_special_tokens=False)["input_ids"] + tok(r["reference_response"], add_special_tokens=False)["input_ids"]
-            + [tok.eos_token_id] for r in rows]
+    seqs = [
+        tok(r["query"], add_special_tokens=False)["input_ids"]
+        + tok(r["reference_response"], add_special_tokens=False)["input_ids"]
+        + [tok.eos_token_id]
+        for r in rows
+    ]
     ids, mask, _ = rm.right_pad(seqs, tok.pad_token_id)
     with torch.no_grad():
         rewards = rm.outcome_reward(model.eval(), ids, mask)
@@ -162,20 +200,46 @@ def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(asse
     from safetensors.torch import load_file
 
     if objective == "outcome":
-        data = dict(sft_model_path=str(assets / "models" / "tiny-neox"), dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
-                    max_length=160, normalize=False)
+        data = dict(
+            sft_model_path=str(assets / "models" / "tiny-neox"),
+            dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
+            max_length=160,
+            normalize=False,
+        )
     else:
-        data = dict(objective="process", sft_model_path=str(assets / "models" / "tiny-llama"), max_length=192,
-                    dataset_name_or_path=str(assets / "tiny-math" / "prm"), eval_split="test",
-                    prompt_template="Question: {prompt}\nAnswer:\n", normalize=False)
+        data = dict(
+            objective="process",
+            sft_model_path=str(assets / "models" / "tiny-llama"),
+            max_length=192,
+            dataset_name_or_path=str(assets / "tiny-math" / "prm"),
+            eval_split="test",
+            prompt_template="Question: {prompt}\nAnswer:\n",
+            normalize=False,
+        )
     results = []
     for batch_size, accumulation in [(4, 1), (2, 2), (2, 4)]:
         name = f"b{batch_size}x{accumulation}"
-        args = rm.Args(**data, max_train_samples=4, per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation,
-                       learning_rate=0.1, adam_eps=1.0, max_grad_norm=1e9, num_eval_examples=4, eval_every=100, log_every=1,
-                       output_dir=str(tmp_path), run_name=name, num_threads=1)
+        args = rm.Args(
+            **data,
+            max_train_samples=4,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            learning_rate=0.1,
+            adam_eps=1.0,
+            max_grad_norm=1e9,
+            num_eval_examples=4,
+            eval_every=100,
+            log_every=1,
+            output_dir=str(tmp_path),
+            run_name=name,
+            num_threads=1,
+        )
         rm.main(args)
-        (train,) = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+        (train,) = [
+            r
+            for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+            if "train/loss" in r
+        ]
         results.append((train["train/loss"], load_file(tmp_path / name / "model" / "model.safetensors")))
     (loss, weights), others = results[0], results[1:]
     for other_loss, other_weights in others:
@@ -196,7 +260,11 @@ def test_wrong_normalisation_path_fails_before_training(assets, tmp_path, monkey
     args = rm.Args(
         sft_model_path=str(assets / "models" / "tiny-neox"),
         dataset_name_or_path=str(assets / "tiny-tldr" / "preference"),
-        norm_dataset_name_or_path=str(tmp_path / "missing"), max_length=160, output_dir=str(tmp_path), run_name="rm")
+        norm_dataset_name_or_path=str(tmp_path / "missing"),
+        max_length=160,
+        output_dir=str(tmp_path),
+        run_name="rm",
+    )
     with pytest.raises(SystemExit, match="--norm-dataset-name-or-path"):
         rm.main(args)
     assert not (tmp_path / "rm").exists()  # nothing was trained or written
@@ -211,8 +279,16 @@ def real_pythia_rm_start(tmp_path_factory):
     tok.pad_token = None
     tok.save_pretrained(out)
     torch.manual_seed(0)
-    config = GPTNeoXConfig(vocab_size=50304, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                           intermediate_size=64, max_position_embeddings=2048, eos_token_id=0, bos_token_id=0)
+    config = GPTNeoXConfig(
+        vocab_size=50304,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=2048,
+        eos_token_id=0,
+        bos_token_id=0,
+    )
     GPTNeoXForCausalLM(config).save_pretrained(out)
     return out
 
@@ -223,9 +299,18 @@ def test_real_preference_rows_train_and_log_accuracy_by_confidence(real_pythia_r
     fit --max-length 638, and the nested `extra.confidence` groups the validation accuracy (null ones left out)."""
     preset = rm.PRESETS["tldr-pythia-1b"][1]
     args = dataclasses.replace(
-        preset, sft_model_path=str(real_pythia_rm_start), dataset_name_or_path=str(REAL / "tldr" / "preference"),
-        norm_dataset_name_or_path=str(REAL / "tldr" / "sft"), num_norm_examples=8, per_device_train_batch_size=4,
-        per_device_eval_batch_size=8, output_dir=str(tmp_path), run_name="rm", num_threads=2, save_model=False)
+        preset,
+        sft_model_path=str(real_pythia_rm_start),
+        dataset_name_or_path=str(REAL / "tldr" / "preference"),
+        norm_dataset_name_or_path=str(REAL / "tldr" / "sft"),
+        num_norm_examples=8,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=8,
+        output_dir=str(tmp_path),
+        run_name="rm",
+        num_threads=2,
+        save_model=False,
+    )
     tok = rm.load_tokenizer(args.sft_model_path, args)
     assert tok.pad_token == "[PAD]" and tok.pad_token_id == 50277  # N+'s [PAD]
     rows = rm.load_split(args.dataset_name_or_path, "train")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import ppo_rlhf
 import remax
 import rloo
+from tests.launch import launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,7 +42,9 @@ def test_leave_one_out_baseline_on_a_hand_example_with_k4():
     torch.testing.assert_close(adv, (4 / 3 * (rewards.view(2, 4) - means)).flatten())
     assert adv.view(2, 4).sum(1).abs().max().item() < 1e-6
     # k = 2: each sample's baseline is the other sample's reward
-    torch.testing.assert_close(rloo.rloo_advantages(torch.tensor([1.0, 3.0, 5.0, 5.0]), k=2), torch.tensor([-2.0, 2.0, 0.0, 0.0]))
+    torch.testing.assert_close(
+        rloo.rloo_advantages(torch.tensor([1.0, 3.0, 5.0, 5.0]), k=2), torch.tensor([-2.0, 2.0, 0.0, 0.0])
+    )
     # k = 1: no other sample, no baseline
     torch.testing.assert_close(rloo.rloo_advantages(torch.tensor([0.5, -1.0]), k=1), torch.tensor([0.5, -1.0]))
     with pytest.raises(ValueError, match="whole number of groups"):
@@ -55,10 +57,16 @@ def test_remax_advantage_is_the_clipped_reward_difference_minus_the_tokens_own_k
     scores, greedy_scores = torch.tensor([2.0, 0.5]), torch.tensor([-4.0, 1.0])
     token_kl = torch.tensor([[0.2, -0.4, 1.0], [0.3, -1.0, 0.0]])  # response 1 has two tokens (0 at the padding)
     adv = remax.remax_advantages(scores, greedy_scores, token_kl, kl_coef=0.1, reward_clip=5.0)
-    expected = torch.tensor([
-        [5.0 - 0.1 * 0.2, 5.0 - 0.1 * -0.4, 5.0 - 0.1 * 1.0],  # clip(2 - (-4) = 6, -5, 5) = 5: 4.98, 5.04, 4.90
-        [-0.5 - 0.1 * 0.3, -0.5 - 0.1 * -1.0, -0.5],  # 0.5 - 1 = -0.5, inside the clip: -0.53, -0.40, (-0.50 padding)
-    ])
+    expected = torch.tensor(
+        [
+            [5.0 - 0.1 * 0.2, 5.0 - 0.1 * -0.4, 5.0 - 0.1 * 1.0],  # clip(2 - (-4) = 6, -5, 5) = 5: 4.98, 5.04, 4.90
+            [
+                -0.5 - 0.1 * 0.3,
+                -0.5 - 0.1 * -1.0,
+                -0.5,
+            ],  # 0.5 - 1 = -0.5, inside the clip: -0.53, -0.40, (-0.50 padding)
+        ]
+    )
     torch.testing.assert_close(adv, expected)
     # reward_clip 0: no clip, 6 - 0.1 * KL_t
     unclipped = remax.remax_advantages(scores, greedy_scores, token_kl, 0.1, 0.0)
@@ -78,8 +86,10 @@ def test_sequence_kl_sums_valid_tokens_only(mod):
     expected = torch.tensor([k3(0.5) + k3(-1.0) + k3(0.2), k3(1.0) + k3(-0.5)])
     torch.testing.assert_close(mod.sequence_kl(logprobs, ref_logprobs, padding_mask, "k3"), expected)
     # the sequence reward: score - beta * summed KL
-    torch.testing.assert_close(mod.sequence_rewards(torch.tensor([1.0, 2.0]), torch.tensor([-0.3, 0.5]), 0.05),
-                               torch.tensor([1.0 + 0.015, 2.0 - 0.025]))
+    torch.testing.assert_close(
+        mod.sequence_rewards(torch.tensor([1.0, 2.0]), torch.tensor([-0.3, 0.5]), 0.05),
+        torch.tensor([1.0 + 0.015, 2.0 - 0.025]),
+    )
 
 
 def test_reinforce_loss_by_hand():
@@ -163,7 +173,13 @@ def test_remax_gradient_is_zero_when_sample_and_greedy_rewards_agree(assets):
 
 
 def _env() -> dict:
-    return {**os.environ, "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def _rows(path: Path) -> list[dict]:
@@ -172,21 +188,55 @@ def _rows(path: Path) -> list[dict]:
 
 @pytest.mark.parametrize("script", ["rloo.py", "remax.py"])
 def test_help_lists_the_presets(script):
-    out = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
     assert out.returncode == 0
-    for preset in ("tldr-pythia-1b", "tldr-pythia-2.8b", "tldr-pythia-6.9b", "gsm8k-qwen2.5-0.5b", "tiny-tldr",
-                   "tiny-math"):
+    for preset in (
+        "tldr-pythia-1b",
+        "tldr-pythia-2.8b",
+        "tldr-pythia-6.9b",
+        "gsm8k-qwen2.5-0.5b",
+        "tiny-tldr",
+        "tiny-math",
+    ):
         assert preset in out.stdout
 
 
 def _math_args(assets, tmp_path, run_name):
-    return ["tiny-math", "--sft-model-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"),
-            "--output-dir", str(tmp_path / "runs"), "--run-name", run_name, "--response-length", "12", "--num-eval-examples", "6",
-            "--per-device-eval-batch-size", "3", "--eval-every", "1", "--num-threads", "1"]
+    return [
+        "tiny-math",
+        "--sft-model-path",
+        str(assets / "models" / "tiny-llama"),
+        "--dataset-name-or-path",
+        str(assets / "tiny-math" / "gsm8k"),
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        run_name,
+        "--response-length",
+        "12",
+        "--num-eval-examples",
+        "6",
+        "--per-device-eval-batch-size",
+        "3",
+        "--eval-every",
+        "1",
+        "--num-threads",
+        "1",
+    ]
 
 
-@pytest.mark.parametrize("script, extra", [("rloo.py", ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--num-mini-batches", "2"]),
-                                           ("remax.py", ["--per-device-batch-size", "4", "--gradient-accumulation-steps", "2"])])
+@pytest.mark.parametrize(
+    "script, extra",
+    [
+        (
+            "rloo.py",
+            ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--num-mini-batches", "2"],
+        ),
+        ("remax.py", ["--per-device-batch-size", "4", "--gradient-accumulation-steps", "2"]),
+    ],
+)
 def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
     cmd = [sys.executable, str(REPO / script), *_math_args(assets, tmp_path, "smoke"), "--total-episodes", "16", *extra]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
@@ -197,7 +247,14 @@ def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
     assert [r["step"] for r in train] == list(range(1, 16 // batch + 1))
     assert [r["episode"] for r in train] == [batch * s for s in range(1, 16 // batch + 1)]
     for r in train:
-        for k in ("objective/reward", "objective/kl", "objective/rlhf_reward", "objective/entropy", "perf/episodes_per_sec", "perf/peak_mem_gb"):
+        for k in (
+            "objective/reward",
+            "objective/kl",
+            "objective/rlhf_reward",
+            "objective/entropy",
+            "perf/episodes_per_sec",
+            "perf/peak_mem_gb",
+        ):
             assert k in r and math.isfinite(r[k]), k
         assert r["objective/rlhf_reward"] == pytest.approx(r["objective/reward"] - 0.01 * r["objective/kl"], abs=1e-5)
     evals = [r["step"] for r in rows if "eval/accuracy" in r]
@@ -209,10 +266,34 @@ def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
 def test_remax_on_tiny_tldr_with_a_reward_model(assets, tmp_path):
     # the tiny-neox checkpoint loaded as a sequence classifier stands in for a reward model (fresh score head)
     neox = str(assets / "models" / "tiny-neox")
-    cmd = [sys.executable, str(REPO / "remax.py"), "tiny-tldr", "--sft-model-path", neox, "--reward-model-path", neox,
-           "--dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--output-dir", str(tmp_path / "runs"), "--run-name", "tldr",
-           "--total-episodes", "8", "--per-device-batch-size", "4", "--response-length", "8", "--num-eval-examples", "4",
-           "--eval-every", "1", "--num-threads", "1", "--no-save-model"]
+    cmd = [
+        sys.executable,
+        str(REPO / "remax.py"),
+        "tiny-tldr",
+        "--sft-model-path",
+        neox,
+        "--reward-model-path",
+        neox,
+        "--dataset-name-or-path",
+        str(assets / "tiny-tldr" / "sft"),
+        "--output-dir",
+        str(tmp_path / "runs"),
+        "--run-name",
+        "tldr",
+        "--total-episodes",
+        "8",
+        "--per-device-batch-size",
+        "4",
+        "--response-length",
+        "8",
+        "--num-eval-examples",
+        "4",
+        "--eval-every",
+        "1",
+        "--num-threads",
+        "1",
+        "--no-save-model",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _rows(tmp_path / "runs" / "tldr" / "metrics.jsonl")
@@ -235,14 +316,29 @@ def _eos_first_model(assets, tmp_path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("script, extra", [("rloo.py", ["--per-device-batch-size", "4", "--rloo-k", "2"]),
-                                           ("remax.py", ["--per-device-batch-size", "4"])])
+@pytest.mark.parametrize(
+    "script, extra",
+    [("rloo.py", ["--per-device-batch-size", "4", "--rloo-k", "2"]), ("remax.py", ["--per-device-batch-size", "4"])],
+)
 def test_stop_token_none_decodes_every_response_to_the_full_length(assets, tmp_path, script, extra):
     """--stop-token none: the sampler (and ReMax's greedy baseline) never stops at EOS and nothing is truncated, so
     every response holds response_length tokens although EOS is nearly every token."""
     model = str(_eos_first_model(assets, tmp_path))
-    cmd = [sys.executable, str(REPO / script), *_math_args(assets, tmp_path, "none"), "--sft-model-path", model,
-           "--total-episodes", "4", "--stop-token", "none", "--num-eval-examples", "3", "--no-save-model", *extra]
+    cmd = [
+        sys.executable,
+        str(REPO / script),
+        *_math_args(assets, tmp_path, "none"),
+        "--sft-model-path",
+        model,
+        "--total-episodes",
+        "4",
+        "--stop-token",
+        "none",
+        "--num-eval-examples",
+        "3",
+        "--no-save-model",
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     train = [r for r in _rows(tmp_path / "runs" / "none" / "metrics.jsonl") if "loss/policy_avg" in r]
@@ -252,21 +348,30 @@ def test_stop_token_none_decodes_every_response_to_the_full_length(assets, tmp_p
 
 
 def test_rloo_rejects_a_batch_that_is_not_whole_groups(assets, tmp_path):
-    cmd = [sys.executable, str(REPO / "rloo.py"), *_math_args(assets, tmp_path, "bad"), "--per-device-batch-size", "6", "--rloo-k", "4"]
+    cmd = [
+        sys.executable,
+        str(REPO / "rloo.py"),
+        *_math_args(assets, tmp_path, "bad"),
+        "--per-device-batch-size",
+        "6",
+        "--rloo-k",
+        "4",
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "multiple of rloo_k" in proc.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_rloo_on_two_processes(assets, tmp_path):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()), str(REPO / "rloo.py"),
-           *_math_args(assets, tmp_path, "ddp"), "--total-episodes", "32", "--per-device-batch-size", "8", "--rloo-k", "4"]
+    cmd = launch_cmd(
+        str(REPO / "rloo.py"),
+        *_math_args(assets, tmp_path, "ddp"),
+        "--total-episodes",
+        "32",
+        "--per-device-batch-size",
+        "8",
+        "--rloo-k",
+        "4",
+    )
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = _rows(tmp_path / "runs" / "ddp" / "metrics.jsonl")
@@ -322,9 +427,16 @@ def test_remax_greedy_baseline_sampler_matches_generate(assets):
     queries, qmask = remax.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad)
     greedy, logprobs, _ = remax.sample_responses(model, queries, qmask, eos, pad, 12, 0.0)
     with torch.no_grad():
-        ref = model.generate(input_ids=queries, attention_mask=qmask, max_new_tokens=12, do_sample=False, pad_token_id=pad, eos_token_id=eos)
-    ref = remax.truncate_response(ref[:, queries.shape[1]:], eos, pad)
-    assert greedy.tolist() == ref[:, : greedy.shape[1]].tolist() and (ref[:, greedy.shape[1]:] == pad).all()
+        ref = model.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=12,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=eos,
+        )
+    ref = remax.truncate_response(ref[:, queries.shape[1] :], eos, pad)
+    assert greedy.tolist() == ref[:, : greedy.shape[1]].tolist() and (ref[:, greedy.shape[1] :] == pad).all()
     assert (logprobs <= 0).all()
 
 
@@ -368,8 +480,11 @@ def _sample(mod, model, queries, qmask, temperature, seed, synced, other_rank_fl
     return out, sent
 
 
-@pytest.mark.parametrize("mod, temperature", [(rloo, 0.9), (ppo_rlhf, 0.9), (remax, 0.9), (remax, 0.0)],
-                         ids=["rloo", "ppo_rlhf", "remax", "remax-greedy"])
+@pytest.mark.parametrize(
+    "mod, temperature",
+    [(rloo, 0.9), (ppo_rlhf, 0.9), (remax, 0.9), (remax, 0.0)],
+    ids=["rloo", "ppo_rlhf", "remax", "remax-greedy"],
+)
 def test_synced_sampling_steps_until_every_rank_is_done(assets, mod, temperature):
     """Two ranks: A's rows all end by step 7, B decodes all 12 steps. Synced, A keeps calling forward (one finished row
     as a dummy) as often as B, and both return exactly what they return alone; unsynced, A stops early."""
@@ -410,9 +525,14 @@ def _definitions(path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("mod", [rloo, remax, ppo_rlhf], ids=["rloo", "remax", "ppo_rlhf"])
 def test_math_answers_are_graded_by_math_verify_as_in_grpo(mod):
-    equivalent = [("\\frac{1}{2}", "0.5"), ("\\frac{1}{2}", "\\dfrac12"), ("2\\sqrt{2}", "\\sqrt{8}"),
-                  ("\\frac{14}{3}", "4\\frac{2}{3}"), ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"),
-                  ("7", "7")]
+    equivalent = [
+        ("\\frac{1}{2}", "0.5"),
+        ("\\frac{1}{2}", "\\dfrac12"),
+        ("2\\sqrt{2}", "\\sqrt{8}"),
+        ("\\frac{14}{3}", "4\\frac{2}{3}"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"),
+        ("7", "7"),
+    ]
     for gold, said in equivalent:
         assert mod.success_reward(f"So the answer is $\\boxed{{{said}}}$.", gold, "boxed") == 1.0, (gold, said)
     assert mod.success_reward("$\\boxed{0.6}$", "\\frac{1}{2}", "boxed") == 0.0

@@ -83,10 +83,14 @@ def _fake_suite(tmp_path: Path, monkeypatch):
     ok = tmp_path / "ok.py"
     ok.write_text(FAKE_SCRIPT)
     (tmp_path / "bad.py").write_text("raise SystemExit('boom')\n")
-    stages = [run.Stage("a__1", str(ok), "p"), run.Stage("b__1", str(tmp_path / "bad.py"), "p"),
-              run.Stage("c__1", str(ok), "p", needs=["b__1"]), run.Stage("d__1", str(ok), "p", needs=["a__1"]),
-              run.Stage("q__1", str(ok), "p", ["--seed", "1"], quick=["--total-episodes", "8"]),
-              run.Stage("r__1", str(ok), "p", needs=["q__1"])]
+    stages = [
+        run.Stage("a__1", str(ok), "p"),
+        run.Stage("b__1", str(tmp_path / "bad.py"), "p"),
+        run.Stage("c__1", str(ok), "p", needs=["b__1"]),
+        run.Stage("d__1", str(ok), "p", needs=["a__1"]),
+        run.Stage("q__1", str(ok), "p", ["--seed", "1"], quick=["--total-episodes", "8"]),
+        run.Stage("r__1", str(ok), "p", needs=["q__1"]),
+    ]
     monkeypatch.setitem(run.SUITES, "fake", lambda seeds: stages)
 
 
@@ -110,19 +114,42 @@ def test_a_quick_run_is_rerun_by_the_full_suite_and_what_it_feeds_too(tmp_path, 
     run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True)
     assert _calls(tmp_path) == [["--run-name", "q__1", "--seed", "1", "--total-episodes", "8"], ["--run-name", "r__1"]]
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], dry_run=True) == {"q__1": "dry-run", "r__1": "dry-run"}
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], dry_run=True) == {
+        "q__1": "dry-run",
+        "r__1": "dry-run",
+    }
     out = capsys.readouterr().out
-    assert "# [rerun] q__1: its done.json is from another command, the budget or flags differ: was '--total-episodes 8', now (none)" in out
-    assert out.splitlines()[1].endswith("q__1 --seed 1 --overwrite") and len(_calls(tmp_path)) == 2, "a dry run runs nothing"
+    assert (
+        "# [rerun] q__1: its done.json is from another command, the budget or flags differ: was '--total-episodes 8', "
+        "now (none)" in out
+    )
+    assert out.splitlines()[1].endswith("q__1 --seed 1 --overwrite") and len(_calls(tmp_path)) == 2, (
+        "a dry run runs nothing"
+    )
     status = run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
     assert status == {"q__1": "ok", "r__1": "ok"}
     out = capsys.readouterr().out
     assert "[rerun] q__1: its done.json is from another command" in out
-    assert "[rerun] r__1: it needs q__1, run again now" in out  # its done.json holds its command, but an older q__1's model
-    assert _calls(tmp_path)[2:] == [["--run-name", "q__1", "--seed", "1", "--overwrite"], ["--run-name", "r__1", "--overwrite"]]
-    assert json.loads((tmp_path / "runs" / "q__1" / "done.json").read_text())["argv"] == ["p", "--run-name", "q__1", "--seed", "1", "--overwrite"]
+    assert (
+        "[rerun] r__1: it needs q__1, run again now" in out
+    )  # its done.json holds its command, but an older q__1's model
+    assert _calls(tmp_path)[2:] == [
+        ["--run-name", "q__1", "--seed", "1", "--overwrite"],
+        ["--run-name", "r__1", "--overwrite"],
+    ]
+    assert json.loads((tmp_path / "runs" / "q__1" / "done.json").read_text())["argv"] == [
+        "p",
+        "--run-name",
+        "q__1",
+        "--seed",
+        "1",
+        "--overwrite",
+    ]
     # the full budget is done: a third invocation, with other threads per job, skips both
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], jobs=2) == {"q__1": "skipped", "r__1": "skipped"}
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], jobs=2) == {
+        "q__1": "skipped",
+        "r__1": "skipped",
+    }
     assert len(_calls(tmp_path)) == 4
 
 
@@ -130,14 +157,21 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     _fake_suite(tmp_path, monkeypatch)
     monkeypatch.setenv("CRASH", "q__1")
     assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"])["q__1"] == "failed"
-    assert (tmp_path / "runs" / "q__1" / "checkpoint").exists() and not (tmp_path / "runs" / "q__1" / "done.json").exists()
+    assert (tmp_path / "runs" / "q__1" / "checkpoint").exists() and not (
+        tmp_path / "runs" / "q__1" / "done.json"
+    ).exists()
     monkeypatch.delenv("CRASH")
     capsys.readouterr()
     assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
     assert "[resume] q__1: it stopped part way (a checkpoint, no done.json); same command" in capsys.readouterr().out
-    assert _calls(tmp_path) == [["--run-name", "q__1", "--seed", "1"], ["--run-name", "q__1", "--seed", "1", "--resume"]]
+    assert _calls(tmp_path) == [
+        ["--run-name", "q__1", "--seed", "1"],
+        ["--run-name", "q__1", "--seed", "1", "--resume"],
+    ]
     assert "resumed" in (tmp_path / "runs" / "q__1.log").read_text()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}, "done.json holds the same command"
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}, (
+        "done.json holds the same command"
+    )
     # stopped part way under the quick budget: the full suite starts it over rather than continue the quick run
     monkeypatch.setenv("CRASH", "q__1")
     run.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)
@@ -145,7 +179,10 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     capsys.readouterr()
     assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
     out = capsys.readouterr().out
-    assert "[rerun] q__1: it did not finish, and was started by another command: was '--total-episodes 8', now (none)" in out
+    assert (
+        "[rerun] q__1: it did not finish, and was started by another command: was '--total-episodes 8', now (none)"
+        in out
+    )
     assert _calls(tmp_path)[-1] == ["--run-name", "q__1", "--seed", "1", "--overwrite"]
     # a checkpoint without the suite's record of the command (run by hand): started over, not resumed blindly
     (tmp_path / "runs" / "q__1" / "done.json").unlink()
@@ -153,22 +190,42 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     (tmp_path / "runs" / "q__1" / "checkpoint" / "state.json").write_text("{}")
     run.stage_record(tmp_path / "runs", "q__1").unlink()
     assert run.decide(tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"]) == (
-        "rerun", "it did not finish and there is no record of the command that started it")
+        "rerun",
+        "it did not finish and there is no record of the command that started it",
+    )
 
 
 def test_launch_flags_do_not_count_as_another_command():
-    assert run.same_run_args(["p", "--run-name", "x", "--num-threads", "1", "--resume", "--seed", "2"]) == ["p", "--run-name", "x", "--seed", "2"]
+    assert run.same_run_args(["p", "--run-name", "x", "--num-threads", "1", "--resume", "--seed", "2"]) == [
+        "p",
+        "--run-name",
+        "x",
+        "--seed",
+        "2",
+    ]
     assert run.same_run_args(["p", "--num-threads=4", "--overwrite"]) == ["p"]
 
 
 def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(capsys, tmp_path):
-    status = run.run_suite("tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo_tiny-tldr", "grpo_tiny-math"], quick=True)
+    status = run.run_suite(
+        "tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo_tiny-tldr", "grpo_tiny-math"], quick=True
+    )
     # the two stages and what they need, not PPO on tiny-math nor the other GRPO variants
-    assert sorted(status) == ["grpo_tiny-math__1", "ppo_tiny-tldr__1", "rm_tiny-tldr__1", "sft_tiny-math__1", "sft_tiny-tldr__1"]
+    assert sorted(status) == [
+        "grpo_tiny-math__1",
+        "ppo_tiny-tldr__1",
+        "rm_tiny-tldr__1",
+        "sft_tiny-math__1",
+        "sft_tiny-tldr__1",
+    ]
     out = capsys.readouterr().out
     ppo = next(line for line in out.splitlines() if "--run-name ppo_tiny-tldr__1" in line)
     assert ppo.endswith("--seed 1 --total-episodes 512 --eval-every 8")
-    assert "--total-steps 20" in out and "sft.py tiny-tldr --run-name sft_tiny-tldr__1\n" in out  # SFT has no quick budget
-    run.run_suite("tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo"])  # an algorithm name keeps it on both tracks, full budgets
+    assert (
+        "--total-steps 20" in out and "sft.py tiny-tldr --run-name sft_tiny-tldr__1\n" in out
+    )  # SFT has no quick budget
+    run.run_suite(
+        "tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo"]
+    )  # an algorithm name keeps it on both tracks, full budgets
     out = capsys.readouterr().out
     assert "ppo_tiny-math__1" in out and "ppo_tiny-tldr__1" in out and "--total-episodes 512" not in out

@@ -15,7 +15,6 @@ from transformers import AutoTokenizer
 import sft
 from benchmark.real_check import default_assets
 
-
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets
 
 
@@ -53,15 +52,21 @@ def test_truncate_after_first_eos():
 
 
 def _args(assets, **kw):
-    base = dict(model_name_or_path=str(assets / "models" / "tiny-neox"), dataset_name_or_path=str(assets / "tiny-tldr" / "sft"),
-                max_prompt_length=96, max_response_length=48)
+    base = dict(
+        model_name_or_path=str(assets / "models" / "tiny-neox"),
+        dataset_name_or_path=str(assets / "tiny-tldr" / "sft"),
+        max_prompt_length=96,
+        max_response_length=48,
+    )
     return sft.Args(**{**base, **kw})
 
 
 def test_tokenize_appends_eos_and_rejects_overlong_rows(assets):
     args = _args(assets)
     tok = sft.load_tokenizer(args)
-    rows = Dataset.from_list([{"query": "SUBREDDIT: r/x\n\nTITLE: t\n\nPOST: p\n\nTL;DR:", "reference_response": " my dog"}])
+    rows = Dataset.from_list(
+        [{"query": "SUBREDDIT: r/x\n\nTITLE: t\n\nPOST: p\n\nTL;DR:", "reference_response": " my dog"}]
+    )
     (ex,) = sft.tokenize_split(rows, tok, args, "train")
     assert ex["response_ids"][-1] == tok.eos_token_id
     assert tok.decode(ex["response_ids"][:-1]) == " my dog"
@@ -70,7 +75,9 @@ def test_tokenize_appends_eos_and_rejects_overlong_rows(assets):
     long = Dataset.from_list([{"query": "word " * 200, "reference_response": " x"}])
     with pytest.raises(SystemExit, match="max-prompt-length"):
         sft.tokenize_split(long, tok, args, "train")
-    mixed = Dataset.from_list([{"query": "word " * 200, "reference_response": " x"}, {"query": "q", "reference_response": " y"}])
+    mixed = Dataset.from_list(
+        [{"query": "word " * 200, "reference_response": " x"}, {"query": "q", "reference_response": " y"}]
+    )
     assert len(sft.tokenize_split(mixed, tok, _args(assets, drop_overlong=True), "train")) == 1
 
 
@@ -94,8 +101,19 @@ def test_tokenizer_without_pad_token_is_an_error_unless_asked_to_add_one(assets,
 
 
 def test_short_run_writes_run_directory(assets, tmp_path):
-    args = _args(assets, output_dir=str(tmp_path), run_name="r", max_train_samples=64, per_device_train_batch_size=8,
-                 learning_rate=1e-3, num_eval_examples=8, eval_every=4, log_every=2, eval_task="tldr", num_threads=1)
+    args = _args(
+        assets,
+        output_dir=str(tmp_path),
+        run_name="r",
+        max_train_samples=64,
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        num_eval_examples=8,
+        eval_every=4,
+        log_every=2,
+        eval_task="tldr",
+        num_threads=1,
+    )
     metrics = sft.main(args)
     run = tmp_path / "r"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -119,11 +137,27 @@ def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(asse
     results = []
     for batch_size, accumulation in [(4, 1), (2, 2), (2, 4)]:
         name = f"b{batch_size}x{accumulation}"
-        args = _args(assets, output_dir=str(tmp_path), run_name=name, max_train_samples=4, per_device_train_batch_size=batch_size,
-                     gradient_accumulation_steps=accumulation, learning_rate=0.1, adam_eps=1.0, max_grad_norm=1e9,
-                     num_eval_examples=1, eval_every=100, log_every=1, num_threads=1)
+        args = _args(
+            assets,
+            output_dir=str(tmp_path),
+            run_name=name,
+            max_train_samples=4,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            learning_rate=0.1,
+            adam_eps=1.0,
+            max_grad_norm=1e9,
+            num_eval_examples=1,
+            eval_every=100,
+            log_every=1,
+            num_threads=1,
+        )
         sft.main(args)
-        (train,) = [r for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+        (train,) = [
+            r
+            for r in map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+            if "train/loss" in r
+        ]
         results.append((train["train/loss"], load_file(tmp_path / name / "model" / "model.safetensors")))
     (loss, weights), others = results[0], results[1:]
     start = load_file(assets / "models" / "tiny-neox" / "model.safetensors")
@@ -137,7 +171,9 @@ def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(asse
 def test_chat_template_wraps_the_prompt_as_a_user_turn(assets):
     args = _args(assets, use_chat_template=True, prompt_template="{question}", response_template="{answer}")
     tok = sft.load_tokenizer(args)
-    (ex,) = sft.tokenize_split(Dataset.from_list([{"question": "What is 2 + 2?", "answer": "#### 4"}]), tok, args, "train")
+    (ex,) = sft.tokenize_split(
+        Dataset.from_list([{"question": "What is 2 + 2?", "answer": "#### 4"}]), tok, args, "train"
+    )
     assert tok.decode(ex["prompt_ids"]) == "<|user|>\nWhat is 2 + 2?<|endoftext|>\n<|assistant|>\n"
     assert ex["response_ids"][-1] == tok.eos_token_id
 
@@ -146,8 +182,11 @@ def test_chat_template_wraps_the_prompt_as_a_user_turn(assets):
 def test_real_tldr_rows_fit_the_preset_with_one_eos():
     """The N+ references end with the text `<|endoftext|>` (Pythia's EOS): tokenised with the real tokenizer they get no
     second EOS, so the longest N+ reference (53 tokens, EOS included) fits the preset's --max-response-length 53."""
-    args = dataclasses.replace(sft.PRESETS["tldr-pythia-1b"][1], model_name_or_path=str(REAL / "tokenizers" / "pythia"),
-                               dataset_name_or_path=str(REAL / "tldr" / "sft"))
+    args = dataclasses.replace(
+        sft.PRESETS["tldr-pythia-1b"][1],
+        model_name_or_path=str(REAL / "tokenizers" / "pythia"),
+        dataset_name_or_path=str(REAL / "tldr" / "sft"),
+    )
     assert (args.max_prompt_length, args.max_response_length) == (512, 53)
     tok = sft.load_tokenizer(args)
     for split in ("train", "validation", "test"):
@@ -171,9 +210,14 @@ def test_conversational_rows_are_rendered_with_the_chat_template(assets):
     tok = sft.load_tokenizer(_args(assets))
     (want,) = sft.tokenize_split(Dataset.from_list([plain]), tok, _args(assets, use_chat_template=True), "train")
     user, assistant = {"role": "user", "content": plain["query"]}, {"role": "assistant", "content": " dog ate rent"}
-    for row, templates in [({"messages": [user, assistant]}, ("{messages}", "{messages}")),
-                           ({"prompt": [user], "completion": [assistant]}, ("{prompt}", "{completion}"))]:
+    for row, templates in [
+        ({"messages": [user, assistant]}, ("{messages}", "{messages}")),
+        ({"prompt": [user], "completion": [assistant]}, ("{prompt}", "{completion}")),
+    ]:
         args = _args(assets, prompt_template=templates[0], response_template=templates[1])
         (got,) = sft.tokenize_split(Dataset.from_list([row]), tok, args, "train")
-        assert (got["prompt_ids"], got["response_ids"], got["response"]) == (want["prompt_ids"], want["response_ids"],
-                                                                            plain["reference_response"])
+        assert (got["prompt_ids"], got["response_ids"], got["response"]) == (
+            want["prompt_ids"],
+            want["response_ids"],
+            plain["reference_response"],
+        )

@@ -11,16 +11,22 @@ def flag(cmd: list[str], name: str) -> str:
 
 def test_train_seconds_cumulative_uses_the_last_row():
     # rate since the loop started: 64 episodes at 4/s, then 128 at 5/s -> 128 / 5 = 25.6 s
-    rows = [{"step": 0, "episode": 0, "eval/x": 1.0},
-            {"step": 1, "episode": 64, "perf/episodes_per_sec": 4.0},
-            {"step": 2, "episode": 128, "perf/episodes_per_sec": 5.0}]
+    rows = [
+        {"step": 0, "episode": 0, "eval/x": 1.0},
+        {"step": 1, "episode": 64, "perf/episodes_per_sec": 4.0},
+        {"step": 2, "episode": 128, "perf/episodes_per_sec": 5.0},
+    ]
     assert speed.train_seconds(rows, "cumulative") == pytest.approx((25.6, 128))
 
 
 def test_train_seconds_window_sums_each_window():
     # per-window rates: 32 episodes at 16/s (2 s) + 32 at 8/s (4 s) + 64 at 32/s (2 s) = 8 s for 128 episodes
-    rows = [{"episode": 32, "perf/episodes_per_sec": 16.0}, {"episode": 64, "perf/episodes_per_sec": 8.0},
-            {"episode": 64, "eval/loss": 0.3}, {"episode": 128, "perf/episodes_per_sec": 32.0}]
+    rows = [
+        {"episode": 32, "perf/episodes_per_sec": 16.0},
+        {"episode": 64, "perf/episodes_per_sec": 8.0},
+        {"episode": 64, "eval/loss": 0.3},
+        {"episode": 128, "perf/episodes_per_sec": 32.0},
+    ]
     assert speed.train_seconds(rows, "window") == pytest.approx((8.0, 128))
     with pytest.raises(ValueError):
         speed.train_seconds([{"episode": 0, "eval/loss": 1.0}], "window")
@@ -36,8 +42,18 @@ def test_ratios_and_verdict():
 
 def test_repeated_rounds_report_the_median_paired_ratio_and_the_largest_memory():
     def round_(ours_s, trl_s, ours_gb, trl_gb):
-        o = {"train_s": ours_s, "episodes_per_sec": 512 / ours_s, "tokens_per_sec": 512 * 100 / ours_s, "peak_rss_gb": ours_gb}
-        t = {"train_s": trl_s, "episodes_per_sec": 512 / trl_s, "tokens_per_sec": 512 * 100 / trl_s, "peak_rss_gb": trl_gb}
+        o = {
+            "train_s": ours_s,
+            "episodes_per_sec": 512 / ours_s,
+            "tokens_per_sec": 512 * 100 / ours_s,
+            "peak_rss_gb": ours_gb,
+        }
+        t = {
+            "train_s": trl_s,
+            "episodes_per_sec": 512 / trl_s,
+            "tokens_per_sec": 512 * 100 / trl_s,
+            "peak_rss_gb": trl_gb,
+        }
         return {"algo": "ppo", "work": {}, "ours": o, "trl": t, **speed.ratios(o, t)}
 
     # a slow stretch of the machine (round 2) slows both sides; the paired ratios are 1.5, 1.4, 1.6 -> median 1.5
@@ -46,7 +62,11 @@ def test_repeated_rounds_report_the_median_paired_ratio_and_the_largest_memory()
     assert r["speed_ratio"] == pytest.approx(1.5)
     assert [x["speed_ratio"] for x in r["rounds"]] == pytest.approx([1.5, 1.4, 1.6])
     assert r["ours"]["episodes_per_sec"] == pytest.approx(512 / 80) and r["trl"]["train_s"] == pytest.approx(120)
-    assert r["ours"]["peak_rss_gb"] == 1.1 and r["trl"]["peak_rss_gb"] == 1.3 and r["mem_ratio"] == pytest.approx(1.1 / 1.3)
+    assert (
+        r["ours"]["peak_rss_gb"] == 1.1
+        and r["trl"]["peak_rss_gb"] == 1.3
+        and r["mem_ratio"] == pytest.approx(1.1 / 1.3)
+    )
     assert "rounds" not in speed.combine(rounds[:1]) and speed.combine(rounds[:1])["speed_ratio"] == pytest.approx(1.5)
     skipped = {"algo": "ppo", "work": {}, "skipped": "TRL side failed"}
     assert speed.combine([rounds[0], skipped]) is skipped
@@ -59,7 +79,11 @@ def test_our_command_does_the_same_work_as_the_trl_side(algo):
     cmd = speed.ours_command(w, "scratch_x")
     assert cmd[1] == speed.SCRIPTS[algo] and flag(cmd, "--num-threads") == "1" and flag(cmd, "--seed") == "1"
     if algo in ("rm", "dpo"):  # one epoch over exactly steps x batch pairs
-        assert int(flag(cmd, "--max-train-samples")) == 3 * w["batch"] == 3 * int(flag(cmd, "--per-device-train-batch-size"))
+        assert (
+            int(flag(cmd, "--max-train-samples"))
+            == 3 * w["batch"]
+            == 3 * int(flag(cmd, "--per-device-train-batch-size"))
+        )
     if algo in ("ppo", "rloo"):  # steps batches of `batch` sampled responses
         assert int(flag(cmd, "--total-episodes")) == 3 * int(flag(cmd, "--per-device-batch-size")) == 3 * w["batch"]
         assert int(flag(cmd, "--response-length")) == w["response_length"]

@@ -22,10 +22,20 @@ FACTS = ["roommate", "rent", "angry"]
         (" my roommate never pays the rent, I feel angry and sad", 1.0 - 0.5),  # all facts, "sad" invented; 11 words
         (" my roommate never pays the rent, I feel sad sad and angry", 1.0 - 0.5),  # "sad" twice counts once; 12 words
         (" my roommate never pays the rent and so I feel very very angry about it", 1.0 - 0.1 * 3),  # 15 words
-        (" my roommate never pays the rent and my boss crashed my car, I feel angry", 1.0 - 0.5 * 2 - 0.1 * 3),  # boss, car invented; 15 words
-        (" my roommate and my boss and my boss never pay the rent, I feel angry", 1.0 - 0.5 * 1 - 0.1 * 3),  # boss counts once; 15 words
+        (
+            " my roommate never pays the rent and my boss crashed my car, I feel angry",
+            1.0 - 0.5 * 2 - 0.1 * 3,
+        ),  # boss, car invented; 15 words
+        (
+            " my roommate and my boss and my boss never pay the rent, I feel angry",
+            1.0 - 0.5 * 1 - 0.1 * 3,
+        ),  # boss counts once; 15 words
         (" so my roommate never ever pays the rent and I feel really really angry", 1.0 - 0.1 * 2),  # 14 words
-        (" roommate roommate roommate roommate roommate roommate roommate roommate roommate roommate rent angry angry", 1.0 - 0.1 * 1),
+        (
+            " roommate roommate roommate roommate roommate roommate roommate roommate roommate roommate rent angry "
+            "angry",
+            1.0 - 0.1 * 1,
+        ),
         (" MY ROOMMATE never pays the RENT, I feel Angry", 1.0),  # case does not matter
         ("", 0.0),
         (" ...!!", 0.0),
@@ -106,8 +116,18 @@ def test_extract_boxed_answer(text, expected):
 
 @pytest.mark.parametrize(
     "predicted, gold, expected",
-    [("6", "6.0", True), ("06", "6", True), ("1,000", "1000", True), ("6", "7", False), (None, "6", False), ("abc", "6", False), ("-2", "-2", True),
-     ("2.50", "2.5", True), ("", "6", False), (" 6 ", "6", True)],
+    [
+        ("6", "6.0", True),
+        ("06", "6", True),
+        ("1,000", "1000", True),
+        ("6", "7", False),
+        (None, "6", False),
+        ("abc", "6", False),
+        ("-2", "-2", True),
+        ("2.50", "2.5", True),
+        ("", "6", False),
+        (" 6 ", "6", True),
+    ],
 )
 def test_numbers_equal(predicted, gold, expected):
     assert tw.numbers_equal(predicted, gold) is expected
@@ -122,7 +142,10 @@ def _apply(a: int, op: str, b: int) -> int:
 
 def test_math_rows_are_consistent_and_checkable():
     data = tw.make_tiny_math(seed=3, n_train=300, n_test=50)
-    assert [len(data[f"{kind}/{split}"]) for kind in ("gsm8k", "math", "prm") for split in ("train", "test")] == [300, 50] * 3
+    assert [len(data[f"{kind}/{split}"]) for kind in ("gsm8k", "math", "prm") for split in ("train", "test")] == [
+        300,
+        50,
+    ] * 3
     for row, mrow in zip(data["gsm8k/train"] + data["gsm8k/test"], data["math/train"] + data["math/test"], strict=True):
         *lines, final = row["answer"].split("\n")
         assert 1 <= len(lines) <= 4
@@ -188,7 +211,9 @@ def test_prm_labels_follow_the_true_running_value():
 def test_tldr_rows_follow_the_n_plus_template_and_pairs_follow_the_judge():
     data = tw.make_tiny_tldr(seed=5, n_sft=300, n_pref=300, n_eval=20)
     template = re.compile(r"^SUBREDDIT: r/\w+\n\nTITLE: .+\n\nPOST: .+\n\nTL;DR:$", re.S)
-    assert [len(data[k]) for k in ("sft/train", "sft/validation", "sft/test", "preference/train", "preference/validation")] == [300, 20, 20, 300, 40]
+    assert [
+        len(data[k]) for k in ("sft/train", "sft/validation", "sft/test", "preference/train", "preference/validation")
+    ] == [300, 20, 20, 300, 40]
     for split in ("sft/train", "sft/validation", "sft/test", "preference/train", "preference/validation"):
         for row in data[split]:
             assert template.match(row["query"]) and row["post"] in row["query"] and row["title"] in row["query"]

@@ -772,18 +772,17 @@ def main(args: Args) -> dict:
             r_c, r_r, chosen, rejected = out["r_chosen"], out["r_rejected"], out["chosen"], out["rejected"]
             # loss_sum * share, averaged over the micro-batches and processes below, is the batch mean of the gradient
             running.append(
-                torch.stack(
-                    [
-                        loss_sum.detach() * share,
-                        r_c.mean(),
-                        r_r.mean(),
-                        implicit_accuracy(r_c, r_r).mean(),
-                        (r_c - r_r).mean(),
-                        chosen.mean(),
-                        rejected.mean(),
-                        ((chosen - out["ref_chosen"]) + (rejected - out["ref_rejected"])).mean() / 2,
-                    ]
-                )
+                {
+                    "train/loss": loss_sum.detach() * share,
+                    "rewards/chosen": r_c.mean(),
+                    "rewards/rejected": r_r.mean(),
+                    "rewards/accuracies": implicit_accuracy(r_c, r_r).mean(),
+                    "rewards/margins": (r_c - r_r).mean(),
+                    "logps/chosen": chosen.mean(),
+                    "logps/rejected": rejected.mean(),
+                    # online: the mean of log pi - log pi_ref over the sampled responses (k1, per response)
+                    "objective/kl": ((chosen - out["ref_chosen"]) + (rejected - out["ref_rejected"])).mean() / 2,
+                }
             )
         scheduler.step()
         train_sec = time.time() - train_start  # the update only (not the sampling)
@@ -791,22 +790,13 @@ def main(args: Args) -> dict:
 
         # ---- logging ----
         if step % args.log_every == 0 or step == total_steps:
-            values = accelerator.gather(torch.stack(running).mean(0)[None]).mean(0).tolist()
-            names = [
-                "train/loss",
-                "rewards/chosen",
-                "rewards/rejected",
-                "rewards/accuracies",
-                "rewards/margins",
-                "logps/chosen",
-                "logps/rejected",
-            ]
-            logged = dict(zip(names, values))
+            names = list(running[0])  # every process's micro-batch means, by name, averaged over all of them
+            means = torch.stack([torch.stack([r[k] for k in names]) for r in running]).mean(0)
+            logged = dict(zip(names, accelerator.gather(means[None]).mean(0).tolist()))
             if online:
-                logged["objective/kl"] = values[
-                    7
-                ]  # mean of log pi - log pi_ref over the sampled responses (k1, per response)
                 logged.update(stats)
+            else:
+                del logged["objective/kl"]  # offline pairs are not the policy's samples
             logged.update(
                 {
                     "train/grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # DeepSpeed

@@ -400,10 +400,7 @@ PRESETS = {
             prompt_template="Question: {question}\nAnswer:\n",
             reference_template="{answer}",
             answer_format="gsm8k",
-            # The SFT policy mostly answers without working (greedy accuracy 0.165) but writes the steps out in 38% of
-            # its samples, right 33% of the time against 10%: GRPO teaches it to show its work (0.49 over 3 seeds). lr
-            # 1e-4 without warm-up wrecks the policy in one step (Adam's first update is lr * sign(g) for every weight),
-            # hence the warm-up.
+            # warm-up: Adam's first update is lr * sign(g) for every weight, which at lr 1e-4 wrecks the policy
             max_prompt_length=96,
             max_completion_length=80,
             loss_type="grpo",
@@ -692,7 +689,7 @@ def main(args: Args) -> dict:
         torch.set_num_threads(threads)
     run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
     set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
-    device, G, Q = accelerator.device, args.num_generations, args.questions_per_device
+    device, G = accelerator.device, args.num_generations
     synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
     if args.async_generation and (synced or args.use_vllm):
         raise SystemExit(
@@ -796,134 +793,9 @@ def main(args: Args) -> dict:
             "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs"
         )
 
-    def sample(
-        prompts: list[list[int]], temperature: float, sampler: torch.nn.Module | None = None
-    ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
-        if vllm_sampler is not None:
-            return vllm_sampler(prompts, args.max_completion_length, temperature)
-        return hf_sample(
-            sampler or unwrapped,
-            prompts,
-            tokenizer.pad_token_id,
-            tokenizer.eos_token_id,
-            args.max_completion_length,
-            temperature,
-            args.generation_batch_size,
-            synced,
-        )
-
-    def sample_and_score(rows: list[dict], sampler=None) -> dict:
-        """G completions of each question and every part of their reward."""
-        prompts = [r["prompt_ids"] for r in rows for _ in range(G)]
-        completions, sample_logprobs = sample(prompts, args.temperature, sampler)
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
-        ended = [tokenizer.eos_token_id in c for c in completions]
-        lengths = torch.tensor([len(c) for c in completions])
-        golds = [r["gold"] for r in rows for _ in range(G)]
-        parts = {
-            "success": torch.tensor([success_reward(t, g, args.answer_format) for t, g in zip(texts, golds)]),
-            "format": args.format_reward_coef
-            * torch.tensor([format_reward(t, e, args.answer_format) for t, e in zip(texts, ended)]),
-            "overlong": soft_overlong_penalty(
-                lengths, args.max_completion_length, args.overlong_buffer, args.overlong_penalty_factor
-            ),
-        }
-        if rm is not None:  # the score at the last token of prompt + completion (its EOS when it ended), by micro-batch
-            scores = []
-            for i in range(0, len(prompts), args.micro_batch_size):
-                chunk = [
-                    p + c
-                    for p, c in zip(prompts[i : i + args.micro_batch_size], completions[i : i + args.micro_batch_size])
-                ]
-                ids, mask = (x.to(device) for x in right_pad(chunk, tokenizer.pad_token_id))
-                with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
-                    scores.append(outcome_reward(rm, ids, mask).float().cpu())
-            parts["outcome_rm"] = args.rm_coef * torch.cat(scores)
-        if prm is not None:  # Clip / Delta refined step rewards, placed on the steps' last tokens: their sum
-            responses = right_pad(completions, tokenizer.pad_token_id)[0]
-            with accelerator.autocast():
-                parts["process_rm"] = process_rewards(prm, tokenizer, prompts, responses, args)[0].sum(1)
-        return {
-            "prompts": prompts,
-            "completions": completions,
-            "sample_logprobs": sample_logprobs or [None] * len(prompts),
-            "texts": texts,
-            "truncated": torch.tensor([not e for e in ended]),
-            "lengths": lengths,
-            **parts,
-            "reward": sum(parts.values()),
-            "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts]),
-        }
-
-    def questions_needed(missing: int) -> int:
-        """Questions to sample next on this process; under ZeRO-3 every process samples as many as the one that misses
-        most (the sampler and reward models then make the same forward calls everywhere)."""
-        if not synced:
-            return missing
-        count = torch.tensor([float(missing)], device=device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        return int(count.item())
-
-    def concat(batches: list[dict]) -> dict:
-        return {
-            k: (
-                torch.cat([b[k] for b in batches])
-                if torch.is_tensor(batches[0][k])
-                else [x for b in batches for x in b[k]]
-            )
-            for k in batches[0]
-        }
-
-    def select_groups(batch: dict, groups: list[int]) -> dict:
-        idx = [g * G + j for g in groups for j in range(G)]
-        return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
-
-    def collect(sampler=None, version: int = 0, threads: int | None = None) -> dict:
-        """Step 1 of the loop: G completions for each of Q questions of this process, with DAPO's dynamic sampling
-        (groups with some right and some wrong completions; more questions until Q are kept). With --async it runs in
-        the generator thread on `sampler`, a copy of the weights of step `version`, and also returns that copy's
-        logprobs of the kept completions (the old policy of the loss)."""
-        if threads:
-            torch.set_num_threads(threads)  # a new thread starts with the default pool: give it its share
-        t0 = time.time()
-        sampled, kept, dropped, rounds, n = [], [], [], 0, 0
-        while (need := questions_needed(Q - len(kept))) > 0:
-            batch = sample_and_score([next(stream) for _ in range(need)], sampler)
-            n += need
-            sampled.append(batch)
-            rounds += 1
-            keep = groups_to_keep(batch, G, args.dynamic_sampling)
-            kept += [select_groups(batch, [g]) for g, s in enumerate(keep) if s]
-            dropped += [select_groups(batch, [g]) for g, s in enumerate(keep) if not s]
-            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
-            if rounds >= args.max_sampling_rounds and len(kept) < Q:
-                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
-                # (all right or all wrong) instead of sampling forever
-                kept += dropped[: Q - len(kept)]
-        out = {
-            "everything": concat(sampled),
-            "batch": concat(kept),
-            "rounds": rounds,
-            "dropped": len(dropped),
-            "drawn": n,
-            "version": version,
-        }
-        if sampler is not None and not use_sampler_logprobs:  # the sampling weights' own logprobs, by a forward pass
-            b = out["batch"]
-            with torch.no_grad():
-                b["old_logprobs"] = []
-                for i in range(0, len(b["completions"]), args.micro_batch_size):
-                    sl = slice(i, i + args.micro_batch_size)
-                    packed = pack(
-                        b["prompts"][sl],
-                        b["completions"][sl],
-                        tokenizer.pad_token_id,
-                        args.max_prompt_length + args.max_completion_length,
-                    )
-                    lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
-                    b["old_logprobs"] += [lp[j, : len(c)] for j, c in enumerate(b["completions"][sl])]
-        out["gen_time"] = time.time() - t0
-        return out
+    sampling = Sampling(
+        args, accelerator, tokenizer, unwrapped, stream, rm, prm, vllm_sampler, synced, use_sampler_logprobs
+    )
 
     run.begin()
     episode, drawn, start_step = 0, 0, 0  # drawn: questions this process took from `stream`
@@ -935,7 +807,7 @@ def main(args: Args) -> dict:
         if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
             vllm_sampler.load_weights(unwrapped)
     else:
-        metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+        metrics, _ = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
         run.log(metrics, 0, 0)
         accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
     progress = tqdm(
@@ -947,17 +819,10 @@ def main(args: Args) -> dict:
     )
     gen_policy = executor = pending = None
 
-    def settle() -> None:
-        """(--async) let the generator thread finish before a checkpoint reads the RNG states. The checkpoint's
-        `drawn` excludes the questions it drew ahead: a resumed run samples that batch again, with the checkpoint's
-        weights and RNG, so an asynchronous run resumes in place but not to the same numbers."""
-        if pending is not None:
-            pending.result()
-
     if args.async_generation:  # the generator samples with its own copy of the weights, synced before each step
         gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
         executor = ThreadPoolExecutor(max_workers=1)
-        pending = executor.submit(collect, gen_policy, start_step, gen_threads)
+        pending = executor.submit(sampling.collect, gen_policy, start_step, gen_threads)
     for step in progress:
         t_step = time.time()
         before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
@@ -968,10 +833,14 @@ def main(args: Args) -> dict:
         if executor is not None:
             data = pending.result()
             gen_policy.load_state_dict(unwrapped.state_dict())  # the weights this step starts from sample the next
-            pending = executor.submit(collect, gen_policy, step - 1, gen_threads) if step < args.total_steps else None
+            pending = (
+                executor.submit(sampling.collect, gen_policy, step - 1, gen_threads)
+                if step < args.total_steps
+                else None
+            )
         else:
             model.eval()
-            data = collect()
+            data = sampling.collect()
             model.train()
         wait = time.time() - wait_start
         everything, batch, rounds, drawn = data["everything"], data["batch"], data["rounds"], drawn + data["drawn"]
@@ -1076,7 +945,7 @@ def main(args: Args) -> dict:
                         slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
                         out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
-                            settle()
+                            settle(pending)
                             run.stop(
                                 grpo_loop_state(*before),
                                 f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards",
@@ -1102,7 +971,7 @@ def main(args: Args) -> dict:
                 stats["loss"].append(update_loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
                 if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                    settle()
+                    settle(pending)
                     run.stop(
                         grpo_loop_state(*before), f"non-finite gradient norm at step {step}: lower --learning-rate"
                     )
@@ -1177,7 +1046,7 @@ def main(args: Args) -> dict:
                 reward=f"{logged['objective/reward']:.3f}", length=f"{logged['objective/completion_length']:.1f}"
             )
         if step % args.eval_every == 0 or step == args.total_steps:
-            metrics, records = evaluate(sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+            metrics, records = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
             run.log(metrics, step, episode)
             accelerator.print(f"step {step}: eval/accuracy {metrics['eval/accuracy']:.4f}")
             run.log_samples(
@@ -1193,10 +1062,10 @@ def main(args: Args) -> dict:
                 step,
             )
         if run.stop_requested():  # a collective: every process, every step
-            settle()
+            settle(pending)
             run.stop(grpo_loop_state(step, episode, drawn, metrics))
         if args.save_every and step % args.save_every == 0 and step < args.total_steps:
-            settle()
+            settle(pending)
             run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
     progress.close()
     if executor is not None:
@@ -1204,7 +1073,9 @@ def main(args: Args) -> dict:
 
     # ---- at the end: pass@k and maj@k from k samples per evaluation question ----
     if args.pass_k > 0:
-        pass_metrics, _ = evaluate(sample, tokenizer, eval_rows, args, accelerator, args.pass_k, args.temperature)
+        pass_metrics, _ = evaluate(
+            sampling.sample, tokenizer, eval_rows, args, accelerator, args.pass_k, args.temperature
+        )
         run.log(pass_metrics, args.total_steps, episode)
         accelerator.print(
             f"pass@{args.pass_k} {pass_metrics['eval/pass@k']:.4f}, maj@{args.pass_k} {pass_metrics['eval/maj@k']:.4f}"
@@ -1886,6 +1757,155 @@ def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
     number of questions each process drew from its stream (dynamic sampling draws a varying number per step), gathered
     so the main process saves them. Every process calls it."""
     return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
+
+
+def concat_batches(batches: list[dict]) -> dict:
+    """One batch of the rows of several (tensors concatenated, lists joined)."""
+    return {
+        k: torch.cat([b[k] for b in batches]) if torch.is_tensor(batches[0][k]) else [x for b in batches for x in b[k]]
+        for k in batches[0]
+    }
+
+
+def select_groups(batch: dict, groups: list[int], G: int) -> dict:
+    """The rows of the given groups (G completions each) of a batch."""
+    idx = [g * G + j for g in groups for j in range(G)]
+    return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
+
+
+def settle(pending) -> None:
+    """(--async) let the generator thread finish before a checkpoint reads the RNG states. The checkpoint's `drawn`
+    excludes the questions it drew ahead: a resumed run samples that batch again, with the checkpoint's weights and
+    RNG, so an asynchronous run resumes in place but not to the same numbers."""
+    if pending is not None:
+        pending.result()
+
+
+class Sampling:
+    """Step 1 of the loop: sampling the completions of this process's questions and scoring every part of their
+    reward, with DAPO's dynamic sampling; with --async, `collect` runs in the generator thread."""
+
+    def __init__(
+        self, args, accelerator, tokenizer, policy, stream, rm, prm, vllm_sampler, synced, use_sampler_logprobs
+    ):
+        self.args, self.accelerator, self.tokenizer = args, accelerator, tokenizer
+        self.policy, self.stream = policy, stream
+        self.rm, self.prm, self.vllm_sampler, self.synced = rm, prm, vllm_sampler, synced
+        self.use_sampler_logprobs = use_sampler_logprobs
+
+    def sample(
+        self, prompts: list[list[int]], temperature: float, sampler: torch.nn.Module | None = None
+    ) -> tuple[list[list[int]], list[torch.Tensor] | None]:
+        """Completions of the prompts (vLLM, or the policy's own sampling loop; `sampler`: a copy of its weights),
+        with the sampler's logprobs when it keeps them."""
+        args, tok = self.args, self.tokenizer
+        if self.vllm_sampler is not None:
+            return self.vllm_sampler(prompts, args.max_completion_length, temperature)
+        return hf_sample(
+            sampler or self.policy,
+            prompts,
+            tok.pad_token_id,
+            tok.eos_token_id,
+            args.max_completion_length,
+            temperature,
+            args.generation_batch_size,
+            self.synced,
+        )
+
+    def sample_and_score(self, rows: list[dict], sampler=None) -> dict:
+        """G completions of each question and every part of their reward."""
+        args, tokenizer, G = self.args, self.tokenizer, self.args.num_generations
+        device = self.accelerator.device
+        prompts = [r["prompt_ids"] for r in rows for _ in range(G)]
+        completions, sample_logprobs = self.sample(prompts, args.temperature, sampler)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]
+        ended = [tokenizer.eos_token_id in c for c in completions]
+        lengths = torch.tensor([len(c) for c in completions])
+        golds = [r["gold"] for r in rows for _ in range(G)]
+        parts = {
+            "success": torch.tensor([success_reward(t, g, args.answer_format) for t, g in zip(texts, golds)]),
+            "format": args.format_reward_coef
+            * torch.tensor([format_reward(t, e, args.answer_format) for t, e in zip(texts, ended)]),
+            "overlong": soft_overlong_penalty(
+                lengths, args.max_completion_length, args.overlong_buffer, args.overlong_penalty_factor
+            ),
+        }
+        if self.rm is not None:  # the score at the last token of prompt + completion (its EOS when it ended)
+            scores, mb = [], args.micro_batch_size
+            for i in range(0, len(prompts), mb):
+                chunk = [p + c for p, c in zip(prompts[i : i + mb], completions[i : i + mb])]
+                ids, mask = (x.to(device) for x in right_pad(chunk, tokenizer.pad_token_id))
+                with self.accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy)
+                    scores.append(outcome_reward(self.rm, ids, mask).float().cpu())
+            parts["outcome_rm"] = args.rm_coef * torch.cat(scores)
+        if self.prm is not None:  # Clip / Delta refined step rewards, placed on the steps' last tokens: their sum
+            responses = right_pad(completions, tokenizer.pad_token_id)[0]
+            with self.accelerator.autocast():
+                parts["process_rm"] = process_rewards(self.prm, tokenizer, prompts, responses, args)[0].sum(1)
+        return {
+            "prompts": prompts,
+            "completions": completions,
+            "sample_logprobs": sample_logprobs or [None] * len(prompts),
+            "texts": texts,
+            "truncated": torch.tensor([not e for e in ended]),
+            "lengths": lengths,
+            **parts,
+            "reward": sum(parts.values()),
+            "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts]),
+        }
+
+    def questions_needed(self, missing: int) -> int:
+        """Questions to sample next on this process; under ZeRO-3 every process samples as many as the one that misses
+        most (the sampler and reward models then make the same forward calls everywhere)."""
+        if not self.synced:
+            return missing
+        count = torch.tensor([float(missing)], device=self.accelerator.device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        return int(count.item())
+
+    def collect(self, sampler=None, version: int = 0, threads: int | None = None) -> dict:
+        """G completions for each of Q questions of this process, with DAPO's dynamic sampling (groups with some right
+        and some wrong completions; more questions until Q are kept). With --async it runs in the generator thread on
+        `sampler`, a copy of the weights of step `version`, and also returns that copy's logprobs of the kept
+        completions (the old policy of the loss)."""
+        args, G, Q = self.args, self.args.num_generations, self.args.questions_per_device
+        if threads:
+            torch.set_num_threads(threads)  # a new thread starts with the default pool: give it its share
+        t0 = time.time()
+        sampled, kept, dropped, rounds, n = [], [], [], 0, 0
+        while (need := self.questions_needed(Q - len(kept))) > 0:
+            batch = self.sample_and_score([next(self.stream) for _ in range(need)], sampler)
+            n += need
+            sampled.append(batch)
+            rounds += 1
+            keep = groups_to_keep(batch, G, args.dynamic_sampling)
+            kept += [select_groups(batch, [g], G) for g, s in enumerate(keep) if s]
+            dropped += [select_groups(batch, [g], G) for g, s in enumerate(keep) if not s]
+            kept = kept[:Q]  # (ZeRO-3) a process that sampled for another's sake keeps only what it needs
+            if rounds >= args.max_sampling_rounds and len(kept) < Q:
+                # every process must run the same number of optimizer steps (DDP): top the batch up with dropped groups
+                # (all right or all wrong) instead of sampling forever
+                kept += dropped[: Q - len(kept)]
+        out = {
+            "everything": concat_batches(sampled),
+            "batch": concat_batches(kept),
+            "rounds": rounds,
+            "dropped": len(dropped),
+            "drawn": n,
+            "version": version,
+        }
+        if sampler is not None and not self.use_sampler_logprobs:  # the sampling weights' own logprobs
+            b, mb, capacity = out["batch"], args.micro_batch_size, args.max_prompt_length + args.max_completion_length
+            with torch.no_grad():
+                b["old_logprobs"] = []
+                for i in range(0, len(b["completions"]), mb):
+                    packed = pack(
+                        b["prompts"][i : i + mb], b["completions"][i : i + mb], self.tokenizer.pad_token_id, capacity
+                    )
+                    lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
+                    b["old_logprobs"] += [lp[j, : len(c)] for j, c in enumerate(b["completions"][i : i + mb])]
+        out["gen_time"] = time.time() - t0
+        return out
 
 
 def question_stream(rows: list[dict], seed: int):

@@ -2284,7 +2284,7 @@ def packed_sdpa_attention(
     sizes = lengths.tolist()
     # SDPA keeps its inputs for the backward pass. A value that is a view of a fused QKV projection's output (GPT-NeoX)
     # would keep all of that output alive, though rotary embedding has already copied the query and key out of it;
-    # a copy of the value alone frees the other two thirds (tiny-tldr PPO: 11% of the activations a pass keeps).
+    # a copy of the value alone frees the other two thirds (docs/speed.md).
     storage = value.untyped_storage()
     if storage.nbytes() > value.nbytes and storage.data_ptr() not in (
         query.untyped_storage().data_ptr(),

@@ -224,10 +224,7 @@ PRESETS = {
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
             learning_rate=1e-3,
             lr_schedule="cosine",
-            # 6 epochs, not 2: the copy of the feeling word from the post into the summary (an induction-style
-            # lookup) only forms after ~4 epochs. At 2 epochs the SFT model guessed the feeling (next-token copy
-            # accuracy 0.105 = chance over 8 words; 0.935 at 6 epochs), so RL that learned to add ", I feel ..."
-            # added a wrong feeling that the reward model, which never saw a wrong one, scored as right.
+            # 6 epochs, not 2: copying the post's feeling word into the summary forms late (docs/sft.md)
             warmup_ratio=0.05,
             num_train_epochs=6,
             per_device_train_batch_size=32,
@@ -243,10 +240,7 @@ PRESETS = {
         Args(
             exp_name="sft_tiny-math",
             model_name_or_path="runs/assets/models/tiny-llama",
-            # tiny-math/sft: 60% of its answers skip the working (benchmark/tiny_world.py), so the greedy SFT policy
-            # does too and RL has something to teach: writing the steps out. 6 epochs, not 3: at 3 the policy copied the
-            # wrong operand from the question in 4 steps of 5 (1 in 30 at 6), and steps written out were no better than
-            # none.
+            # 60% of the answers skip the working, so RL has something to teach; 6 epochs, not 3 (docs/sft.md)
             dataset_name_or_path="runs/assets/tiny-math/sft",
             eval_split="test",
             prompt_template="Question: {question}\nAnswer:\n",

@@ -214,3 +214,21 @@ def test_the_algorithm_comes_first(script):
     speed = [i + 1 for i, line in enumerate(lines) if line.startswith("# Speed work")]
     last_def = max(n.lineno for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))
     assert not speed or (speed[0] > main and speed[0] > plumbing and speed[0] < last_def)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_each_equation_in_the_docs_names_a_function_of_its_script(script):
+    """docs/<script>.md maps the paper's equations to the functions that implement them; a renamed or removed function
+    must not leave the page pointing at nothing."""
+    import re
+
+    page = REPO / "docs" / f"{script.stem}.md"
+    assert page.exists(), f"docs/{script.stem}.md is missing"
+    table = page.read_text().split("## Equations to code")[1].split("\n## ")[0]
+    source = script.read_text()
+    defined = {n.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    rows = [line for line in table.splitlines() if line.startswith("|") and "---" not in line][1:]
+    assert rows, f"{page.name}: no rows under 'Equations to code'"
+    for row in rows:
+        for name in re.findall(r"`([A-Za-z_]\w*)", row.strip("|").split("|")[-1]):
+            assert name in defined or f'"{name}"' in source, f"{page.name}: `{name}` is not in {script.name}"

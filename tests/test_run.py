@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,15 @@ def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(c
     )  # an algorithm name keeps it on both tracks, full budgets
     out = capsys.readouterr().out
     assert "ppo_tiny-math__1" in out and "ppo_tiny-tldr__1" in out and "--total-episodes 512" not in out
+
+
+def test_the_quick_suite_builds_the_tiny_world_then_runs_its_stages_at_quick_budgets(tmp_path, monkeypatch, capsys):
+    """The README's main job on a clean clone: `benchmark.run quick` builds runs/assets before its first stage."""
+    built = []
+    monkeypatch.setattr(run, "ensure_assets", lambda path: built.append(path))
+    status = run.run_suite("quick", [1], workdir=tmp_path, launcher=[sys.executable, "-c", "pass"])
+    assert built == [tmp_path / "runs" / "assets"]
+    assert sorted(name.rsplit("__", 1)[0] for name in status) == sorted(
+        [*run.QUICK_STAGES, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math"]
+    )
+    assert "--total-episodes 512 --eval-every 8" in capsys.readouterr().out  # PPO's quick budget

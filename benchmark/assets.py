@@ -13,8 +13,10 @@ on both (`from_pretrained` on a directory, `datasets` on JSONL files):
       tiny-math/prm/{train,test}.jsonl          prompt, completions (steps), labels (per-step bool)
       tiny-math/sft/{train,test}.jsonl          the SFT data: GSM8K schema, 60% of the training answers without working
       tiny-tldr/sft/{train,validation,test}.jsonl   id, subreddit, title, post, query, facts, summary,
-      reference_response tiny-tldr/preference/{train,validation}.jsonl id, ..., query, facts, chosen, rejected,
-      chosen_score, rejected_score MANIFEST.json                 seed, sizes, sha256 of every data file
+                                                    reference_response
+      tiny-tldr/preference/{train,validation}.jsonl id, ..., query, facts, chosen, rejected, chosen_score,
+                                                    rejected_score
+      MANIFEST.json                 seed, sizes, sha256 of every data file
 """
 
 from __future__ import annotations

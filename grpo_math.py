@@ -1898,12 +1898,10 @@ class Sampling:
             b, mb, capacity = out["batch"], args.micro_batch_size, args.max_prompt_length + args.max_completion_length
             with torch.no_grad():
                 b["old_logprobs"] = []
-                for i in range(0, len(b["completions"]), mb):
-                    packed = pack(
-                        b["prompts"][i : i + mb], b["completions"][i : i + mb], self.tokenizer.pad_token_id, capacity
-                    )
+                for idx in torch.arange(len(b["completions"])).split(mb):
+                    packed, _ = pack_rows(b, idx, self.tokenizer.pad_token_id, capacity)
                     lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
-                    b["old_logprobs"] += [lp[j, : len(c)] for j, c in enumerate(b["completions"][i : i + mb])]
+                    b["old_logprobs"] += [lp[j, : len(b["completions"][i])] for j, i in enumerate(idx.tolist())]
         out["gen_time"] = time.time() - t0
         return out
 

@@ -897,7 +897,7 @@ def test_async_grpo_trains_one_step_off_policy_and_repeats_exactly(assets, tmp_p
         grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
     )
     rows = {}
-    for name in ("a", "b"):
+    for name in ("a", "b", "recomputed"):
         gen.manual_seed(0)
         grpo.main(
             _args(
@@ -910,6 +910,9 @@ def test_async_grpo_trains_one_step_off_policy_and_repeats_exactly(assets, tmp_p
                 save_model=False,
                 async_generation=True,
                 num_threads=2,
+                # the sampling copy's logprobs by a forward pass (as in half precision) instead of the sampler's
+                sampler_logprobs=name != "recomputed",
+                sampler_correction="none",
             )
         )
         rows[name] = [
@@ -920,6 +923,9 @@ def test_async_grpo_trains_one_step_off_policy_and_repeats_exactly(assets, tmp_p
     assert [r["async/policy_lag"] for r in train] == [0, 1, 1]
     assert all(math.isfinite(r["loss/policy"]) for r in train)
     assert rows["a"] == rows["b"]
+    recomputed = [r for r in rows["recomputed"] if "loss/policy" in r]
+    for x, y in zip(train, recomputed):  # the forward pass's old logprobs equal the sampler's (float32, to 1e-5)
+        assert x["loss/policy"] == pytest.approx(y["loss/policy"], rel=1e-3, abs=1e-5)
 
 
 def test_dynamic_sampling_tops_up_when_no_group_has_signal(assets, tmp_path):

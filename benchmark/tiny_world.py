@@ -369,7 +369,7 @@ def make_tiny_tldr(seed: int, n_sft: int, n_pref: int, n_eval: int) -> dict[str,
 # trained on few such labels is an imperfect proxy of the gold judge that a policy can over-optimise (Gao et al.
 # 2022, "Scaling Laws for Reward Model Overoptimization", arXiv:2210.10760).
 NOISY_TEMPERATURE = 0.25
-NOISY_LENGTH_BIAS = 0.5
+NOISY_LENGTH_BIAS = 0.3
 
 
 def noisy_label(rng: random.Random, a: str, b: str, facts: list[str]) -> bool:

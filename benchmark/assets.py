@@ -150,6 +150,8 @@ def build(
         files[f"tiny-math/{key}"] = rows
     for key, rows in tiny_world.make_tiny_tldr(seed, n_train, n_train, n_eval).items():
         files[f"tiny-tldr/{key}"] = rows
+    for key, rows in tiny_world.make_tiny_tldr_noisy(seed, n_train // 4, n_eval).items():
+        files[f"tiny-tldr-noisy/{key}"] = rows
     manifest = {"seed": seed, "files": {}}
     for key, rows in sorted(files.items()):
         path = out / f"{key}.jsonl"
@@ -158,7 +160,8 @@ def build(
     if with_models:
         corpus = []
         for key, rows in sorted(files.items()):
-            if key.startswith("tiny-math/sft/"):  # the GSM8K files hold the same text; the tokenizer predates these
+            # tiny-math/sft holds the GSM8K files' text, tiny-tldr-noisy tiny-tldr's words: the tokenizer predates both
+            if key.startswith(("tiny-math/sft/", "tiny-tldr-noisy/")):
                 continue
             for row in rows:
                 for value in row.values():

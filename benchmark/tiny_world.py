@@ -357,3 +357,60 @@ def make_tiny_tldr(seed: int, n_sft: int, n_pref: int, n_eval: int) -> dict[str,
             )
         out[split] = rows
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny-tldr-noisy: the same posts and SFT data, preference labels from a noisy, length-biased labeller
+# ---------------------------------------------------------------------------------------------
+
+# Human preference labels are noisy and favour longer answers (Singhal et al. 2023, "A Long Way to Go: Investigating
+# Length Correlations in RLHF", arXiv:2310.03716). The labeller prefers a over b with probability
+# sigmoid((gold(a) - gold(b)) / NOISY_TEMPERATURE + NOISY_LENGTH_BIAS * (words(a) - words(b))): a reward model
+# trained on few such labels is an imperfect proxy of the gold judge that a policy can over-optimise (Gao et al.
+# 2022, "Scaling Laws for Reward Model Overoptimization", arXiv:2210.10760).
+NOISY_TEMPERATURE = 0.25
+NOISY_LENGTH_BIAS = 0.3
+
+
+def noisy_label(rng: random.Random, a: str, b: str, facts: list[str]) -> bool:
+    """Whether the noisy, length-biased labeller prefers summary a over summary b."""
+    import math
+
+    margin = (gold_judge(a, facts) - gold_judge(b, facts)) / NOISY_TEMPERATURE
+    margin += NOISY_LENGTH_BIAS * (len(a.split()) - len(b.split()))
+    return rng.random() < 1.0 / (1.0 + math.exp(-margin))
+
+
+def make_tiny_tldr_noisy(seed: int, n_pref: int, n_eval: int) -> dict[str, list[dict]]:
+    """Preference pairs over new posts: `preference/train` labelled by the noisy labeller, `preference/validation` by
+    the gold judge (ties skipped), so a reward model's validation accuracy is its accuracy against the gold judge."""
+    rng = random.Random(seed + 2)
+    out: dict[str, list[dict]] = {}
+    idx = 10**6  # ids apart from tiny-tldr's
+    for split, n, noisy in (("preference/train", n_pref, True), ("preference/validation", n_eval * 2, False)):
+        rows = []
+        while len(rows) < n:
+            p = make_tldr_post(rng, idx)
+            idx += 1
+            parts = p.pop("_parts")
+            qa, qb = rng.sample(TLDR_QUALITIES, 2)
+            a, b = (" " + _summary(rng, *parts, q, p["facts"]) for q in (qa, qb))
+            sa, sb = gold_judge(a, p["facts"]), gold_judge(b, p["facts"])
+            if noisy:
+                a_wins = noisy_label(rng, a, b, p["facts"])
+            elif sa == sb:
+                continue
+            else:
+                a_wins = sa > sb
+            chosen, rejected = (a, b) if a_wins else (b, a)
+            rows.append(
+                {
+                    **p,
+                    "chosen": chosen,
+                    "rejected": rejected,
+                    "chosen_score": gold_judge(chosen, p["facts"]),
+                    "rejected_score": gold_judge(rejected, p["facts"]),
+                }
+            )
+        out[split] = rows
+    return out

@@ -231,6 +231,9 @@ class Args:
     """evaluate every N optimizer steps (and before the first and after the last)"""
     num_eval_examples: int = 200
     """evaluation prompts (greedy generation); 0 skips generation"""
+    eval_kl: bool = False
+    """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
+    estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     num_eval_pairs: int = 400
     """validation pairs for the implicit-reward accuracy and loss; 0 skips them"""
     per_device_eval_batch_size: int = 32
@@ -314,6 +317,53 @@ PRESETS = {
             eval_every=50,
             num_eval_examples=200,
             log_every=5,
+        ),
+    ),
+    "tiny-tldr-noisy": (
+        "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): offline DPO on the noisy pairs",
+        Args(
+            exp_name="dpo_tiny-tldr-noisy",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
+            prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            max_prompt_length=96,
+            max_response_length=48,
+            response_length=32,
+            beta=0.1,
+            learning_rate=5e-5,  # 1e-5 (tiny-tldr) barely moves the policy on 1,000 pairs
+            warmup_ratio=0.05,
+            num_train_epochs=3,
+            per_device_train_batch_size=32,
+            eval_task="tldr",
+            eval_every=12,
+            num_eval_examples=200,
+            eval_kl=True,
+            log_every=5,
+        ),
+    ),
+    "tiny-tldr-noisy-online": (
+        "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): online DPO labelled by the noisy RM",
+        Args(
+            exp_name="online_dpo_tiny-tldr-noisy",
+            mode="online",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
+            prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            max_prompt_length=96,
+            max_response_length=48,
+            response_length=32,
+            beta=0.1,
+            learning_rate=1e-5,
+            total_episodes=2048,
+            per_device_train_batch_size=32,
+            lr_schedule="linear",
+            eval_task="tldr",
+            eval_every=8,
+            num_eval_examples=200,
+            num_eval_pairs=200,
+            eval_kl=True,
         ),
     ),
     "tiny-tldr-online": (
@@ -582,7 +632,8 @@ def main(args: Args) -> dict:
         cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
         n = len(train) + len(eval_pairs)
         accelerator.print(f"cached reference logprobs of {n} pairs in {time.time() - t0:.1f}s")
-        ref_policy = None  # every pair now carries its reference logprobs: free the model
+        if not args.eval_kl:  # every pair now carries its reference logprobs: free the model
+            ref_policy = None
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(args.lr_schedule, int(args.warmup_ratio * total_steps), total_steps)
     )
@@ -604,7 +655,9 @@ def main(args: Args) -> dict:
         if eval_pairs:
             metrics.update(evaluate_pairs(unwrapped, ref_policy, eval_pairs, pad, args, accelerator))
         if eval_rows:
-            gen_metrics, records = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+            gen_metrics, records = evaluate(
+                unwrapped, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy
+            )
             metrics.update(gen_metrics)
             run.log_samples(records[:8], step)
         if metrics:  # --num-eval-pairs 0 and --num-eval-examples 0: nothing evaluated, nothing logged
@@ -1767,8 +1820,45 @@ def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Arg
 
 
 @torch.no_grad()
+def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
+    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
+    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
+    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
+    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
+    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(queries.sum()))
+        out = policy.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=response_length,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            synced_gpus=synced,
+        )
+    responses = truncate_response(out[:, queries.shape[1] :], eos_id, pad_id)
+    seqs = torch.cat([queries, responses], 1)
+    mask = (seqs != pad_id).long()
+    inputs = {
+        "input_ids": seqs.masked_fill(mask == 0, 0),
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
+    }
+    kl = torch.zeros(len(seqs), device=seqs.device)
+    for model, sign in ((policy, 1.0), (reference, -1.0)):
+        logits = model(**inputs).logits[:, queries.shape[1] - 1 : -1].float()
+        logprobs = torch.gather(logits.log_softmax(-1), 2, inputs["input_ids"][:, queries.shape[1] :, None])[..., 0]
+        kl += sign * (logprobs * mask[:, queries.shape[1] :]).sum(1)
+    return kl.tolist()
+
+
+@torch.no_grad()
 def evaluate(
-    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator
+    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
 ) -> tuple[dict, list[dict]]:
     """Greedy responses to the evaluation prompts, scored by the gold judge (tiny-tldr) and the reward model if any.
     Under ZeRO-3 the shards are padded to equal size and `generate` synced (every forward pass is a collective)."""
@@ -1798,11 +1888,24 @@ def evaluate(
                         seqs.masked_fill(seqs == tokenizer.pad_token_id, 0),
                         (seqs != tokenizer.pad_token_id).long(),
                     ).tolist()
-            for r, resp, score in zip(batch, responses, scores):
+            kls = [None] * len(batch)
+            if args.eval_kl and reference is not None:
+                kls = sampled_kl(
+                    policy,
+                    reference,
+                    queries,
+                    qmask,
+                    args.response_length,
+                    tokenizer.pad_token_id,
+                    tokenizer.eos_token_id,
+                    zero3(accelerator),
+                )
+            for r, resp, score, kl in zip(batch, responses, scores, kls):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
                 rec = {
                     "response": text,
                     "score": score,
+                    "kl": kl,
                     "length": int((resp != tokenizer.pad_token_id).sum()),
                     "eos": bool((resp == tokenizer.eos_token_id).any()),
                 }
@@ -1821,6 +1924,8 @@ def evaluate(
     }
     if reward_model is not None:
         metrics["eval/score"] = sum(r["score"] for r in records) / n
+    if args.eval_kl and reference is not None:
+        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
     if args.eval_task == "tldr":
         metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
         metrics["eval/win_rate"] = (

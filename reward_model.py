@@ -269,6 +269,22 @@ PRESETS = {
             num_norm_examples=512,
         ),
     ),
+    "tiny-tldr-noisy": (
+        "tiny-tldr RM on 1,000 noisy, length-biased labels (an imperfect proxy; its eval/accuracy is against gold)",
+        Args(
+            exp_name="rm_tiny-tldr-noisy",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
+            norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            learning_rate=3e-4,
+            warmup_ratio=0.05,
+            num_train_epochs=2,
+            per_device_train_batch_size=32,
+            max_length=160,
+            eval_every=50,
+            num_norm_examples=512,
+        ),
+    ),
     "tiny-math-prm": (
         "tiny-math process reward model on CPU (needs assets and a tiny-math SFT model)",
         Args(

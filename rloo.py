@@ -200,6 +200,9 @@ class Args:
     """evaluate every N updates (and before the first and after the last)"""
     num_eval_examples: int = 200
     """evaluation prompts"""
+    eval_kl: bool = False
+    """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
+    estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     per_device_eval_batch_size: int = 32
     """prompts per device at evaluation"""
     log_every: int = 1
@@ -302,6 +305,26 @@ PRESETS = {
             eval_task="tldr",
             eval_every=8,
             num_eval_examples=200,
+        ),
+    ),
+    "tiny-tldr-noisy": (
+        "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): the RM of noisy labels as reward",
+        Args(
+            exp_name="rloo_tiny-tldr-noisy",
+            sft_model_path="runs/sft_tiny-tldr__1/model",
+            reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
+            dataset_name_or_path="runs/assets/tiny-tldr/sft",
+            max_prompt_length=96,
+            response_length=32,
+            total_episodes=2048,
+            per_device_batch_size=64,
+            rloo_k=4,
+            learning_rate=3e-5,
+            kl_coef=0.05,
+            eval_task="tldr",
+            eval_every=4,
+            num_eval_examples=200,
+            eval_kl=True,
         ),
     ),
     "tiny-math": (
@@ -534,7 +557,7 @@ def main(args: Args) -> dict:
         for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
             next(iterator)
     else:
-        metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+        metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
@@ -696,7 +719,7 @@ def main(args: Args) -> dict:
             run.log(logged, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator)
+            metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
             run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
@@ -1309,7 +1332,46 @@ def prepare_prompts(
 
 
 @torch.no_grad()
-def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator) -> dict:
+def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
+    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
+    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
+    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
+    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
+    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(queries.sum()))
+        out = policy.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=response_length,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            synced_gpus=synced,
+        )
+    responses = truncate_response(out[:, queries.shape[1] :], eos_id, pad_id)
+    seqs = torch.cat([queries, responses], 1)
+    mask = (seqs != pad_id).long()
+    inputs = {
+        "input_ids": seqs.masked_fill(mask == 0, 0),
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
+    }
+    kl = torch.zeros(len(seqs), device=seqs.device)
+    for model, sign in ((policy, 1.0), (reference, -1.0)):
+        logits = model(**inputs).logits[:, queries.shape[1] - 1 : -1].float()
+        logprobs = torch.gather(logits.log_softmax(-1), 2, inputs["input_ids"][:, queries.shape[1] :, None])[..., 0]
+        kl += sign * (logprobs * mask[:, queries.shape[1] :]).sum(1)
+    return kl.tolist()
+
+
+@torch.no_grad()
+def evaluate(
+    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
+) -> dict:
     """Greedy responses to the evaluation prompts, scored by the task's judge (and the reward model if any)."""
     policy.eval()
     records = []
@@ -1340,10 +1402,23 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
                         if k != "position_ids"
                     },
                 ).tolist()
-            for r, resp, score in zip(batch, responses, scores):
+            kls = [None] * len(batch)
+            if args.eval_kl and reference is not None:
+                kls = sampled_kl(
+                    policy,
+                    reference,
+                    queries,
+                    qmask,
+                    args.response_length,
+                    tokenizer.pad_token_id,
+                    tokenizer.eos_token_id,
+                    zero3(accelerator),
+                )
+            for r, resp, score, kl in zip(batch, responses, scores, kls):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
                 rec = {
                     "score": score,
+                    "kl": kl,
                     "length": int((resp != tokenizer.pad_token_id).sum()),
                     "eos": bool((resp == tokenizer.eos_token_id).any()),
                 }
@@ -1364,6 +1439,8 @@ def evaluate(policy, reward_model, tokenizer, rows: list[dict], args: Args, acce
     }
     if reward_model is not None:
         metrics["eval/score"] = sum(r["score"] for r in records) / n
+    if args.eval_kl and reference is not None:
+        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
     if args.eval_task == "tldr":
         metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
         metrics["eval/win_rate"] = (

@@ -185,6 +185,7 @@ def ensure_assets(out: str | os.PathLike = "runs/assets", seed: int = 0) -> Path
         manifest.exists()
         and json.loads(manifest.read_text()).get("seed") == seed
         and (out / "models" / "tiny-neox").exists()
+        and (out / "tiny-tldr-noisy" / "preference").exists()  # a build older than tiny-tldr-noisy gets it added
     ):
         return out
     build(out, seed)

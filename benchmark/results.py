@@ -8,6 +8,7 @@ memory) and `runs/results_<track>.png` (the learning curves of the track's main 
 wall-clock time, mean over seeds with the band the legend names, see `benchmark.compare`).
 The "SFT (start)" row is the evaluation every RL run makes before its first update, so it is measured on
 the same prompts with the same code as the final numbers.
+The KL-frontier suites (`frontier-tldr`) get `runs/frontier_<track>.md` and `.png` (benchmark/frontier.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmark.compare import MIN_SEEDS_FOR_CI, bootstrap_ci, finished_runs, plot, read_run
+from benchmark.frontier import TRACKS as FRONTIER_TRACKS
+from benchmark.frontier import write_frontier
 
 TRACKS = {"tiny-tldr": ["eval/gold_reward", "eval/win_rate"], "tiny-math": ["eval/accuracy", "eval/completion_length"]}
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
@@ -141,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}\nwrote "
                 f"{runs_dir / 'results_tiny-math_prm.md'}"
             )
+    for track in FRONTIER_TRACKS:  # the KL frontier suites (benchmark/frontier.py)
+        if (md := write_frontier(runs_dir, track)) is not None:
+            print(f"\n## {track}: gold reward against KL\n\n{md}\nwrote {runs_dir / f'frontier_{track}.md'} and .png")
     return 0
 
 

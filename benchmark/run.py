@@ -185,6 +185,59 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
     return stages
 
 
+# The KL frontier (issue 22): each algorithm at a few KL penalties (`kl_coef`, DPO's `beta`), 3 seeds, against a proxy
+# reward model trained on 1,000 noisy, length-biased labels (tiny-tldr-noisy). `benchmark.results` plots the gold reward
+# against `eval/kl` (the same estimator in every script) and tabulates it at fixed KL budgets.
+FRONTIER_TLDR = {  # algorithm: (script, preset, penalty flag, values)
+    "ppo": ("ppo_rlhf.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.02", "0.005"]),
+    "rloo": ("rloo.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.02", "0.005"]),
+    "remax": ("remax.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.02", "0.005"]),
+    "dpo": ("dpo.py", "tiny-tldr-noisy", "--beta", ["0.5", "0.2", "0.1"]),
+    "online-dpo": ("dpo.py", "tiny-tldr-noisy-online", "--beta", ["0.5", "0.1", "0.02"]),
+}
+# `--quick` (the CI version): shorter runs that still start at KL 0 and move the proxy score
+FRONTIER_QUICK = {
+    "ppo": ["--total-episodes", "512", "--eval-every", "2"],
+    "rloo": ["--total-episodes", "512", "--eval-every", "2"],
+    "remax": ["--total-episodes", "512", "--eval-every", "2"],
+    "dpo": ["--num-train-epochs", "1", "--eval-every", "10", "--num-eval-examples", "100"],
+    "online-dpo": ["--total-episodes", "512", "--eval-every", "4", "--num-eval-examples", "100"],
+}
+
+
+def penalty_name(flag: str, value: str) -> str:
+    """`--kl-coef 0.005` -> `kl0.005`, `--beta 0.1` -> `beta0.1`: the run name's suffix (benchmark.results reads it)."""
+    return ("kl" if flag == "--kl-coef" else "beta") + value
+
+
+def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
+    stages = [
+        Stage("sft_tiny-tldr__1", "sft.py", "tiny-tldr"),
+        Stage(
+            "rm_tiny-tldr-noisy__1",
+            "reward_model.py",
+            "tiny-tldr-noisy",
+            ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
+            needs=["sft_tiny-tldr__1"],
+        ),
+    ]
+    needs = ["sft_tiny-tldr__1", "rm_tiny-tldr-noisy__1"]
+    for s in seeds:
+        for algo, (script, preset, flag, values) in FRONTIER_TLDR.items():
+            for v in values:
+                stages.append(
+                    Stage(
+                        f"{algo}-{penalty_name(flag, v)}_tiny-tldr-noisy__{s}",
+                        script,
+                        preset,
+                        ["--seed", str(s), flag, v],
+                        needs=needs,
+                        quick=FRONTIER_QUICK[algo],
+                    )
+                )
+    return stages
+
+
 # The real reproductions, for a GPU cluster: 8 GPUs per run, the papers' hyperparameters in the scripts' presets.
 # size: (accelerate config of SFT and RM, of the RL runs); as in the presets' descriptions
 PYTHIA_SIZES = {
@@ -324,6 +377,7 @@ SUITES = {
     "tiny-math": tiny_math_stages,
     "tiny": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),
     "tldr": tldr_stages,
+    "frontier-tldr": frontier_tldr_stages,
     "math": math_stages,
 }
 

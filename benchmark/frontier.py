@@ -1,0 +1,223 @@
+"""The KL frontier (issue 22): how much gold reward each algorithm buys per unit of KL from its reference, and where
+optimising an imperfect proxy starts to lower the gold reward (Gao et al. 2022, "Scaling Laws for Reward Model
+Overoptimization", arXiv:2210.10760).
+
+Reads the runs of a frontier suite (`benchmark/run.py` FRONTIER_TLDR: `<algo>-<kl|beta><value>_<track>__<seed>`),
+finished ones only, and from every evaluation row takes `eval/kl` (the same estimator in every script: `sampled_kl`),
+the gold metric and the proxy (`eval/score`, the reward model the policy optimises). Writes:
+
+* the frontier table: for each algorithm and KL budget, the best gold reward of any of its evaluations (any penalty
+  value, any step) whose KL is within the budget, per seed, then mean [95% bootstrap CI] over seeds; below it, the
+  pairs of algorithms whose intervals do not overlap at some budget (or a line saying none do);
+* the over-optimisation table: per algorithm and penalty, the seeds in which the gold reward falls by at least
+  OVEROPT_DROP from its peak while the proxy score ends at or above its value at that peak;
+* a plot: gold reward against KL (left) and the proxy score against KL (right), one line per algorithm and penalty
+  (mean over seeds of each evaluation), a star where the mean gold reward peaks on a curve that then over-optimises.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmark.compare import MIN_SEEDS_FOR_CI, bootstrap_ci, finished_runs, read_run
+
+NAME = re.compile(r"^(?P<algo>.+)-(?P<penalty>kl|beta)(?P<value>[0-9.]+)_(?P<track>[^_]+)__(?P<seed>\d+)$")
+OVEROPT_DROP = 0.1
+"""gold reward lost after its peak, with the proxy not lower than at the peak, that counts as over-optimisation"""
+TRACKS = {  # track: (gold metric, proxy metric or None, KL budgets of the table)
+    "tiny-tldr-noisy": ("eval/gold_reward", "eval/score", [0.25, 0.5, 1.0, 2.0, 4.0])
+}
+
+
+@dataclass
+class Curve:
+    algo: str
+    penalty: str
+    """`kl0.005` or `beta0.1`"""
+    seed: int
+    kl: np.ndarray
+    gold: np.ndarray
+    proxy: np.ndarray | None
+
+
+def read_curves(runs_dir: Path, track: str) -> list[Curve]:
+    gold_m, proxy_m, _ = TRACKS[track]
+    dirs = [d for d in sorted(runs_dir.glob(f"*_{track}__*")) if d.is_dir() and NAME.match(d.name)]
+    curves = []
+    for run in finished_runs([read_run(d) for d in dirs]):
+        m = NAME.match(run.name)
+        rows = [r for r in run.rows if "eval/kl" in r and gold_m in r]
+        if not rows:
+            continue
+        curves.append(
+            Curve(
+                m["algo"],
+                f"{m['penalty']}{m['value']}",
+                int(m["seed"]),
+                np.array([r["eval/kl"] for r in rows], float),
+                np.array([r[gold_m] for r in rows], float),
+                np.array([r[proxy_m] for r in rows], float) if proxy_m and all(proxy_m in r for r in rows) else None,
+            )
+        )
+    return curves
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% bootstrap interval over seeds (the values' range with fewer than MIN_SEEDS_FOR_CI)."""
+    v = np.asarray(values, float)
+    low, high = bootstrap_ci(v) if len(v) >= MIN_SEEDS_FOR_CI else (float(v.min()), float(v.max()))
+    return float(v.mean()), low, high
+
+
+def best_within(curves: list[Curve], budget: float) -> dict[int, float]:
+    """Per seed: the best gold reward among the evaluations (of any of these curves) with KL <= budget."""
+    best: dict[int, float] = {}
+    for c in curves:
+        inside = c.gold[c.kl <= budget]
+        if len(inside):
+            best[c.seed] = max(best.get(c.seed, -np.inf), float(inside.max()))
+    return best
+
+
+def overoptimised(c: Curve) -> bool:
+    """Gold falls by OVEROPT_DROP or more after its peak while the proxy ends at or above its value at the peak."""
+    if c.proxy is None:
+        return False
+    peak = int(np.argmax(c.gold))
+    return bool(c.gold[peak] - c.gold[peak:].min() >= OVEROPT_DROP and c.proxy[-1] >= c.proxy[peak])
+
+
+def frontier_tables(curves: list[Curve], budgets: list[float]) -> str:
+    by_algo: dict[str, list[Curve]] = defaultdict(list)
+    for c in curves:
+        by_algo[c.algo].append(c)
+    cells: dict[str, dict[float, tuple[float, float, float, int]]] = defaultdict(dict)
+    lines = [
+        "| algorithm | settings | " + " | ".join(f"KL <= {b:g}" for b in budgets) + " |",
+        "|" + " --- |" * (len(budgets) + 2),
+    ]
+    for algo in sorted(by_algo):
+        row = []
+        for b in budgets:
+            best = best_within(by_algo[algo], b)
+            if not best:
+                row.append("-")
+                continue
+            mean, low, high = interval(list(best.values()))
+            cells[algo][b] = (mean, low, high, len(best))
+            row.append(f"{mean:.3f} [{low:.3f}, {high:.3f}] ({len(best)})")
+        settings = ", ".join(sorted({c.penalty for c in by_algo[algo]}))
+        lines.append(f"| {algo} | {settings} | " + " | ".join(row) + " |")
+    lines.append("")
+    lines.append(
+        "Each cell: the best gold reward reached with `eval/kl` within the budget (any setting, any evaluation), mean "
+        "[95% bootstrap interval] over seeds (their range with fewer than 3), (seeds)."
+    )
+    separated = []
+    for b in budgets:
+        algos = [a for a in sorted(cells) if b in cells[a] and cells[a][b][3] >= MIN_SEEDS_FOR_CI]
+        for i, a in enumerate(algos):
+            for other in algos[i + 1 :]:
+                (ma, la, ha, _), (mo, lo, ho, _) = cells[a][b], cells[other][b]
+                if ha < lo or ho < la:
+                    hi_name, lo_name = (a, other) if ma > mo else (other, a)
+                    separated.append(f"KL <= {b:g}: {hi_name} > {lo_name}")
+    lines.append("")
+    lines.append(
+        "Separated (non-overlapping 95% intervals over 3 or more seeds): "
+        + ("; ".join(separated) if separated else "none")
+        + "."
+    )
+    lines += [
+        "",
+        f"Over-optimisation (gold falls by {OVEROPT_DROP} or more after its peak while the proxy score ends at or "
+        "above its value at the peak):",
+        "",
+        "| algorithm | setting | seeds over-optimised | gold: peak (KL) -> end (KL) | proxy: at peak -> end |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    groups: dict[tuple[str, str], list[Curve]] = defaultdict(list)
+    for c in curves:
+        groups[(c.algo, c.penalty)].append(c)
+    for (algo, penalty), cs in sorted(groups.items()):
+        flagged = sum(overoptimised(c) for c in cs)
+        peaks = [int(np.argmax(c.gold)) for c in cs]
+        gold_peak = np.mean([c.gold[p] for c, p in zip(cs, peaks)])
+        kl_peak = np.mean([c.kl[p] for c, p in zip(cs, peaks)])
+        gold_end, kl_end = np.mean([c.gold[-1] for c in cs]), np.mean([c.kl[-1] for c in cs])
+        proxy = "-"
+        if all(c.proxy is not None for c in cs):
+            proxy = (
+                f"{np.mean([c.proxy[p] for c, p in zip(cs, peaks)]):.2f} -> {np.mean([c.proxy[-1] for c in cs]):.2f}"
+            )
+        lines.append(
+            f"| {algo} | {penalty} | {flagged} of {len(cs)} | {gold_peak:.3f} ({kl_peak:.2f}) -> {gold_end:.3f} "
+            f"({kl_end:.2f}) | {proxy} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def mean_curves(curves: list[Curve]) -> dict[tuple[str, str], dict]:
+    """Per algorithm and setting, the mean over seeds of each evaluation (the seeds evaluate at the same episodes)."""
+    groups: dict[tuple[str, str], list[Curve]] = defaultdict(list)
+    for c in curves:
+        groups[(c.algo, c.penalty)].append(c)
+    out = {}
+    for key, cs in sorted(groups.items()):
+        n = min(len(c.kl) for c in cs)
+        mean = {f: np.mean([getattr(c, f)[:n] for c in cs], axis=0) for f in ("kl", "gold")}
+        mean["proxy"] = np.mean([c.proxy[:n] for c in cs], axis=0) if all(c.proxy is not None for c in cs) else None
+        mean["seeds"] = len(cs)
+        mean["overoptimised"] = sum(overoptimised(c) for c in cs)
+        out[key] = mean
+    return out
+
+
+def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gold_m, proxy_m, _ = TRACKS[track]
+    means = mean_curves(curves)
+    algos = sorted({a for a, _ in means})
+    colors = plt.get_cmap("tab10").colors
+    styles = ["-", "--", ":", "-."]
+    panels = [("gold", gold_m)] + ([("proxy", proxy_m)] if proxy_m else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (field, label) in zip(axes[0], panels):
+        for (algo, penalty), m in means.items():
+            if m[field] is None:
+                continue
+            settings = sorted({p for a, p in means if a == algo}, key=lambda p: -float(re.sub(r"[a-z]", "", p)))
+            color, style = colors[algos.index(algo) % 10], styles[settings.index(penalty) % len(styles)]
+            ax.plot(m["kl"], m[field], style, marker=".", color=color, label=f"{algo} {penalty} ({m['seeds']} seeds)")
+            if m["overoptimised"] and m["proxy"] is not None:
+                peak = int(np.argmax(m["gold"]))
+                ax.plot(m["kl"][peak], m[field][peak], "*", color=color, markersize=14, markeredgecolor="black")
+        ax.set_xlabel("eval/kl: KL(policy || reference), nats per response")
+        ax.set_ylabel(label + (" (gold)" if field == "gold" else " (proxy: the reward model optimised)"))
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7, ncol=2)
+    axes[0][0].set_title(f"{track}: gold reward against KL (star: gold peak before over-optimisation)", fontsize=9)
+    fig.tight_layout()
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def write_frontier(runs_dir: Path, track: str) -> str | None:
+    """Writes runs/frontier_<track>.md and .png; returns the table, or None when the track has no frontier runs."""
+    curves = read_curves(runs_dir, track)
+    if not curves:
+        return None
+    md = frontier_tables(curves, TRACKS[track][2])
+    (runs_dir / f"frontier_{track}.md").write_text(md)
+    plot_frontier(curves, track, runs_dir / f"frontier_{track}.png")
+    return md

@@ -1840,19 +1840,21 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
             eos_token_id=eos_id,
             synced_gpus=synced,
         )
-    responses = truncate_response(out[:, queries.shape[1] :], eos_id, pad_id)
-    seqs = torch.cat([queries, responses], 1)
-    mask = (seqs != pad_id).long()
+    responses = out[:, queries.shape[1] :]
+    ended = (responses == eos_id).long()
+    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
+    valid = (ended.cumsum(1) - ended == 0).long()
+    mask = torch.cat([qmask, valid], 1)
     inputs = {
-        "input_ids": seqs.masked_fill(mask == 0, 0),
+        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
         "attention_mask": mask,
         "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
     }
-    kl = torch.zeros(len(seqs), device=seqs.device)
+    kl = torch.zeros(len(queries), device=queries.device)
     for model, sign in ((policy, 1.0), (reference, -1.0)):
         logits = model(**inputs).logits[:, queries.shape[1] - 1 : -1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, inputs["input_ids"][:, queries.shape[1] :, None])[..., 0]
-        kl += sign * (logprobs * mask[:, queries.shape[1] :]).sum(1)
+        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
+        kl += sign * (logprobs * valid).sum(1)
     return kl.tolist()
 
 

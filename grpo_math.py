@@ -303,6 +303,9 @@ class Args:
     """greedy pass@1 (`eval/accuracy`) every N steps, before the first and after the last"""
     num_eval_examples: int = 500
     """evaluation questions"""
+    eval_kl: bool = False
+    """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
+    estimator in every script: the benchmark's frontier plots accuracy against it); loads the reference at beta 0 too"""
     pass_k: int = 8
     """at the end, k samples per evaluation question: `eval/pass@k` (any right) and `eval/maj@k` (majority vote); 0
     skips"""
@@ -706,8 +709,10 @@ def main(args: Args) -> dict:
     tokenizer = load_tokenizer(args)
     policy = add_lora(load_causal_lm(args, tokenizer), args)
     # with LoRA the reference is the policy with its adapters disabled (after `prepare`), not a second copy
-    ref_policy = (
-        load_causal_lm(args, tokenizer).eval().requires_grad_(False) if args.beta > 0 and not args.lora_r else None
+    ref_policy = (  # --eval-kl needs it too
+        load_causal_lm(args, tokenizer).eval().requires_grad_(False)
+        if (args.beta > 0 or args.eval_kl) and not args.lora_r
+        else None
     )
     rm = None
     if args.reward_model_path:
@@ -763,8 +768,10 @@ def main(args: Args) -> dict:
         )
     ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
     unwrapped = accelerator.unwrap_model(model)
-    if args.lora_r and args.beta > 0:
+    if args.lora_r and (args.beta > 0 or args.eval_kl):
         ref_policy = LoraReference(unwrapped)
+    kl_models = (unwrapped, ref_policy) if args.eval_kl else None  # (policy, reference) for `eval/kl`
+    ref_policy = ref_policy if args.beta > 0 else None  # beta 0: the loss has no KL term
     check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0
@@ -807,7 +814,7 @@ def main(args: Args) -> dict:
         if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
             vllm_sampler.load_weights(unwrapped)
     else:
-        metrics, _ = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+        metrics, _ = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0, kl_models)
         run.log(metrics, 0, 0)
         accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
     progress = tqdm(
@@ -1046,7 +1053,7 @@ def main(args: Args) -> dict:
                 reward=f"{logged['objective/reward']:.3f}", length=f"{logged['objective/completion_length']:.1f}"
             )
         if step % args.eval_every == 0 or step == args.total_steps:
-            metrics, records = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0)
+            metrics, records = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0, kl_models)
             run.log(metrics, step, episode)
             accelerator.print(f"step {step}: eval/accuracy {metrics['eval/accuracy']:.4f}")
             run.log_samples(
@@ -2073,8 +2080,54 @@ def peak_mem_gb(device: torch.device) -> float:
 
 
 @torch.no_grad()
+@torch.no_grad()
+def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
+    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
+    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
+    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
+    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
+    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(queries.sum()))
+        out = policy.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=response_length,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            synced_gpus=synced,
+        )
+    responses = out[:, queries.shape[1] :]
+    ended = (responses == eos_id).long()
+    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
+    valid = (ended.cumsum(1) - ended == 0).long()
+    mask = torch.cat([qmask, valid], 1)
+    inputs = {
+        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
+    }
+    kl = torch.zeros(len(queries), device=queries.device)
+    for model, sign in ((policy, 1.0), (reference, -1.0)):
+        logits = model(**inputs).logits[:, queries.shape[1] - 1 : -1].float()
+        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
+        kl += sign * (logprobs * valid).sum(1)
+    return kl.tolist()
+
+
 def evaluate(
-    sample, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, k: int, temperature: float
+    sample,
+    tokenizer,
+    rows: list[dict],
+    args: Args,
+    accelerator: Accelerator,
+    k: int,
+    temperature: float,
+    kl_models: tuple | None = None,
 ) -> tuple[dict, list[dict]]:
     """k completions per evaluation question (k = 1 and T = 0: greedy pass@1, `eval/accuracy`); with k > 1 pass@k
     (any of the k right), maj@k (the majority answer right) and mean@k. Each process takes a shard; under ZeRO-3 the
@@ -2099,14 +2152,34 @@ def evaluate(
                     "eos": sum(tokenizer.eos_token_id in o for o in outs) / k,
                 }
             )
+        if kl_models is not None:  # (--eval-kl) policy and reference: KL(pi || pi_ref) of one sample per question
+            size = args.questions_per_device * args.num_generations
+            for start in range(0, len(shard), size):
+                queries, qmask = left_pad(
+                    [r["prompt_ids"] for r in shard[start : start + size]], tokenizer.pad_token_id
+                )
+                kls = sampled_kl(
+                    *kl_models,
+                    queries.to(accelerator.device),
+                    qmask.to(accelerator.device),
+                    args.max_completion_length,
+                    tokenizer.pad_token_id,
+                    tokenizer.eos_token_id,
+                    zero3(accelerator),
+                )
+                for rec, kl in zip(records[start : start + size], kls):
+                    rec["kl"] = kl
     records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     n = len(records)
     if k == 1:
-        return {
+        metrics = {
             "eval/accuracy": sum(r["correct"][0] for r in records) / n,
             "eval/completion_length": sum(r["length"] for r in records) / n,
             "eval/eos_rate": sum(r["eos"] for r in records) / n,
-        }, records
+        }
+        if kl_models is not None:
+            metrics["eval/kl"] = sum(r["kl"] for r in records) / n
+        return metrics, records
     return {
         "eval/pass@k": sum(max(r["correct"]) for r in records) / n,
         "eval/maj@k": sum(r["maj_correct"] for r in records) / n,

@@ -238,6 +238,44 @@ def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
     return stages
 
 
+# The same frontier on tiny-math, for the verifiable reward: greedy accuracy against `eval/kl`. GRPO's variants sweep
+# their `beta` (the KL loss term), PPO, RLOO and ReMax their `kl_coef` (the KL penalty in the reward).
+FRONTIER_MATH = {  # algorithm: (script, preset, penalty flag, values, other flags: variant, evaluations for the curve)
+    "grpo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0.02", "0"], ["--loss-type", "grpo"]),
+    "dr-grpo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0.02", "0"], ["--loss-type", "dr_grpo"]),
+    "gspo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0.02", "0"], ["--importance-sampling-level", "sequence"]),
+    "cispo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0.02", "0"], ["--loss-type", "cispo"]),
+    "ppo": ("ppo_rlhf.py", "tiny-math", "--kl-coef", ["0.1", "0.02", "0"], ["--eval-every", "4"]),
+    "rloo": ("rloo.py", "tiny-math", "--kl-coef", ["0.1", "0.02", "0"], ["--eval-every", "4"]),
+    "remax": ("remax.py", "tiny-math", "--kl-coef", ["0.1", "0.02", "0"], ["--eval-every", "8"]),
+}
+FRONTIER_MATH_EXTRA = {"grpo_math.py": ["--eval-every", "5", "--pass-k", "0"]}  # pass@k at the end is not plotted
+FRONTIER_MATH_QUICK = {  # `--quick`: a quarter to a half of each budget, 100 evaluation problems
+    "grpo_math.py": ["--total-steps", "10", "--num-eval-examples", "100"],
+    "ppo_rlhf.py": ["--total-episodes", "512", "--num-eval-examples", "100"],
+    "rloo.py": ["--total-episodes", "1024", "--num-eval-examples", "100"],
+    "remax.py": ["--total-episodes", "512", "--num-eval-examples", "100"],
+}
+
+
+def frontier_math_stages(seeds: list[int]) -> list[Stage]:
+    stages = [Stage("sft_tiny-math__1", "sft.py", "tiny-math")]
+    for s in seeds:
+        for algo, (script, preset, flag, values, flags) in FRONTIER_MATH.items():
+            for v in values:
+                stages.append(
+                    Stage(
+                        f"{algo}-{penalty_name(flag, v)}_tiny-math-kl__{s}",
+                        script,
+                        preset,
+                        ["--seed", str(s), *flags, *FRONTIER_MATH_EXTRA.get(script, []), flag, v, "--eval-kl"],
+                        needs=["sft_tiny-math__1"],
+                        quick=FRONTIER_MATH_QUICK[script],
+                    )
+                )
+    return stages
+
+
 # The real reproductions, for a GPU cluster: 8 GPUs per run, the papers' hyperparameters in the scripts' presets.
 # size: (accelerate config of SFT and RM, of the RL runs); as in the presets' descriptions
 PYTHIA_SIZES = {
@@ -378,6 +416,8 @@ SUITES = {
     "tiny": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),
     "tldr": tldr_stages,
     "frontier-tldr": frontier_tldr_stages,
+    "frontier-math": frontier_math_stages,
+    "frontier": lambda seeds: frontier_tldr_stages(seeds) + frontier_math_stages(seeds),
     "math": math_stages,
 }
 

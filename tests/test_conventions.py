@@ -62,6 +62,8 @@ BETWEEN_SCRIPTS = {
     "add_lora": LORA,
     "LoraReference": LORA,
     "merge_lora": ALL,
+    # `eval/kl`, the x-axis of the benchmark's KL frontier: one estimator for every algorithm (tests/test_frontier.py)
+    "sampled_kl": RL,
 }
 
 

@@ -1,0 +1,127 @@
+"""The KL frontier (issue 22): the shared `eval/kl` estimator, the noisy preference data of tiny-tldr-noisy, and the
+tables of benchmark/frontier.py on hand-made curves. The runs themselves are tested in tests/test_learning.py."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import ppo_rlhf
+from benchmark import tiny_world
+from benchmark.frontier import Curve, best_within, frontier_tables, overoptimised, plot_frontier
+
+
+@pytest.fixture(scope="module")
+def models(assets):
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(assets / "tokenizer")
+    policy = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval()
+    reference = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval()
+    with torch.no_grad():  # a reference that differs from the policy
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return tokenizer, policy, reference
+
+
+def _queries(tokenizer):
+    texts = ["SUBREDDIT: r/advice\n\nTITLE: my roommate\n\nPOST: hello\n\nTL;DR:", "TL;DR:", "my dog ate the cake"]
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    return ids, ppo_rlhf.left_pad(ids, tokenizer.pad_token_id)
+
+
+def test_sampled_kl_is_the_k1_sum_over_each_sampled_response(models, monkeypatch):
+    """KL(pi || pi_ref) ~ sum_t log pi(y_t | x, y_<t) - log pi_ref(y_t | x, y_<t), y ~ pi at temperature 1 (Schulman
+    2020, k1): recomputed by hand on each prompt + response alone (no padding), the response cut after its first EOS
+    (which counts); and the training's random stream is left as it was."""
+    tokenizer, policy, reference = models
+    ids, (queries, qmask) = _queries(tokenizer)
+    sampled = []
+    generate = policy.generate
+    monkeypatch.setattr(policy, "generate", lambda **kw: sampled.append(generate(**kw)) or sampled[-1])
+    before = torch.get_rng_state()
+    kl = ppo_rlhf.sampled_kl(policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+    assert torch.equal(torch.get_rng_state(), before)
+    responses = sampled[0][:, queries.shape[1] :]
+    expected = []
+    for q, resp in zip(ids, responses.tolist()):
+        resp = resp[: resp.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in resp else resp
+        seq = torch.tensor([q + resp])
+        total = 0.0
+        for model, sign in ((policy, 1), (reference, -1)):
+            with torch.no_grad():
+                logp = model(seq).logits[0, len(q) - 1 : -1].double().log_softmax(-1)
+            total += sign * sum(logp[t, tok].item() for t, tok in enumerate(resp))
+        expected.append(total)
+    assert any(len(r) > 1 for r in responses.tolist())
+    np.testing.assert_allclose(kl, expected, atol=1e-4)
+    # the same prompts draw the same responses (its own seed): two evaluations of one policy agree exactly
+    again = ppo_rlhf.sampled_kl(
+        policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0
+    )
+    assert again == kl
+    # the policy against itself: exactly 0 (eval/kl at step 0 of every run)
+    assert ppo_rlhf.sampled_kl(
+        policy, policy, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0
+    ) == [0.0] * len(ids)
+
+
+def test_noisy_labels_disagree_with_gold_and_validation_is_gold():
+    """tiny-tldr-noisy: the training labels come from a noisy, length-biased labeller (a proxy the RM can only
+    partly learn), the validation labels from the gold judge, so an RM's eval/accuracy is its accuracy against gold."""
+    data = tiny_world.make_tiny_tldr_noisy(0, 1000, 200)
+    train, val = data["preference/train"], data["preference/validation"]
+    assert len(train) == 1000 and len(val) == 400
+    agree = np.mean([r["chosen_score"] > r["rejected_score"] for r in train])
+    assert 0.6 < agree < 0.85, agree
+    longer = np.mean([len(r["chosen"].split()) > len(r["rejected"].split()) for r in train])
+    assert longer > 0.6, longer  # the length bias: the longer summary wins more often than gold alone would say
+    assert all(r["chosen_score"] > r["rejected_score"] for r in val)
+    assert data == tiny_world.make_tiny_tldr_noisy(0, 1000, 200)  # seeded: the same files every build
+
+
+def test_noisy_labeller_follows_its_formula():
+    """P(a > b) = sigmoid((gold(a) - gold(b)) / 0.25 + 0.3 * (words(a) - words(b))), checked by frequency."""
+    facts = ["boss", "car", "angry"]
+    a, b = " my boss broke my car", " my boss broke my car, I feel angry"  # gold 2/3 and 1; a has 2 fewer words
+    p = 1 / (1 + np.exp(-((2 / 3 - 1) / 0.25 + 0.3 * -2)))
+    rng = random.Random(0)
+    freq = np.mean([tiny_world.noisy_label(rng, a, b, facts) for _ in range(20000)])
+    assert abs(freq - p) < 0.01, (freq, p)
+
+
+def _curve(algo, penalty, seed, kl, gold, proxy=None):
+    return Curve(
+        algo, penalty, seed, np.array(kl, float), np.array(gold, float), None if proxy is None else np.array(proxy)
+    )
+
+
+def test_frontier_best_within_budget_and_over_optimisation():
+    a = _curve("ppo", "kl0.005", 1, [0, 0.5, 1.5, 3.0], [0.6, 0.9, 1.0, 0.7], [-0.5, 1.0, 1.5, 1.6])
+    b = _curve("ppo", "kl0.05", 1, [0, 0.3, 0.6], [0.6, 0.8, 0.95])
+    assert best_within([a, b], 0.5) == {1: 0.9}  # a's 0.9 at KL 0.5 beats b's 0.8 at 0.3
+    assert best_within([a, b], 1.0) == {1: 0.95}
+    assert best_within([a, b], 10) == {1: 1.0}
+    assert overoptimised(a)  # gold 1.0 -> 0.7 after its peak while the proxy rose 1.5 -> 1.6
+    falling_proxy = _curve("dpo", "beta0.1", 1, [0, 1, 2], [0.6, 0.9, 0.5], [0, 1.0, 0.2])
+    assert not overoptimised(falling_proxy)  # gold and proxy fall together: not the proxy's over-optimisation
+    assert not overoptimised(_curve("ppo", "kl0.05", 1, [0, 1, 2], [0.6, 0.9, 0.85], [0, 1, 2]))  # a drop < 0.1
+
+
+def test_frontier_table_separates_only_non_overlapping_intervals(tmp_path):
+    curves = []
+    for seed, (x, y, z) in enumerate([(0.90, 0.50, 0.88), (0.92, 0.52, 0.93), (0.91, 0.55, 0.90)], start=1):
+        curves.append(_curve("online-dpo", "beta0.1", seed, [0, 0.2], [0.6, x], [0, 1]))
+        curves.append(_curve("ppo", "kl0.05", seed, [0, 0.2, 1.0], [0.6, y, 1.0], [0, 1, 1.2]))
+        curves.append(_curve("rloo", "kl0.05", seed, [0, 0.2], [0.6, z], [0, 1]))
+    md = frontier_tables(curves, [0.25, 2.0])
+    assert "KL <= 0.25: online-dpo > ppo" in md and "KL <= 0.25: rloo > ppo" in md
+    assert "online-dpo > rloo" not in md and "rloo > online-dpo" not in md  # their intervals overlap
+    assert "KL <= 2: ppo > online-dpo" in md  # with more KL, PPO reaches 1.0 in every seed
+    row = next(line for line in md.splitlines() if line.startswith("| ppo |"))
+    assert "1.000 [1.000, 1.000] (3)" in row
+    plot_frontier(curves, "tiny-tldr-noisy", tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000

@@ -30,7 +30,8 @@ NAME = re.compile(r"^(?P<algo>.+)-(?P<penalty>kl|beta)(?P<value>[0-9.]+)_(?P<tra
 OVEROPT_DROP = 0.1
 """gold reward lost after its peak, with the proxy not lower than at the peak, that counts as over-optimisation"""
 TRACKS = {  # track: (gold metric, proxy metric or None, KL budgets of the table)
-    "tiny-tldr-noisy": ("eval/gold_reward", "eval/score", [0.25, 0.5, 1.0, 2.0, 4.0])
+    "tiny-tldr-noisy": ("eval/gold_reward", "eval/score", [0.25, 0.5, 1.0, 2.0, 4.0]),
+    "tiny-math-kl": ("eval/accuracy", None, [0.25, 0.5, 1.0, 2.0, 4.0]),
 }
 
 
@@ -92,7 +93,7 @@ def overoptimised(c: Curve) -> bool:
     return bool(c.gold[peak] - c.gold[peak:].min() >= OVEROPT_DROP and c.proxy[-1] >= c.proxy[peak])
 
 
-def frontier_tables(curves: list[Curve], budgets: list[float]) -> str:
+def frontier_tables(curves: list[Curve], budgets: list[float], metric: str = "eval/gold_reward") -> str:
     by_algo: dict[str, list[Curve]] = defaultdict(list)
     for c in curves:
         by_algo[c.algo].append(c)
@@ -115,7 +116,7 @@ def frontier_tables(curves: list[Curve], budgets: list[float]) -> str:
         lines.append(f"| {algo} | {settings} | " + " | ".join(row) + " |")
     lines.append("")
     lines.append(
-        "Each cell: the best gold reward reached with `eval/kl` within the budget (any setting, any evaluation), mean "
+        f"Each cell: the best `{metric}` reached with `eval/kl` within the budget (any setting, any evaluation), mean "
         "[95% bootstrap interval] over seeds (their range with fewer than 3), (seeds)."
     )
     separated = []
@@ -202,10 +203,11 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
                 peak = int(np.argmax(m["gold"]))
                 ax.plot(m["kl"][peak], m[field][peak], "*", color=color, markersize=14, markeredgecolor="black")
         ax.set_xlabel("eval/kl: KL(policy || reference), nats per response")
-        ax.set_ylabel(label + (" (gold)" if field == "gold" else " (proxy: the reward model optimised)"))
+        ax.set_ylabel(label + (" (proxy: the reward model optimised)" if field == "proxy" else ""))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=2)
-    axes[0][0].set_title(f"{track}: gold reward against KL (star: gold peak before over-optimisation)", fontsize=9)
+    title = f"{track}: {gold_m} against KL" + (" (star: the gold peak before over-optimisation)" if proxy_m else "")
+    axes[0][0].set_title(title, fontsize=9)
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)
@@ -217,7 +219,7 @@ def write_frontier(runs_dir: Path, track: str) -> str | None:
     curves = read_curves(runs_dir, track)
     if not curves:
         return None
-    md = frontier_tables(curves, TRACKS[track][2])
+    md = frontier_tables(curves, TRACKS[track][2], TRACKS[track][0])
     (runs_dir / f"frontier_{track}.md").write_text(md)
     plot_frontier(curves, track, runs_dir / f"frontier_{track}.png")
     return md

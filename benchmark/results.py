@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             )
     for track in FRONTIER_TRACKS:  # the KL frontier suites (benchmark/frontier.py)
         if (md := write_frontier(runs_dir, track)) is not None:
-            print(f"\n## {track}: gold reward against KL\n\n{md}\nwrote {runs_dir / f'frontier_{track}.md'} and .png")
+            print(
+                f"\n## {track}: {FRONTIER_TRACKS[track][0]} against KL\n\n{md}\nwrote {runs_dir / f'frontier_{track}.md'} and .png"
+            )
     return 0
 
 

@@ -197,10 +197,10 @@ FRONTIER_TLDR = {  # algorithm: (script, preset, penalty flag, values)
 }
 # `--quick` (the CI version): shorter runs that still start at KL 0 and move the proxy score
 FRONTIER_QUICK = {
-    "ppo": ["--total-episodes", "512", "--eval-every", "2"],
-    "rloo": ["--total-episodes", "512", "--eval-every", "2"],
-    "remax": ["--total-episodes", "512", "--eval-every", "2"],
-    "dpo": ["--num-train-epochs", "1", "--eval-every", "10", "--num-eval-examples", "100"],
+    "ppo": ["--total-episodes", "512", "--eval-every", "2", "--num-eval-examples", "100"],
+    "rloo": ["--total-episodes", "512", "--eval-every", "2", "--num-eval-examples", "100"],
+    "remax": ["--total-episodes", "512", "--eval-every", "2", "--num-eval-examples", "100"],
+    "dpo": ["--num-train-epochs", "1", "--eval-every", "10", "--num-eval-examples", "100", "--num-eval-pairs", "100"],
     "online-dpo": ["--total-episodes", "512", "--eval-every", "4", "--num-eval-examples", "100"],
 }
 

@@ -41,7 +41,14 @@ def test_sampled_kl_is_the_k1_sum_over_each_sampled_response(models, monkeypatch
     ids, (queries, qmask) = _queries(tokenizer)
     sampled = []
     generate = policy.generate
-    monkeypatch.setattr(policy, "generate", lambda **kw: sampled.append(generate(**kw)) or sampled[-1])
+
+    def generate_with_an_early_eos(**kw):  # a random model rarely samples EOS: put one in the first response
+        out = generate(**kw)
+        out[0, queries.shape[1] + 3] = tokenizer.eos_token_id
+        sampled.append(out)
+        return out
+
+    monkeypatch.setattr(policy, "generate", generate_with_an_early_eos)
     before = torch.get_rng_state()
     kl = ppo_rlhf.sampled_kl(policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
     assert torch.equal(torch.get_rng_state(), before)
@@ -58,7 +65,8 @@ def test_sampled_kl_is_the_k1_sum_over_each_sampled_response(models, monkeypatch
         expected.append(total)
     assert any(len(r) > 1 for r in responses.tolist())
     np.testing.assert_allclose(kl, expected, atol=1e-4)
-    # the same prompts draw the same responses (its own seed): two evaluations of one policy agree exactly
+    # the same prompts draw the same responses whatever the training's random state (its own seed)
+    torch.manual_seed(123)
     again = ppo_rlhf.sampled_kl(
         policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0
     )
@@ -77,8 +85,8 @@ def test_noisy_labels_disagree_with_gold_and_validation_is_gold():
     assert len(train) == 1000 and len(val) == 400
     agree = np.mean([r["chosen_score"] > r["rejected_score"] for r in train])
     assert 0.6 < agree < 0.85, agree
-    longer = np.mean([len(r["chosen"].split()) > len(r["rejected"].split()) for r in train])
-    assert longer > 0.6, longer  # the length bias: the longer summary wins more often than gold alone would say
+    longer = [np.mean([len(r["chosen"].split()) > len(r["rejected"].split()) for r in rows]) for rows in (train, val)]
+    assert longer[0] > longer[1] + 0.2, longer  # the length bias: the longer summary wins far more often than by gold
     assert all(r["chosen_score"] > r["rejected_score"] for r in val)
     assert data == tiny_world.make_tiny_tldr_noisy(0, 1000, 200)  # seeded: the same files every build
 
@@ -86,8 +94,8 @@ def test_noisy_labels_disagree_with_gold_and_validation_is_gold():
 def test_noisy_labeller_follows_its_formula():
     """P(a > b) = sigmoid((gold(a) - gold(b)) / 0.25 + 0.3 * (words(a) - words(b))), checked by frequency."""
     facts = ["boss", "car", "angry"]
-    a, b = " my boss broke my car", " my boss broke my car, I feel angry"  # gold 2/3 and 1; a has 2 fewer words
-    p = 1 / (1 + np.exp(-((2 / 3 - 1) / 0.25 + 0.3 * -2)))
+    a, b = " my boss broke my car", " my boss broke my car, I feel angry"  # gold 2/3 and 1; a has 3 fewer words
+    p = 1 / (1 + np.exp(-((2 / 3 - 1) / 0.25 + 0.3 * -3)))
     rng = random.Random(0)
     freq = np.mean([tiny_world.noisy_label(rng, a, b, facts) for _ in range(20000)])
     assert abs(freq - p) < 0.01, (freq, p)

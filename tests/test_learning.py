@@ -112,3 +112,51 @@ def test_rerunning_the_suite_skips_finished_runs(suite_dir):
     assert "[run]" not in proc.stdout and proc.stdout.count("[skip]") >= 4
     done = json.loads((suite_dir / "runs" / "sft_tiny-tldr__1" / "done.json").read_text())
     assert done["argv"][0] == done["preset"] == "tiny-tldr" and done["step"] == done["total_steps"]
+
+
+# The KL frontier's quick version (issue 22): the noisy reward model, one PPO and one offline DPO setting on
+# tiny-tldr-noisy and one GRPO setting on tiny-math, in the quick suite's working directory (its SFT models)
+FRONTIER_STAGES = ["ppo-kl0.005", "dpo-beta0.1", "grpo-beta0"]
+
+
+@pytest.fixture(scope="module")
+def frontier_dir(suite_dir) -> Path:
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "benchmark.run", "frontier", "--seeds", "1", "--jobs", "2", "--quick"]
+    proc = subprocess.run(
+        [*cmd, "--workdir", str(suite_dir), "--only", *FRONTIER_STAGES],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[skip] sft_tiny-tldr__1" in proc.stdout  # the quick suite's SFT models are reused
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmark.results", "--runs-dir", str(suite_dir / "runs")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return suite_dir / "runs"
+
+
+@pytest.mark.slow
+def test_quick_frontier_imperfect_proxy_kl_from_zero_and_its_tables(frontier_dir):
+    # the reward model of 1,000 noisy, length-biased labels is an imperfect proxy of the gold judge
+    rm = final_metrics(frontier_dir / "rm_tiny-tldr-noisy__1")
+    assert 0.55 < rm["eval/accuracy"] < 0.9, rm
+    for name in ("ppo-kl0.005_tiny-tldr-noisy__1", "dpo-beta0.1_tiny-tldr-noisy__1", "grpo-beta0_tiny-math-kl__1"):
+        kl0, kl1 = start_and_end(frontier_dir / name, "eval/kl")
+        assert kl0 == 0.0 and kl1 > 0.0, (name, kl0, kl1)  # the policy is its reference at step 0, then moves away
+    score0, score1 = start_and_end(frontier_dir / "ppo-kl0.005_tiny-tldr-noisy__1", "eval/score")
+    assert score1 > score0 + 1.0, (score0, score1)  # PPO raises the proxy
+    tldr = (frontier_dir / "frontier_tiny-tldr-noisy.md").read_text()
+    assert "| ppo | kl0.005 |" in tldr and "| dpo | beta0.1 |" in tldr and "Separated" in tldr
+    assert "| grpo | beta0 |" in (frontier_dir / "frontier_tiny-math-kl.md").read_text()
+    assert (frontier_dir / "frontier_tiny-tldr-noisy.png").stat().st_size > 10_000

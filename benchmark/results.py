@@ -146,9 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     for track in FRONTIER_TRACKS:  # the KL frontier suites (benchmark/frontier.py)
         if (md := write_frontier(runs_dir, track)) is not None:
-            print(
-                f"\n## {track}: {FRONTIER_TRACKS[track][0]} against KL\n\n{md}\nwrote {runs_dir / f'frontier_{track}.md'} and .png"
-            )
+            head = f"## {track}: {FRONTIER_TRACKS[track][0]} against KL"
+            print(f"\n{head}\n\n{md}\nwrote {runs_dir / f'frontier_{track}.md'} and .png")
     return 0
 
 

@@ -12,7 +12,8 @@ the gold metric and the proxy (`eval/score`, the reward model the policy optimis
 * the over-optimisation table: per algorithm and penalty, the seeds in which the gold reward falls by at least
   OVEROPT_DROP from its peak while the proxy score ends at or above its value at that peak;
 * a plot: gold reward against KL (left) and the proxy score against KL (right), one line per algorithm and penalty
-  (mean over seeds of each evaluation), a star where the mean gold reward peaks on a curve that then over-optimises.
+  (mean over seeds of each evaluation), a star where the mean gold reward peaks on a curve that over-optimises in
+  most seeds.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
             settings = sorted({p for a, p in means if a == algo}, key=lambda p: -float(re.sub(r"[a-z]", "", p)))
             color, style = colors[algos.index(algo) % 10], styles[settings.index(penalty) % len(styles)]
             ax.plot(m["kl"], m[field], style, marker=".", color=color, label=f"{algo} {penalty} ({m['seeds']} seeds)")
-            if m["overoptimised"] and m["proxy"] is not None:
+            if 2 * m["overoptimised"] > m["seeds"] and m["proxy"] is not None:  # most seeds over-optimise
                 peak = int(np.argmax(m["gold"]))
                 ax.plot(m["kl"][peak], m[field][peak], "*", color=color, markersize=14, markeredgecolor="black")
         ax.set_xlabel("eval/kl: KL(policy || reference), nats per response")

@@ -25,7 +25,7 @@ def test_same_seed_gives_byte_identical_files_and_another_seed_does_not(tmp_path
     for name in tree_a:
         assert tree_a[name] == tree_b[name], f"{name} differs between two builds with the same seed"
     data = [k for k in tree_a if k.endswith(".jsonl")]
-    assert len(data) == 13
+    assert len(data) == 15  # tiny-math 8, tiny-tldr 5, tiny-tldr-noisy 2
     assert all(tree_a[k] != tree_c[k] for k in data)
     for rel, entry in a["files"].items():  # the manifest describes the files
         assert hashlib.sha256((tmp_path / "a" / rel).read_bytes()).hexdigest() == entry["sha256"]
@@ -56,3 +56,30 @@ def test_tiny_models_load_from_disk_and_are_small(assets):
         assert model.config.pad_token_id == tok.pad_token_id and model.config.eos_token_id == tok.eos_token_id
         kinds[name] = model.config.model_type
     assert kinds == {"tiny-neox": "gpt_neox", "tiny-llama": "llama"}
+
+
+# The tiny world as it was before tiny-tldr-noisy (issue 22) was added: sha256 of every file of the default build (seed
+# 0), so results measured on it stay valid. A change here is a new tiny world: say so in the results.
+PINNED = {
+    "tiny-math/gsm8k/test.jsonl": "1888f2ff73b4688eeae045664cb9c4419c9d1b6cb3ff9d75199db724cb87d6c0",
+    "tiny-math/gsm8k/train.jsonl": "e56e99770312e15f7cddc1bff035eac0cf3e1d08fa27f087c354f501563db119",
+    "tiny-math/math/test.jsonl": "ad363eb764a6591439f56e39a14d78e007b088efd72ec279b1986a8db7290510",
+    "tiny-math/math/train.jsonl": "90726f690cd355e14cc912aa159db4bd5c8541b14a2793906bd1b71a724673cb",
+    "tiny-math/prm/test.jsonl": "0087fa2509ce3946767394362b18b0c10dab002132c0052c97f0d0f6dd46fda0",
+    "tiny-math/prm/train.jsonl": "d6a5fd213a16073a117e01d9f6003b1da6b709a5ca44b927539d86c75c4bf7c9",
+    "tiny-math/sft/test.jsonl": "1888f2ff73b4688eeae045664cb9c4419c9d1b6cb3ff9d75199db724cb87d6c0",
+    "tiny-math/sft/train.jsonl": "9a0bd2ee981939571ee0224062bcdb53ecb53eff9df49c67e4b884957774879a",
+    "tiny-tldr/preference/train.jsonl": "6098a6e9c79df7ea4118d21991e107b1f7d3a4fb6d116127cfec89fdd4bcef26",
+    "tiny-tldr/preference/validation.jsonl": "df6c09279c08a9acd4f749852f61f69a60b5c0a8fb57babb238b2e9cb8e8c21a",
+    "tiny-tldr/sft/test.jsonl": "856e2741429b2e6202d6ed578e75e3d28b61e4d18790b1d54f2a4659535ac700",
+    "tiny-tldr/sft/train.jsonl": "c33692425fc87ba807c4e6fa45b0095f6d02922356a214df47b22972df636c45",
+    "tiny-tldr/sft/validation.jsonl": "c6698419ad95ccc838efe72ffa199783049a950ae1569f1228ed1e1f4425e87b",
+    "tokenizer/tokenizer.json": "a97ca6935e674edc12dcc75accd24d059c3670b3cd84f4a8ae7fa4495df85809",
+    "models/tiny-neox/model.safetensors": "2b9f4020476fc6cb62a443cacef65d535f2125fad2c326182d86165e52708ea4",
+    "models/tiny-llama/model.safetensors": "be58b71655bbbaefe06c3eac3fd3a4cd3fdf6ec3a3cd2f0aab7f6509cb6a5830",
+}
+
+
+def test_the_tiny_world_stays_byte_identical(assets):
+    for rel, digest in PINNED.items():
+        assert hashlib.sha256((assets / rel).read_bytes()).hexdigest() == digest, f"{rel} changed"

@@ -23,6 +23,7 @@ tiny-tldr
 
 from __future__ import annotations
 
+import math
 import random
 import re
 
@@ -374,8 +375,6 @@ NOISY_LENGTH_BIAS = 0.3
 
 def noisy_label(rng: random.Random, a: str, b: str, facts: list[str]) -> bool:
     """Whether the noisy, length-biased labeller prefers summary a over summary b."""
-    import math
-
     margin = (gold_judge(a, facts) - gold_judge(b, facts)) / NOISY_TEMPERATURE
     margin += NOISY_LENGTH_BIAS * (len(a.split()) - len(b.split()))
     return rng.random() < 1.0 / (1.0 + math.exp(-margin))

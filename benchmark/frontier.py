@@ -32,7 +32,7 @@ OVEROPT_DROP = 0.1
 """gold reward lost after its peak, with the proxy not lower than at the peak, that counts as over-optimisation"""
 TRACKS = {  # track: (gold metric, proxy metric or None, KL budgets of the table)
     "tiny-tldr-noisy": ("eval/gold_reward", "eval/score", [0.25, 0.5, 1.0, 2.0, 4.0]),
-    "tiny-math-kl": ("eval/accuracy", None, [0.25, 0.5, 1.0, 2.0, 4.0]),
+    "tiny-math-kl": ("eval/accuracy", None, [0.1, 0.25, 0.5, 1.0, 2.0]),  # RLOO stays within KL 0.2 here
 }
 
 

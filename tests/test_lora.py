@@ -4,6 +4,7 @@ second copy), and the written model is the plain merged one. sft/dpo and ppo/rlo
 
 from __future__ import annotations
 
+import itertools
 import json
 import types
 
@@ -73,10 +74,8 @@ def _args(assets, tmp_path, **kw) -> grpo.Args:
 
 
 def test_grpo_lora_trains_adapters_against_the_base_as_reference(assets, tmp_path, monkeypatch):
-    gen = torch.Generator().manual_seed(0)
-    monkeypatch.setattr(
-        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
-    )
+    calls = itertools.count()  # rewards 1, 0, 1, 0, ...: every group of 4 has both, so step 1 always updates
+    monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(next(calls) % 2 == 0))
     loads, refs = [], []
     load = grpo.load_causal_lm
     monkeypatch.setattr(grpo, "load_causal_lm", lambda *a, **k: loads.append(1) or load(*a, **k))

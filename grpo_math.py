@@ -224,8 +224,13 @@ class Args:
 
     # ---- algorithm ----
     loss_type: Literal["grpo", "dr_grpo", "dapo", "cispo"] = "grpo"
-    """token-loss aggregation: per-sequence mean (GRPO), token sum / max length (Dr. GRPO), token mean (DAPO); `cispo`:
-    MiniMax-M1's clipped importance-weight loss (no PPO clip: every token keeps a gradient), token mean"""
+    """the variant: GRPO, Dr. GRPO, DAPO (PPO's clipped surrogate, each with its own aggregation and defaults), or
+    `cispo`: MiniMax-M1's clipped importance-weight loss (no PPO clip: every token keeps a gradient)"""
+    loss_aggregation: Literal["sequence", "fixed", "token", "prompt"] | None = None
+    """how the per-token losses become one number: `sequence` the mean over completions of each one's token mean
+    (GRPO), `fixed` the token sum / (completions x --max-completion-length) (Dr. GRPO), `token` the mean over all tokens
+    (DAPO, CISPO), `prompt` the mean over prompts of the token mean of each prompt's group (ScaleRL, Khatri et al. 2025,
+    arXiv:2510.13786); default: the --loss-type's own"""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """the ratio pi / pi_old that is clipped: each token's (GRPO), or `sequence`: GSPO's length-normalised sequence
     ratio (pi(o)/pi_old(o))^(1/|o|), one per completion"""
@@ -561,35 +566,51 @@ def reinforce_pp_advantages(
     return whiten(returns, mask, reduce)
 
 
+# each --loss-type's own aggregation (`aggregate_loss`); CISPO: MiniMax-M1 eq. 4 normalises by sum_i |o_i|, as DAPO
+LOSS_AGGREGATION = {"grpo": "sequence", "dr_grpo": "fixed", "dapo": "token", "cispo": "token"}
+
+
+def prompt_weights(mask: torch.Tensor, G: int) -> torch.Tensor:
+    """ScaleRL's prompt-level weights (B,) for `aggregate_loss`: G / (the loss tokens of the completion's group of G),
+    so that sum_i w_i sum_t loss_it / B is the mean over prompts of each group's token mean."""
+    group_tokens = mask.sum(1).to(torch.float32).view(-1, G).sum(1, keepdim=True).clamp(min=1)
+    return (G / group_tokens).expand(-1, G).reshape(-1)
+
+
 def aggregate_loss(
     per_token: torch.Tensor,
     mask: torch.Tensor,
-    loss_type: str,
+    aggregation: str,
     max_completion_length: int,
     num_sequences: int | None = None,
     num_tokens: float | None = None,
+    seq_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token losses (B, T) and their mask to one number, per variant. grpo: mean over sequences of
-    sum_t loss / |o_i|; dr_grpo: sum of everything / (num_sequences * max_completion_length); dapo: sum of everything
-    / num_tokens. `num_sequences` and `num_tokens` default to this batch's; pass the whole mini-batch's (for dapo: the
-    token count of all processes / processes) when `per_token` is one micro-batch, so the pieces sum to the whole."""
+    """Reduce per-token losses (B, T) and their mask to one number. sequence (GRPO): mean over sequences of
+    sum_t loss / |o_i|; fixed (Dr. GRPO): sum of everything / (num_sequences * max_completion_length); token (DAPO):
+    sum of everything / num_tokens; prompt (ScaleRL): sum_i `seq_weights`_i sum_t loss / num_sequences, the weights
+    from `prompt_weights` of the whole batch. `num_sequences` and `num_tokens` default to this batch's; pass the whole
+    mini-batch's (token: the token count of all processes / processes) when `per_token` is one micro-batch, so the
+    pieces sum to the whole."""
     mask = mask.to(per_token.dtype)
     num_sequences = per_token.shape[0] if num_sequences is None else num_sequences
-    if loss_type == "grpo":
+    if aggregation == "sequence":
         return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_sequences
-    if loss_type == "dr_grpo":
+    if aggregation == "fixed":
         return (per_token * mask).sum() / (num_sequences * max_completion_length)
-    if loss_type in ("dapo", "cispo"):  # CISPO (MiniMax-M1 eq. 4): 1 / sum_i |o_i|, DAPO's token mean
+    if aggregation == "token":
         return (per_token * mask).sum() / (mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0))
-    raise ValueError(f"unknown loss_type {loss_type}")
+    if aggregation == "prompt":
+        return ((per_token * mask).sum(1) * seq_weights).sum() / num_sequences
+    raise ValueError(f"unknown loss aggregation {aggregation}")
 
 
 def dapo_num_tokens(local_tokens: float, accelerator: Accelerator) -> float:
     """DAPO's `num_tokens` for `aggregate_loss` on this process: the loss tokens of the mini-batch of every process
     divided by the number of processes. DDP averages the processes' gradients, so each process's token sum over
     (all tokens / processes), averaged, is the token sum of all processes over all their tokens, however the tokens are
-    spread. grpo and dr_grpo divide by `num_sequences`, this process's mini-batch size, equal on every process, so
-    DDP's average is already their mean over every sequence."""
+    spread. The other aggregations divide by `num_sequences`, this process's mini-batch size, equal on every process,
+    so DDP's average is already their mean over every sequence."""
     total = accelerator.reduce(torch.tensor(float(local_tokens), device=accelerator.device), "sum")
     return total.item() / accelerator.num_processes
 
@@ -605,12 +626,14 @@ def micro_batch_loss(
     num_sequences: int,
     num_tokens: float,
     sampler_logprobs: torch.Tensor | None = None,
+    seq_weights: torch.Tensor | None = None,
 ) -> dict:
     """The loss of one micro-batch as `main` backpropagates it: the clipped surrogate of the `pack`ed completions
     (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient) plus beta * k3 KL to `ref_logprobs` (None: no
-    KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens`, so the
-    micro-batches' losses sum to the mini-batch's. Also the detached pieces `main` logs: `surrogate` (the loss without
-    the KL term), `clipped`, `ratio`, `kl` and `entropy`, per token."""
+    KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens` (and, for the
+    prompt aggregation, these rows' `seq_weights`), so the micro-batches' losses sum to the mini-batch's. Also the
+    detached pieces `main` logs: `surrogate` (the loss without the KL term), `clipped`, `ratio`, `kl` and `entropy`,
+    per token."""
     logprobs, entropy = completion_logprobs(model, packed, args.temperature)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
@@ -631,10 +654,11 @@ def micro_batch_loss(
         per_token = per_token * weights
         mismatch = (old - sampler_logprobs).detach() * mask  # log pi_trainer - log pi_sampler of each token
     agg = dict(
-        loss_type=args.loss_type,
+        aggregation=args.loss_aggregation,
         max_completion_length=args.max_completion_length,
         num_sequences=num_sequences,
         num_tokens=num_tokens,
+        seq_weights=seq_weights,
     )
     return {
         "loss": aggregate_loss(per_token, mask, **agg),
@@ -908,6 +932,8 @@ def main(args: Args) -> dict:
                 args.beta,
                 lambda t: accelerator.reduce(t, "sum"),
             )
+        # ScaleRL's prompt mean: each completion weighted by its whole group's token count, fixed before mini-batching
+        seq_weights = prompt_weights(loss_mask, G) if args.loss_aggregation == "prompt" else None
 
         # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
         # passes (accelerate.accumulate: DDP all-reduces, and DeepSpeed steps, on the last one only) ----
@@ -950,7 +976,8 @@ def main(args: Args) -> dict:
                         ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
                         adv = advantages[idx, :c_end] if advantages.dim() == 2 else advantages[idx]
                         slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
-                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp)
+                        w = seq_weights[idx] if seq_weights is not None else None
+                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp, w)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
                             settle(pending)
                             run.stop(
@@ -2450,6 +2477,8 @@ def resolve_variant(args: Args) -> None:
         args.beta = 0.0 if dapo or cispo or gspo or args.advantage_estimator == "distill" else 0.04
     if args.scale_rewards is None:
         args.scale_rewards = args.loss_type != "dr_grpo"
+    if args.loss_aggregation is None:
+        args.loss_aggregation = LOSS_AGGREGATION[args.loss_type]
     if args.epsilon_low is None:
         args.epsilon_low = 3e-4 if gspo else 0.2  # GSPO section 5.1: 3e-4 and 4e-4 (sequence ratios stay near 1)
     if args.epsilon_high is None:

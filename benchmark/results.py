@@ -32,6 +32,7 @@ GRPO_FAMILY = [
     "dapo",
     "gspo",
     "cispo",
+    "cispo-prompt",
     "reinforce-pp-baseline",
     "distill",
     "async-grpo",

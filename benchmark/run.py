@@ -135,6 +135,16 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("dapo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dapo"]),
             rl_stage("gspo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--importance-sampling-level", "sequence"]),
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
+            # ScaleRL's CISPO (Khatri et al. 2025): the loss averaged per prompt, not per token of the batch
+            rl_stage(
+                "cispo-prompt",
+                "grpo_math.py",
+                "tiny",
+                s,
+                "tiny-math",
+                sft,
+                ["--loss-type", "cispo", "--loss-aggregation", "prompt"],
+            ),
             rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
             # LoRA at 10x the full fine-tuning learning rate ("LoRA Without Regret", Schulman et al. 2025)
             rl_stage(

@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpo_math as grpo
 
-PAD, CAPACITY, MAX_COMPLETION_LENGTH, TEMPERATURE = 0, 20, 16, 0.7
+PAD, CAPACITY, MAX_COMPLETION_LENGTH, TEMPERATURE, G = 0, 20, 16, 0.7, 3
 # (prompt length, completion length, advantage): the first half's completions hold 12 tokens, the second half's 22
 SHAPES = [(3, 2, 1.2), (4, 7, -0.7), (5, 3, 0.4), (3, 9, -1.1), (6, 1, 0.9), (4, 12, -0.3)]
 
@@ -41,7 +41,8 @@ def plain_logprobs(model, prompt: list[int], completion: list[int]) -> torch.Ten
 
 def make_items() -> list[dict]:
     """Token ids, advantages, and old / reference logprobs near the model's own (noise of 0.3 nats, so some ratios
-    fall outside the clip range and some KL terms are large)."""
+    fall outside the clip range and some KL terms are large); groups of G, each item's prompt weight G / (its group's
+    completion tokens) fixed over the whole batch, as `main` fixes it before splitting."""
     g = torch.Generator().manual_seed(1)
     model, items = make_model(), []
     for p, c, adv in SHAPES:
@@ -58,6 +59,10 @@ def make_items() -> list[dict]:
                 "ref": lp + 0.3 * torch.randn(c, generator=g),
             }
         )
+    for start in range(0, len(items), G):
+        group = items[start : start + G]
+        for it in group:
+            it["weight"] = G / sum(len(x["completion"]) for x in group)
     return items
 
 
@@ -69,12 +74,14 @@ def padded(items: list[dict], key: str, width: int) -> torch.Tensor:
 
 
 def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -> Case:
-    by_tokens = args.loss_type in ("dapo", "cispo")
+    grpo.resolve_variant(args)
+    by_tokens = args.loss_aggregation == "token"
 
     def reference(model, items):
         """Per token (DeepSeekMath eq. 3, DAPO eq. 8): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
         + beta * (exp(ref - logp) - (ref - logp) - 1), r = exp(logp - old); then grpo: mean over sequences of each
-        sequence's token mean; dr_grpo: token sum / (sequences * max_completion_length); dapo: token sum / tokens."""
+        sequence's token mean; dr_grpo: token sum / (sequences * max_completion_length); dapo: token sum / tokens;
+        prompt (ScaleRL): mean over the groups of G of each group's token sum / its tokens."""
         losses = []
         for it in items:
             lp = plain_logprobs(model, it["prompt"], it["completion"])
@@ -88,10 +95,13 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
                 surrogate = -torch.min(ratio * a, ratio.clamp(1 - args.epsilon_low, 1 + args.epsilon_high) * a)
             d = it["ref"] - lp
             losses.append(surrogate + args.beta * (torch.exp(d) - d - 1))
-        if args.loss_type == "grpo":
+        if args.loss_aggregation == "sequence":
             return torch.stack([x.mean() for x in losses]).mean()
-        if args.loss_type == "dr_grpo":
+        if args.loss_aggregation == "fixed":
             return torch.cat(losses).sum() / (len(losses) * MAX_COMPLETION_LENGTH)
+        if args.loss_aggregation == "prompt":
+            groups = [torch.cat(losses[i : i + G]) for i in range(0, len(losses), G)]
+            return torch.stack([x.mean() for x in groups]).mean()
         return torch.cat(losses).sum() / sum(len(x) for x in losses)
 
     def count(items):  # main: dapo counts loss tokens, grpo / dr_grpo sequences (its mini-batch size)
@@ -107,7 +117,10 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
         ref = padded(items, "ref", width) if args.beta > 0 else None
         advantages = torch.tensor([it["advantage"] for it in items])
         sequences, tokens = (None, total) if by_tokens else (int(total), None)  # the one aggregate_loss reads
-        out = grpo.micro_batch_loss(model, packed, advantages, packed["mask"], old, ref, args, sequences, tokens)
+        weights = torch.tensor([it["weight"] for it in items]) if args.loss_aggregation == "prompt" else None
+        out = grpo.micro_batch_loss(
+            model, packed, advantages, packed["mask"], old, ref, args, sequences, tokens, seq_weights=weights
+        )
         accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)  # as in main
 
     return Case(name, make_model, items, reference, count, step, global_count, micro_splits=(1, 3, 2))
@@ -129,4 +142,10 @@ def cases() -> list[Case]:
             items,
         ),
         make_case("grpo_math/cispo", grpo.Args(loss_type="cispo", beta=0.0, epsilon_high=0.3, **common), True, items),
+        make_case(
+            "grpo_math/cispo-prompt",
+            grpo.Args(loss_type="cispo", loss_aggregation="prompt", beta=0.04, epsilon_high=0.3, **common),
+            True,
+            items,
+        ),
     ]

@@ -239,7 +239,7 @@ def test_gspo_clips_the_length_normalised_sequence_ratio():
     loss, clipped = grpo.clipped_surrogate(lr, adv, 0.2, 0.2)  # inside PPO's bounds: -s A on each token
     torch.testing.assert_close(loss[0, :2], torch.full((2,), -math.exp(0.05)))
     # aggregated as GRPO (mean over the tokens, then over sequences) the gradient of each token is -A s / |o|
-    grpo.aggregate_loss(loss, mask, "grpo", 8).backward()
+    grpo.aggregate_loss(loss, mask, "sequence", 8).backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-math.exp(0.05) / 2, -math.exp(0.05) / 2, 0.0]]))
     # GSPO's own bounds (3e-4, 4e-4): s = 1.051 is clipped at 1.0004 for the whole sequence, no gradient at all
     loss, clipped = grpo.clipped_surrogate(grpo.importance_log_ratio(logp, old, mask, "sequence"), adv, 3e-4, 4e-4)
@@ -268,10 +268,10 @@ def test_cispo_truncates_the_weight_and_keeps_every_token_gradient():
     assert ppo.grad[0, 0].item() == 0.0  # PPO's clip drops the 1.5 token CISPO keeps
     args = grpo.Args(loss_type="cispo")
     grpo.resolve_variant(args)
-    assert (args.epsilon_high, args.beta) == (4.0, 0.0)  # weights capped at 1 + 4 = 5, no KL term
-    # 1 / sum_i |o_i|: the token mean of DAPO
+    # weights capped at 1 + 4 = 5, no KL term, 1 / sum_i |o_i|: the token mean of DAPO
+    assert (args.epsilon_high, args.beta, args.loss_aggregation) == (4.0, 0.0, "token")
     per_token, mask = torch.tensor([[1.0, 2.0], [3.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
-    assert grpo.aggregate_loss(per_token, mask, "cispo", 8).item() == pytest.approx(2.0)
+    assert grpo.aggregate_loss(per_token, mask, "token", 8).item() == pytest.approx(2.0)
     with pytest.raises(SystemExit, match="^error: --loss-type cispo"):
         grpo.resolve_variant(grpo.Args(loss_type="cispo", importance_sampling_level="sequence"))
 
@@ -426,22 +426,52 @@ def test_loss_aggregation_grpo_dr_grpo_dapo_by_hand():
     per_token = torch.tensor([[1.0, 3.0, 100.0, 100.0], [2.0, 2.0, 2.0, 6.0]])
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
     # grpo: per-sequence means 2 and 3, averaged: 2.5
-    assert grpo.aggregate_loss(per_token, mask, "grpo", 8).item() == pytest.approx(2.5)
+    assert grpo.aggregate_loss(per_token, mask, "sequence", 8).item() == pytest.approx(2.5)
     # dr_grpo: token sums 4 and 12, each over the constant 8, averaged over the 2 sequences: (4 + 12) / 16
-    assert grpo.aggregate_loss(per_token, mask, "dr_grpo", 8).item() == pytest.approx(1.0)
+    assert grpo.aggregate_loss(per_token, mask, "fixed", 8).item() == pytest.approx(1.0)
     # dapo: every token counts once: 16 / 6
-    assert grpo.aggregate_loss(per_token, mask, "dapo", 8).item() == pytest.approx(16 / 6)
+    assert grpo.aggregate_loss(per_token, mask, "token", 8).item() == pytest.approx(16 / 6)
     # the long sequence weighs 4/6 of the dapo loss but 1/2 of the grpo loss
-    for loss_type in ("grpo", "dr_grpo", "dapo"):
-        with pytest.raises(ValueError):
-            grpo.aggregate_loss(per_token, mask, "nope", 8)
+    with pytest.raises(ValueError):
+        grpo.aggregate_loss(per_token, mask, "nope", 8)
+    weights = grpo.prompt_weights(mask, 2)
+    for aggregation in ("sequence", "fixed", "token", "prompt"):
         # micro-batches: summing the pieces with the whole batch's normalisers gives the whole-batch loss
-        whole = grpo.aggregate_loss(per_token, mask, loss_type, 8)
+        whole = grpo.aggregate_loss(per_token, mask, aggregation, 8, seq_weights=weights)
         pieces = sum(
-            grpo.aggregate_loss(per_token[i : i + 1], mask[i : i + 1], loss_type, 8, num_sequences=2, num_tokens=6.0)
+            grpo.aggregate_loss(
+                per_token[i : i + 1], mask[i : i + 1], aggregation, 8, 2, 6.0, seq_weights=weights[i : i + 1]
+            )
             for i in range(2)
         )
         assert pieces.item() == pytest.approx(whole.item())
+    for loss_type, aggregation in [("grpo", "sequence"), ("dr_grpo", "fixed"), ("dapo", "token"), ("cispo", "token")]:
+        args = grpo.Args(loss_type=loss_type)
+        grpo.resolve_variant(args)
+        assert args.loss_aggregation == aggregation  # each variant's own, unless --loss-aggregation says otherwise
+    args = grpo.Args(loss_type="cispo", loss_aggregation="prompt")
+    grpo.resolve_variant(args)
+    assert args.loss_aggregation == "prompt"
+
+
+def test_prompt_aggregation_is_the_mean_over_prompts_of_each_group_token_mean():
+    """ScaleRL (Khatri et al. 2025, arXiv:2510.13786): L = 1/P sum_p (1 / sum_{i in p} |o_i|) sum_{i in p} sum_t l_it.
+    Two prompts, G = 2: group 1 holds 1 + 3 tokens with losses (4), (1, 2, 3), its token mean 10 / 4 = 2.5; group 2
+    holds 2 + 2 tokens (1, 1), (2, 4), its token mean 8 / 4 = 2; the prompt mean is (2.5 + 2) / 2 = 2.25. The token
+    mean over all 8 tokens is 18 / 8 = 2.25 only because the groups are equally long, so group 2 is made longer."""
+    per_token = torch.tensor([[4.0, 0, 0], [1, 2, 3], [1, 1, 0], [2, 4, 0]])
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0]])
+    weights = grpo.prompt_weights(mask, 2)
+    torch.testing.assert_close(weights, torch.tensor([2 / 4, 2 / 4, 2 / 4, 2 / 4]))
+    assert grpo.aggregate_loss(per_token, mask, "prompt", 8, seq_weights=weights).item() == pytest.approx(2.25)
+    mask = torch.tensor([[1, 0, 0], [1, 1, 1], [1, 1, 1], [1, 1, 1]])  # group 2 now (1, 1, 0), (2, 4, 0): 6 tokens
+    weights = grpo.prompt_weights(mask, 2)
+    torch.testing.assert_close(weights, torch.tensor([2 / 4, 2 / 4, 2 / 6, 2 / 6]))
+    # (10 / 4 + 8 / 6) / 2 = 1.9167; the token mean would be 18 / 10 = 1.8, the sequence mean (4 + 2 + 2/3 + 2) / 4
+    assert grpo.aggregate_loss(per_token, mask, "prompt", 8, seq_weights=weights).item() == pytest.approx(
+        (10 / 4 + 8 / 6) / 2
+    )
+    assert grpo.aggregate_loss(per_token, mask, "token", 8).item() == pytest.approx(1.8)
 
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():

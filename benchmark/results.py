@@ -33,6 +33,7 @@ GRPO_FAMILY = [
     "gspo",
     "cispo",
     "cispo-prompt",
+    "cispo-kl",
     "reinforce-pp-baseline",
     "distill",
     "async-grpo",

@@ -145,6 +145,10 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
                 sft,
                 ["--loss-type", "cispo", "--loss-aggregation", "prompt"],
             ),
+            # CISPO with GRPO's KL loss term (MiniMax-M1 uses none): the grpo row's recipe with CISPO's surrogate
+            rl_stage(
+                "cispo-kl", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo", "--beta", "0.04"]
+            ),
             rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
             # LoRA at 10x the full fine-tuning learning rate ("LoRA Without Regret", Schulman et al. 2025)
             rl_stage(
@@ -198,9 +202,10 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
 # The KL frontier (issue 22): each algorithm at a few KL penalties (`kl_coef`, DPO's `beta`), 3 seeds, against a proxy
 # reward model trained on 1,000 noisy, length-biased labels (tiny-tldr-noisy). `benchmark.results` plots the gold reward
 # against `eval/kl` (the same estimator in every script) and tabulates it at fixed KL budgets.
-# A strong and a weak penalty per algorithm; PPO also a middle one, where over-optimisation sets in.
+# A strong and a weak penalty per algorithm; PPO also a middle one, where over-optimisation sets in, and none (Gao et
+# al. 2022, arXiv:2210.10760: a KL penalty acts like early stopping, it does not improve gold reward against KL).
 FRONTIER_TLDR = {  # algorithm: (script, preset, penalty flag, values)
-    "ppo": ("ppo_rlhf.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.02", "0.005"]),
+    "ppo": ("ppo_rlhf.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.02", "0.005", "0"]),
     "rloo": ("rloo.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.005"]),
     "remax": ("remax.py", "tiny-tldr-noisy", "--kl-coef", ["0.05", "0.005"]),
     "dpo": ("dpo.py", "tiny-tldr-noisy", "--beta", ["0.5", "0.1"]),

@@ -11,23 +11,9 @@ import pytest  # noqa: E402
 
 from benchmark.assets import build  # noqa: E402
 
-# The longest files first: with `-n 2 --dist loadfile` (the README's test command) one worker runs the learning suite
-# while the other works through the rest, so the two finish together.
-SLOWEST_FIRST = ["test_learning.py", "test_real_check.py", "test_real_presets.py"]
-
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: learning tests that train for minutes (CI runs them too)")
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False  # xdist would order the files by their number of tests instead
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        name = item.path.name
-        return SLOWEST_FIRST.index(name) if name in SLOWEST_FIRST else len(SLOWEST_FIRST)
-
-    items.sort(key=rank)  # stable: the order within a file and among the other files is kept
 
 
 @pytest.fixture(scope="session")

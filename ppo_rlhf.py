@@ -1642,7 +1642,7 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
     }
     kl = torch.zeros(len(queries), device=queries.device)
     for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs).logits[:, queries.shape[1] - 1 : -1].float()
+        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
         logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
         kl += sign * (logprobs * valid).sum(1)
     return kl.tolist()

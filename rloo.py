@@ -1364,7 +1364,7 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
     }
     kl = torch.zeros(len(queries), device=queries.device)
     for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs).logits[:, queries.shape[1] - 1 : -1].float()
+        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
         logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
         kl += sign * (logprobs * valid).sum(1)
     return kl.tolist()
@@ -2039,10 +2039,15 @@ def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
     """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail).
     use_cache=False: with a cache, transformers would not read the packing from the position ids."""
     device = next(model.parameters()).device
+    rows, cols = packed["rows"].to(device), packed["cols"].to(device)
+    keep = cols.unique()  # sorted; the LM head runs on the columns that predict a response token, not on the prompts
     logits = model(
-        input_ids=packed["input_ids"].to(device), position_ids=packed["position_ids"].to(device), use_cache=False
+        input_ids=packed["input_ids"].to(device),
+        position_ids=packed["position_ids"].to(device),
+        use_cache=False,
+        logits_to_keep=keep,
     ).logits
-    logits = logits[packed["rows"].to(device), packed["cols"].to(device)].float() / (temperature + 1e-7)
+    logits = logits[rows, torch.searchsorted(keep, cols)].float() / (temperature + 1e-7)
     return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
 
 

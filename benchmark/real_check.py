@@ -296,7 +296,7 @@ def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) ->
         if (
             e == "zero3"
             and stage.accelerate_config != "deepspeed_zero3"
-            and not any(o in stage.run_name for o in also_zero3)
+            and not any(matches(o, stage.run_name) for o in also_zero3)
         ):
             out[e] = "the suite does not launch this stage with ZeRO-3"
         elif e == "fsdp" and not cuda_available():
@@ -307,6 +307,11 @@ def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) ->
         else:
             out[e] = None
     return out
+
+
+def matches(pattern: str, run_name: str) -> bool:
+    """`--only` entries: a part of the run name, or with a leading ^ its start (^grpo_gsm8k, not dr-grpo_gsm8k)."""
+    return run_name.startswith(pattern[1:]) if pattern.startswith("^") else pattern in run_name
 
 
 def cuda_available() -> bool:
@@ -351,7 +356,7 @@ def run_check(
 ) -> dict[tuple[str, str], str]:
     """Run the cells; returns {(run name, engine): 'ok' | 'FAILED: ...' | 'blocked: ...' | 'not run: ...'}."""
     models = build_models(workdir, src, build=not dry_run)
-    todo = [(suite, st) for suite, st in stages() if not only or any(o in st.run_name for o in only)]
+    todo = [(suite, st) for suite, st in stages() if not only or any(matches(o, st.run_name) for o in only)]
     result: dict[tuple[str, str], str] = {}
     for engine in engines:
         runs = workdir / engine / "runs"
@@ -428,7 +433,9 @@ def main() -> None:
         parser.add_argument("--" + name.replace("_", "-"), default=None, help=f"override the {name} path or hub name")
     parser.add_argument("--workdir", type=Path, default=Path("runs/real_check"), help="models and runs go here")
     parser.add_argument("--engines", nargs="+", default=DEFAULT_ENGINES, choices=sorted(ENGINES))
-    parser.add_argument("--only", nargs="+", default=None, help="keep stages whose run name contains one of these")
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="keep stages whose run name contains one of these (^x: starts with x)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     parser.add_argument(

@@ -13,7 +13,10 @@ from benchmark.assets import build  # noqa: E402
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: learning tests that train for minutes (CI runs them too)")
+    config.addinivalue_line(
+        "markers",
+        "slow: the learning tests and the real-shape check, minutes each: the README runs them after the others, alone",
+    )
 
 
 @pytest.fixture(scope="session")

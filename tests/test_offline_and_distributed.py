@@ -44,13 +44,14 @@ def test_unreachable_hub_fails_fast_with_a_clear_message(assets, tmp_path, argv,
     args = [sys.executable, str(REPO / argv[0]), *argv[1:], "--output-dir", str(tmp_path / "runs")]
     if argv[1] == "tiny-tldr":
         args += ["--model-name-or-path", str(assets / "models" / "tiny-neox")]
-    t0 = time.time()
-    proc = subprocess.run(
-        args, cwd=tmp_path, env=_env(hf_home=str(tmp_path / "hf")), capture_output=True, text=True, timeout=60
-    )
+    env = _env(hf_home=str(tmp_path / "hf"))
+    t0 = time.time()  # the same script's start-up (imports, parsing), measured now: tests share the CPU
+    subprocess.run([sys.executable, str(REPO / argv[0]), "--help"], cwd=tmp_path, env=env, capture_output=True)
+    startup, t0 = time.time() - t0, time.time()
+    proc = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.time() - t0
     assert proc.returncode != 0
-    assert elapsed < 10, f"took {elapsed:.1f}s to fail"
+    assert elapsed < startup + 10, f"took {elapsed:.1f}s to fail, {elapsed - startup:.1f}s beyond its start-up"
     assert missing in proc.stderr and flag in proc.stderr and "local" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr  # a message for a person, not a stack trace
 

@@ -430,7 +430,7 @@ def math_stages(seeds: list[int]) -> list[Stage]:
 
 
 # The README's main job and the learning tests: every tiny-tldr algorithm and GRPO on tiny-math, at the `--quick`
-# budgets (about 15 minutes for one seed on a 2-core CPU with --jobs 2)
+# budgets (about 13 minutes for one seed on a 2-core CPU with --jobs 2)
 QUICK_STAGES = [
     "ppo_tiny-tldr",
     "rloo_tiny-tldr",

@@ -242,3 +242,17 @@ def test_the_quick_suite_builds_the_tiny_world_then_runs_its_stages_at_quick_bud
         [*run.QUICK_STAGES, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math"]
     )
     assert "--total-episodes 512 --eval-every 8" in capsys.readouterr().out  # PPO's quick budget
+
+
+def test_real_check_only_entries_with_a_caret_select_by_run_name_prefix():
+    from benchmark.real_check import matches, stages
+    from tests.test_real_check import ONLY
+
+    assert matches("grpo_gsm8k", "dr-grpo_gsm8k-qwen2.5-0.5b__1")  # a part of the name, as before
+    assert not matches("^grpo_gsm8k", "dr-grpo_gsm8k-qwen2.5-0.5b__1")
+    assert matches("^grpo_gsm8k", "grpo_gsm8k-qwen2.5-0.5b__1")
+    # the CI cells of the real-shape check: exactly the stages its comment names, per engine
+    names = [st.run_name for _, st in stages()]
+    picked = {e: [n for n in names if any(matches(o, n) for o in only)] for e, only in ONLY.items()}
+    assert {e: len(v) for e, v in picked.items()} == {"single": 6, "ddp": 2, "zero2": 5, "zero3": 2}, picked
+    assert "grpo_gsm8k-qwen2.5-0.5b__1" in picked["zero2"] and "dr-grpo_math-qwen2.5-math-1.5b__1" in picked["single"]

@@ -1643,8 +1643,8 @@ def process_rewards(
 def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
     (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids. The
-    LM head runs only on the columns that predict a completion token (`logits_to_keep`): over the prompts it was most
-    of the time and memory of the logits (a 151,936-word vocabulary for Qwen2.5)."""
+    LM head runs only on the columns that predict a completion token (`logits_to_keep`): over the prompts it would be
+    most of the logits' time and memory (a 151,936-word vocabulary for Qwen2.5)."""
     device = next(model.parameters()).device
     rows, cols = packed["rows"].to(device), packed["cols"].to(device)
     keep = cols.unique()  # sorted

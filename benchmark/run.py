@@ -66,11 +66,8 @@ class Stage:
         return [*launcher, str(REPO / self.script), *self.args(quick)]
 
 
-# `--quick` budgets (the learning tests): about half of each preset's episodes. Measured on the tiny suite, every
-# algorithm is past its test margin by then (PPO reaches the best summaries by 256 episodes, RLOO/ReMax by ~1000).
-# Offline and online DPO run about 60% of theirs: at half (2048 pairs, 1024 episodes) they were once only +0.10 and
-# +0.07 gold reward above the SFT policy; from the 4-epoch SFT below (2026-11-25) their full runs were at 1.000 and
-# 0.997 by step 50 of 125 and 32 of 64. The reward model, at 1.000 accuracy by step 50 of 125, gets 64.
+# `--quick` budgets (the learning tests): about half to 60% of each preset's episodes, where every algorithm is past
+# its test margin (docs/tests.md has the measurements).
 QUICK = {
     "ppo_tiny-tldr": ["--total-episodes", "512", "--eval-every", "8"],
     "rloo_tiny-tldr": ["--total-episodes", "1024", "--eval-every", "16"],
@@ -81,9 +78,8 @@ QUICK = {
 }
 
 
-# `--quick` SFT (the learning tests' starting policies): 3 (tiny-tldr) and 4 (tiny-math) of the presets' 6 epochs,
-# each schedule run to its end. The learning tests' SFT bounds hold there (tiny-tldr gold 0.5-0.9, tiny-math accuracy
-# 0.05-0.35) and RL has room: at 4 epochs tiny-tldr was at gold 0.667 (as at 6) and tiny-math at accuracy 0.16 (0.225).
+# `--quick` SFT (the learning tests' starting policies): fewer epochs, each schedule run to its end; the SFT bounds of
+# tests/test_learning.py hold there and RL keeps room (docs/tests.md).
 SFT_QUICK = {"tiny-tldr": ["--num-train-epochs", "3"], "tiny-math": ["--num-train-epochs", "4"]}
 
 

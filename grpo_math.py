@@ -24,7 +24,8 @@ Each batch of samples is optimised for `num_iterations` (mu) passes of `num_mini
     DAPO: 4096 of 20480). Overlong filtering (truncated completions masked out of the loss) is DAPO's alternative,
     `--overlong-filtering`.
   * `cispo` (MiniMax-M1, arXiv:2506.13585, eq. 4): no PPO clip; each token's loss is -sg(min(ratio, 1 + eps_high)) *
-    A * log pi, so tokens past the bound keep their gradient (PPO's clip drops them), token mean, no KL term.
+    A * log pi, so tokens past the bound keep their gradient (PPO's clip drops them), token mean, no KL term, and
+    DAPO's dynamic sampling and soft overlong punishment by default (MiniMax-M1 section 3.1 uses both).
 
 `--importance-sampling-level sequence` is GSPO ("Group Sequence Policy Optimization", Zheng et al. 2025,
 arXiv:2507.18071): the clipped ratio is the completion's, (pi(o)/pi_old(o))^(1/|o|), one per sequence, with GSPO's
@@ -275,14 +276,14 @@ class Args:
     """completions per forward/backward (gradient accumulation inside a mini-batch)"""
     dynamic_sampling: bool | None = None
     """drop groups whose completions are all right or all wrong (success reward) and sample more questions to refill
-    (DAPO); default: on for dapo"""
+    (DAPO); default: on for dapo and cispo (MiniMax-M1 section 3.1 takes it from DAPO)"""
     max_sampling_rounds: int = 4
     """(dynamic sampling) sampling rounds per step at most; then the batch is topped up with dropped groups"""
     overlong_filtering: bool = False
     """mask completions that hit the length limit out of the loss (DAPO's overlong filtering)"""
     overlong_buffer: int | None = None
-    """soft overlong punishment over the last N tokens before the limit (DAPO); default: limit/5 for dapo, else 0
-    (off)"""
+    """soft overlong punishment over the last N tokens before the limit (DAPO); default: limit/5 for dapo and cispo
+    (MiniMax-M1 section 3.1: DAPO's length penalty), else 0 (off)"""
     overlong_penalty_factor: float = 1.0
     """soft overlong punishment at the limit (DAPO: 1, a reward of -1)"""
 
@@ -2497,10 +2498,11 @@ def resolve_variant(args: Args) -> None:
             "error: on-policy distillation takes both --advantage-estimator distill and "
             "--teacher-model-path (the teacher that scores the student's tokens)"
         )
+    # MiniMax-M1 section 3.1: CISPO runs with "the dynamic sampling and length penalty techniques" of DAPO
     if args.dynamic_sampling is None:
-        args.dynamic_sampling = dapo
+        args.dynamic_sampling = dapo or cispo
     if args.overlong_buffer is None:
-        args.overlong_buffer = args.max_completion_length // 5 if dapo else 0  # DAPO: 4096 of 20480
+        args.overlong_buffer = args.max_completion_length // 5 if dapo or cispo else 0  # DAPO: 4096 of 20480
     if args.num_generations < 2:
         raise SystemExit(
             f"error: --num-generations is {args.num_generations}; it must be at least 2: advantages are "

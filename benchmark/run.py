@@ -145,7 +145,8 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("dapo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dapo"]),
             rl_stage("gspo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--importance-sampling-level", "sequence"]),
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
-            # ScaleRL's CISPO (Khatri et al. 2025): the loss averaged per prompt, not per token of the batch
+            # ScaleRL's CISPO aggregation (Khatri et al. 2025): the loss averaged per prompt, not per token of the
+            # batch; sampled as the grpo row, to compare with cispo-kl and the frontier's CISPO
             rl_stage(
                 "cispo-prompt",
                 "grpo_math.py",
@@ -153,11 +154,19 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
                 s,
                 "tiny-math",
                 sft,
-                ["--loss-type", "cispo", "--loss-aggregation", "prompt"],
+                ["--loss-type", "cispo", "--loss-aggregation", "prompt", "--dynamic-sampling", "False"]
+                + ["--overlong-buffer", "0"],
             ),
-            # CISPO with GRPO's KL loss term (MiniMax-M1 uses none): the grpo row's recipe with CISPO's surrogate
+            # CISPO in the grpo row's recipe (GRPO's KL term and sampling; MiniMax-M1 has no KL term, and adds DAPO's
+            # dynamic sampling and length penalty): the grpo row with CISPO's surrogate
             rl_stage(
-                "cispo-kl", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo", "--beta", "0.04"]
+                "cispo-kl",
+                "grpo_math.py",
+                "tiny",
+                s,
+                "tiny-math",
+                sft,
+                ["--loss-type", "cispo", "--beta", "0.04", "--dynamic-sampling", "False", "--overlong-buffer", "0"],
             ),
             rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
             # LoRA at 10x the full fine-tuning learning rate ("LoRA Without Regret", Schulman et al. 2025)
@@ -271,7 +280,14 @@ def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
 FRONTIER_MATH = {  # algorithm: (script, preset, penalty flag, values, other flags: variant, evaluations for the curve)
     "grpo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0"], ["--loss-type", "grpo"]),
     "gspo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0"], ["--importance-sampling-level", "sequence"]),
-    "cispo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0"], ["--loss-type", "cispo"]),
+    # CISPO sampled as GRPO's row is (its defaults add dynamic sampling and a length penalty): the rows differ in loss
+    "cispo": (
+        "grpo_math.py",
+        "tiny",
+        "--beta",
+        ["0.1", "0"],
+        ["--loss-type", "cispo", "--dynamic-sampling", "False", "--overlong-buffer", "0"],
+    ),
     "ppo": ("ppo_rlhf.py", "tiny-math", "--kl-coef", ["0.1", "0"], ["--eval-every", "4"]),
     "rloo": ("rloo.py", "tiny-math", "--kl-coef", ["0.1", "0"], ["--eval-every", "4"]),
     "remax": ("remax.py", "tiny-math", "--kl-coef", ["0.1", "0"], ["--eval-every", "8"]),

@@ -266,10 +266,12 @@ def test_cispo_truncates_the_weight_and_keeps_every_token_gradient():
     ppo = logp.detach().clone().requires_grad_(True)
     grpo.clipped_surrogate(ppo - old, adv, 0.2, 0.2)[0].sum().backward()
     assert ppo.grad[0, 0].item() == 0.0  # PPO's clip drops the 1.5 token CISPO keeps
-    args = grpo.Args(loss_type="cispo")
+    args = grpo.Args(loss_type="cispo", max_completion_length=20480)
     grpo.resolve_variant(args)
     # weights capped at 1 + 4 = 5, no KL term, 1 / sum_i |o_i|: the token mean of DAPO
     assert (args.epsilon_high, args.beta, args.loss_aggregation) == (4.0, 0.0, "token")
+    # MiniMax-M1 section 3.1: DAPO's dynamic sampling and length penalty (DAPO's 4096 of 20480)
+    assert (args.dynamic_sampling, args.overlong_buffer) == (True, 4096)
     per_token, mask = torch.tensor([[1.0, 2.0], [3.0, 0.0]]), torch.tensor([[1, 1], [1, 0]])
     assert grpo.aggregate_loss(per_token, mask, "token", 8).item() == pytest.approx(2.0)
     with pytest.raises(SystemExit, match="^error: --loss-type cispo"):

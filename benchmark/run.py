@@ -125,6 +125,11 @@ def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
     return stages
 
 
+# CISPO's defaults add MiniMax-M1's dynamic sampling and length penalty; these flags sample as GRPO does, for the rows
+# that compare CISPO's loss with GRPO's
+GRPO_SAMPLING = ["--dynamic-sampling", "False", "--overlong-buffer", "0"]
+
+
 def tiny_math_stages(seeds: list[int]) -> list[Stage]:
     stages = [
         sft_stage("tiny-math"),
@@ -145,8 +150,7 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
             rl_stage("dapo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dapo"]),
             rl_stage("gspo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--importance-sampling-level", "sequence"]),
             rl_stage("cispo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "cispo"]),
-            # ScaleRL's CISPO aggregation (Khatri et al. 2025): the loss averaged per prompt, not per token of the
-            # batch; sampled as the grpo row, to compare with cispo-kl and the frontier's CISPO
+            # ScaleRL's CISPO aggregation (Khatri et al. 2025): the loss averaged per prompt, not per token of the batch
             rl_stage(
                 "cispo-prompt",
                 "grpo_math.py",
@@ -154,11 +158,9 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
                 s,
                 "tiny-math",
                 sft,
-                ["--loss-type", "cispo", "--loss-aggregation", "prompt", "--dynamic-sampling", "False"]
-                + ["--overlong-buffer", "0"],
+                ["--loss-type", "cispo", "--loss-aggregation", "prompt", *GRPO_SAMPLING],
             ),
-            # CISPO in the grpo row's recipe (GRPO's KL term and sampling; MiniMax-M1 has no KL term, and adds DAPO's
-            # dynamic sampling and length penalty): the grpo row with CISPO's surrogate
+            # the grpo row with CISPO's surrogate: GRPO's KL term (MiniMax-M1 has none) and sampling
             rl_stage(
                 "cispo-kl",
                 "grpo_math.py",
@@ -166,7 +168,7 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
                 s,
                 "tiny-math",
                 sft,
-                ["--loss-type", "cispo", "--beta", "0.04", "--dynamic-sampling", "False", "--overlong-buffer", "0"],
+                ["--loss-type", "cispo", "--beta", "0.04", *GRPO_SAMPLING],
             ),
             rl_stage("async-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--async"]),
             # LoRA at 10x the full fine-tuning learning rate ("LoRA Without Regret", Schulman et al. 2025)
@@ -280,14 +282,7 @@ def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
 FRONTIER_MATH = {  # algorithm: (script, preset, penalty flag, values, other flags: variant, evaluations for the curve)
     "grpo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0"], ["--loss-type", "grpo"]),
     "gspo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0"], ["--importance-sampling-level", "sequence"]),
-    # CISPO sampled as GRPO's row is (its defaults add dynamic sampling and a length penalty): the rows differ in loss
-    "cispo": (
-        "grpo_math.py",
-        "tiny",
-        "--beta",
-        ["0.1", "0"],
-        ["--loss-type", "cispo", "--dynamic-sampling", "False", "--overlong-buffer", "0"],
-    ),
+    "cispo": ("grpo_math.py", "tiny", "--beta", ["0.1", "0"], ["--loss-type", "cispo", *GRPO_SAMPLING]),
     "ppo": ("ppo_rlhf.py", "tiny-math", "--kl-coef", ["0.1", "0"], ["--eval-every", "4"]),
     "rloo": ("rloo.py", "tiny-math", "--kl-coef", ["0.1", "0"], ["--eval-every", "4"]),
     "remax": ("remax.py", "tiny-math", "--kl-coef", ["0.1", "0"], ["--eval-every", "8"]),
@@ -442,7 +437,7 @@ def math_stages(seeds: list[int]) -> list[Stage]:
 
 
 # The README's main job and the learning tests: every tiny-tldr algorithm and GRPO on tiny-math, at the `--quick`
-# budgets (about 13 minutes for one seed on a 2-core CPU with --jobs 2)
+# budgets (the README gives its time)
 QUICK_STAGES = [
     "ppo_tiny-tldr",
     "rloo_tiny-tldr",

@@ -22,7 +22,7 @@ pytestmark = [
 ]
 # the engines in the order they must run: ZeRO-3 stages read the SFT and reward models that ZeRO-2 trained
 ENGINES = ["single", "ddp", "zero2", "zero3"]
-# Within the time of CI (about 7 minutes here), every script runs on the real tokenizers and data, and every engine
+# Within the time of CI (docs/tests.md), every script runs on the real tokenizers and data, and every engine
 # the suites launch runs: one process (SFT, reward model, RLOO, ReMax on TL;DR 1B; PPO on GSM8K; Dr. GRPO on MATH),
 # two DDP processes (SFT and reward model, as the suites launch them), ZeRO-2 (SFT, reward model, PPO and DPO of the 1B
 # track; GRPO on GSM8K) and ZeRO-3 (PPO and DPO of the 1B track on the ZeRO-2 SFT and reward models: the 6.9B track's

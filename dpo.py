@@ -507,7 +507,7 @@ def lr_lambda(schedule: str, warmup: int, total: int):
 def main(args: Args) -> dict:
     # the batches come from an endless `while True: yield from loader`: the loader's end is no optimizer-step boundary
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
-    threads = args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes)
+    threads = args.num_threads or cpu_threads(accelerator.num_processes)
     gen_threads = None
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         if args.mode == "online" and args.async_generation:  # learner and generator thread split the process's share
@@ -1062,6 +1062,13 @@ def load_reward_model(args: Args, tokenizer):
 # Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
 # verbatim between scripts), and the tokenizer checks
 # ----------------------------------------------------------------------------------------------------
+
+
+def cpu_threads(processes: int) -> int:
+    """Each process's share of the cores this one may run on (taskset, a SLURM cpuset, a pinned test worker), not of
+    all the machine's: one BLAS pool per process, or the processes fight over the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // processes)
 
 
 def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:

@@ -407,7 +407,7 @@ def main(args: Args) -> dict:
     # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or max(1, (os.cpu_count() or 1) // accelerator.num_processes))
+        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     check_args(args)
     run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
@@ -800,6 +800,13 @@ def load_model(args: Args, tokenizer):
 # Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
 # verbatim between scripts), and the tokenizer checks
 # ----------------------------------------------------------------------------------------------------
+
+
+def cpu_threads(processes: int) -> int:
+    """Each process's share of the cores this one may run on (taskset, a SLURM cpuset, a pinned test worker), not of
+    all the machine's: one BLAS pool per process, or the processes fight over the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // processes)
 
 
 def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:

@@ -237,7 +237,8 @@ FRONTIER_QUICK = {
     "ppo": ["--total-episodes", "384", "--eval-every", "3", "--num-eval-examples", "100"],
     "rloo": ["--total-episodes", "512", "--eval-every", "2", "--num-eval-examples", "100"],
     "remax": ["--total-episodes", "512", "--eval-every", "2", "--num-eval-examples", "100"],
-    "dpo": ["--num-train-epochs", "1", "--eval-every", "10", "--num-eval-examples", "100", "--num-eval-pairs", "100"],
+    "dpo": ["--num-train-epochs", "1", "--max-train-samples", "384", "--eval-every", "6"]
+    + ["--num-eval-examples", "100", "--num-eval-pairs", "100"],
     "online-dpo": ["--total-episodes", "512", "--eval-every", "4", "--num-eval-examples", "100"],
 }
 
@@ -256,6 +257,7 @@ def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
             "tiny-tldr-noisy",
             ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
             needs=["sft_tiny-tldr__1"],
+            quick=["--num-train-epochs", "1"],  # of 2: already an imperfect proxy (the learning test's bounds)
         ),
     ]
     needs = ["sft_tiny-tldr__1", "rm_tiny-tldr-noisy__1"]
@@ -447,8 +449,30 @@ QUICK_STAGES = [
     "grpo_tiny-math",
 ]
 
+# The learning tests' schedule (tests/test_learning.py): suite `quick` and these stages of the KL frontier's `--quick`
+# version in one queue, so that the frontier's runs fill the cores while the suite's last runs finish
+LEARNING_FRONTIER_STAGES = ["ppo-kl0.005", "dpo-beta0.1", "grpo-beta0"]
+
+
+def unique(stages: list[Stage]) -> list[Stage]:
+    """The stages of several suites, each once: a stage two suites share (their SFT) is the same command."""
+    seen: dict[str, Stage] = {}
+    for st in stages:
+        assert seen.setdefault(st.run_name, st) == st, f"two different stages named {st.run_name}"
+    return list(seen.values())
+
+
 SUITES = {
     "quick": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),  # QUICK_STAGES at --quick budgets
+    "learning": lambda seeds: sorted(  # QUICK_STAGES and LEARNING_FRONTIER_STAGES at --quick budgets
+        unique(
+            tiny_tldr_stages(seeds)
+            + tiny_math_stages(seeds)
+            + frontier_tldr_stages(seeds)
+            + frontier_math_stages(seeds)
+        ),
+        key=lambda st: st.script not in ("sft.py", "reward_model.py"),  # the models RL needs first; then RL in order
+    ),
     "tiny-tldr": tiny_tldr_stages,
     "tiny-math": tiny_math_stages,
     "tiny": lambda seeds: tiny_tldr_stages(seeds) + tiny_math_stages(seeds),
@@ -562,9 +586,10 @@ def run_suite(
     (on a 2-core CPU, two 1-thread runs get more done than one 2-thread run of these tiny models).
     `only` keeps the stages whose algorithm (run name before `_`, e.g. `ppo`) or algorithm and track (run name
     before `__`, e.g. `ppo_tiny-tldr`) is listed, plus the stages they need. `quick` appends each stage's
-    shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES (or `only`), always `quick`."""
-    if suite == "quick":
-        only, quick = only or QUICK_STAGES, True
+    shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES (or `only`), always `quick`; suite
+    `learning` adds LEARNING_FRONTIER_STAGES."""
+    if suite in ("quick", "learning"):
+        only, quick = only or QUICK_STAGES + (LEARNING_FRONTIER_STAGES if suite == "learning" else []), True
     launcher = launcher or [sys.executable]
     runs_dir = Path(workdir) / "runs"
     stages = SUITES[suite](seeds)
@@ -592,7 +617,8 @@ def run_suite(
         return status
     if any(stage.preset.startswith("tiny") for stage in stages):  # the tiny world, built on first use
         ensure_assets(runs_dir / "assets")
-    threads = max(1, (os.cpu_count() or 1) // max(jobs, 1))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # allowed ones
+    threads = max(1, cores // max(jobs, 1))
     pending = list(stages)
     running: dict[str, tuple[subprocess.Popen, float, Path, object]] = {}
     while pending or running:

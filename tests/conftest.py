@@ -17,6 +17,25 @@ def pytest_configure(config):
         "markers",
         "slow: the learning tests and the real-shape check, minutes each: the README runs them after the others, alone",
     )
+    pin_xdist_worker()
+
+
+def pin_xdist_worker() -> None:
+    """Under `pytest -n N`, worker i runs (with every process it starts) on its own share of the cores: the scripts
+    size their thread pools by the cores they may use, so the workers stop oversubscribing the CPU."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    share = cores[int(worker.removeprefix("gw")) % count :: count]
+    if count > len(cores) or not share:
+        return
+    os.sched_setaffinity(0, share)
+    os.environ["OMP_NUM_THREADS"] = str(len(share))  # for processes that do not size their pool themselves
+
+    import torch
+
+    torch.set_num_threads(len(share))
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ BETWEEN_SCRIPTS = {
     "packed_logprobs": ["rloo", "remax"],
     # the engines (DDP, DeepSpeed ZeRO-2/3, FSDP), saving, tokenizers, evaluation shards
     "make_accelerator": ALL,
+    "cpu_threads": ALL,
     "zero3": ALL,
     "save_model": ALL,
     "ensure_pad_token": ALL,

@@ -2,10 +2,11 @@
 actually learns: the RL runs must beat the SFT policy they start from, as measured by the evaluation each
 run makes before its first update and after its last.
 
-These train for minutes on a 2-core CPU, so they carry the `slow` marker; CI runs them too. The suite runs two
-stages at a time with one thread each (`--jobs 2`) and with `--quick`, about half of each preset's RL budget
-(`benchmark/run.py` QUICK): enough to pass the margins below, which are well under what the full presets
-reach over 3 seeds (README). The README's tables come from the full presets.
+These train for minutes on a 2-core CPU, so they carry the `slow` marker; CI runs them too. The suite `learning` runs
+the suite `quick` (about half of each preset's RL budget, `benchmark/run.py` QUICK: enough to pass the margins below,
+which are well under what the full presets reach over 3 seeds, README) and three runs of the KL frontier's `--quick`
+version in one queue, two stages at a time with one thread each (`--jobs 2`). The README's tables come from the full
+presets.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchmark.compare import read_run
-from benchmark.run import QUICK_STAGES, final_metrics
+from benchmark.run import LEARNING_FRONTIER_STAGES, QUICK_STAGES, final_metrics
 
 REPO = Path(__file__).resolve().parent.parent
 # minimal improvement over the starting SFT policy (seed 1), in gold reward and in win rate. Over 3 seeds of the
@@ -37,7 +38,7 @@ assert sorted(STAGES) == sorted(QUICK_STAGES), "the README's main job (suite `qu
 def _suite(workdir: Path, timeout: int) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
     return subprocess.run(
-        [sys.executable, "-m", "benchmark.run", "quick", "--seeds", "1", "--jobs", "2", "--workdir", str(workdir)],
+        [sys.executable, "-m", "benchmark.run", "learning", "--seeds", "1", "--jobs", "2", "--workdir", str(workdir)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -48,7 +49,7 @@ def _suite(workdir: Path, timeout: int) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def suite_dir(assets, tmp_path_factory) -> Path:
-    """Runs the quick tiny suite (seed 1) once in a fresh working directory."""
+    """Runs the quick tiny suite and the quick frontier's runs (seed 1) once in a fresh working directory."""
     workdir = tmp_path_factory.mktemp("suite")
     shutil.copytree(assets, workdir / "runs" / "assets")
     proc = _suite(workdir, timeout=2700)
@@ -109,31 +110,32 @@ def test_tiny_math_rl_beats_the_sft_policy_by_showing_its_work(suite_dir, algo):
 def test_rerunning_the_suite_skips_finished_runs(suite_dir):
     proc = _suite(suite_dir, timeout=300)
     assert proc.returncode == 0
-    assert "[run]" not in proc.stdout and proc.stdout.count("[skip]") >= 4
+    assert "[run]" not in proc.stdout and proc.stdout.count("[skip]") >= 13
     done = json.loads((suite_dir / "runs" / "sft_tiny-tldr__1" / "done.json").read_text())
     assert done["argv"][0] == done["preset"] == "tiny-tldr" and done["step"] == done["total_steps"]
 
 
 # The KL frontier's quick version (issue 22): the noisy reward model, one PPO and one offline DPO setting on
-# tiny-tldr-noisy and one GRPO setting on tiny-math, in the quick suite's working directory (its SFT models)
+# tiny-tldr-noisy and one GRPO setting on tiny-math, run by the suite `learning` on the quick suite's SFT models
 FRONTIER_STAGES = ["ppo-kl0.005", "dpo-beta0.1", "grpo-beta0"]
+assert FRONTIER_STAGES == LEARNING_FRONTIER_STAGES
 
 
 @pytest.fixture(scope="module")
 def frontier_dir(suite_dir) -> Path:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "benchmark.run", "frontier", "--seeds", "1", "--jobs", "2", "--quick"]
+    cmd = [sys.executable, "-m", "benchmark.run", "frontier", "--seeds", "1", "--quick", "--dry-run"]
     proc = subprocess.run(
         [*cmd, "--workdir", str(suite_dir), "--only", *FRONTIER_STAGES],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=300,
     )
-    print(proc.stdout[-3000:])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "[skip] sft_tiny-tldr__1" in proc.stdout  # the quick suite's SFT models are reused
+    # the frontier's own `--quick` command finds every run done: the suite `learning` ran them as the frontier does
+    assert proc.stdout.count("# [skip]") == 6 and "--run-name" not in proc.stdout, proc.stdout
     proc = subprocess.run(
         [sys.executable, "-m", "benchmark.results", "--runs-dir", str(suite_dir / "runs")],
         cwd=REPO,

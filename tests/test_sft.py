@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,33 @@ def test_short_run_writes_run_directory(assets, tmp_path):
     assert {"eval/gold_reward", "eval/win_rate", "eval/loss"} <= set(metrics)
     assert json.loads((run / "config.json").read_text())["learning_rate"] == 1e-3
     assert (run / "model" / "model.safetensors").exists() and not list((run / "model").glob("*.bin"))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or (os.cpu_count() or 1) < 2, reason="Linux, 2 cores or more")
+def test_the_thread_pool_is_the_share_of_the_cores_the_process_may_use(assets, tmp_path):
+    """Restricted to one core (taskset, a SLURM cpuset, an xdist worker here), a run sizes its pool to that core, not
+    to all of the machine's: more threads than cores spin against each other."""
+    allowed, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    assert sft.cpu_threads(1) == len(allowed) and sft.cpu_threads(len(allowed)) == 1
+    try:
+        os.sched_setaffinity(0, {min(allowed)})
+        assert sft.cpu_threads(1) == sft.cpu_threads(2) == 1
+        torch.set_num_threads(2)
+        sft.main(
+            _args(
+                assets,
+                output_dir=str(tmp_path),
+                run_name="r",
+                max_train_samples=8,
+                num_eval_examples=8,
+                per_device_train_batch_size=8,
+                num_threads=None,
+            )
+        )
+        assert torch.get_num_threads() == 1
+    finally:
+        os.sched_setaffinity(0, allowed)
+        torch.set_num_threads(threads)
 
 
 def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(assets, tmp_path):

@@ -332,7 +332,9 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
             alone_lp.sum().backward()
             (alone_values * torch.arange(len(r) + 1)).sum().backward()
     for got, want in zip(packed_grads, (p.grad for p in model.parameters())):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        # a float32 sum over every token rounds in proportion to the gradient's own scale (by how much depends on the
+        # CPU's kernels: AVX-512 differs from AVX2); a packing error would be of the order of the gradient itself
+        torch.testing.assert_close(got, want, atol=1e-5 * max(1.0, want.abs().max().item()), rtol=1e-4)
 
 
 @pytest.mark.parametrize("kv_heads", [4, 2])

@@ -46,34 +46,38 @@ Usage:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
-import json
 import math
 import os
-import re
-import resource
-import shutil
-import signal
-import socket
-import string
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlparse
 
 import torch
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from accelerate.utils import gather_object, set_seed
+from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
+from clean_rlhf_utils.engines import (
+    backward_share,
+    configure_deepspeed,
+    cpu_threads,
+    global_count,
+    make_accelerator,
+    peak_mem_gb,
+    shard_length,
+    zero3,
+)
+from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
+from clean_rlhf_utils.runs import Run, check_args
 
 
 @dataclass
@@ -410,7 +414,7 @@ def main(args: Args) -> dict:
         torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     check_args(args)
-    run = Run(args, accelerator)  # refuses a used run directory now, before anything loads
+    run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
 
     # everything the run needs is loaded and checked before the first step: the tokenizer against the model, the
@@ -628,93 +632,6 @@ def main(args: Args) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection(
-            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
-        ).close()
-        return True
-    except OSError:
-        return False
-
-
-def in_hub_cache(name: str, repo_type: str) -> bool:
-    from huggingface_hub import snapshot_download
-
-    try:
-        snapshot_download(name, repo_type=repo_type, local_files_only=True)
-        return True
-    except Exception:
-        return False
-
-
-def require_hub(name: str, what: str, flag: str) -> None:
-    """Fail fast, in one line naming the missing thing and how to pass a local copy, when `name` is neither a local
-    path, nor in the local Hugging Face cache, nor reachable on the hub. A name that can only be a path (a hub name is
-    `owner/repo`) is reported as a missing path."""
-    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
-        raise SystemExit(f"error: {flag} {name}: no such file or directory")
-    if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
-        return
-    raise SystemExit(
-        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
-        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
-        "download "
-        f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
-        f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
-    )
-
-
-def load_split(
-    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
-) -> Dataset:
-    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
-    that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
-    it; `flag` is the option named when the path is none of these."""
-    path = Path(name_or_path)
-    fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-    if path.is_dir():
-        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
-            ds = load_from_disk(str(path))
-            return ds[split] if isinstance(ds, DatasetDict) else ds
-        files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
-        if not files:
-            raise SystemExit(
-                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
-                f"{split}.parquet or a save_to_disk folder"
-            )
-        path = files[0]
-    if path.is_file():
-        if path.stat().st_size == 0:
-            raise SystemExit(f"error: {path} ({flag}) is empty")
-        if path.suffix == ".jsonl":  # name the first line that is not a JSON object (a truncated file's last one)
-            with open(path) as f:
-                for number, line in enumerate(f, 1):
-                    try:
-                        assert not line.strip() or isinstance(json.loads(line), dict)
-                    except (ValueError, AssertionError):
-                        raise SystemExit(
-                            f"error: {path} ({flag}) line {number} is not a JSON object: "
-                            f"{line.strip()[:60]!r}; is the file complete?"
-                        ) from None
-        try:
-            ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
-        except Exception as e:  # datasets reports a bad file from deep inside its builders
-            reason = " ".join(str(e).split())[:200]
-            raise SystemExit(
-                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
-                "check that the file is complete, one JSON object a line for .jsonl"
-            ) from None
-        if len(ds) == 0:
-            raise SystemExit(f"error: {path} ({flag}) holds no rows")
-        return ds
-    require_hub(name_or_path, "dataset", flag)
-    return load_dataset(name_or_path, config, split=split)
-
-
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -802,134 +719,9 @@ def load_model(args: Args, tokenizer):
 # ----------------------------------------------------------------------------------------------------
 
 
-def cpu_threads(processes: int) -> int:
-    """Each process's share of the cores this one may run on (taskset, a SLURM cpuset, a pinned test worker), not of
-    all the machine's: one BLAS pool per process, or the processes fight over the cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // processes)
-
-
-def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
-    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
-    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
-    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
-    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
-    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
-    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    plugin = GradientAccumulationPlugin(
-        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
-    )
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
-    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
-
-
-def zero3(accelerator: Accelerator) -> bool:
-    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
-    (sampling loops and `generate` must keep stepping until every rank is done)."""
-    plugin = accelerator.state.deepspeed_plugin
-    return plugin is not None and plugin.zero_stage == 3
-
-
-def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
-    """DeepSpeed's config takes the micro-batch size of one backward pass, which accelerate otherwise reads from a
-    prepared dataloader (None: from the dataloader), and clips gradients inside its own step at its `gradient_clipping`,
-    which accelerate would fill with 1.0 whatever `--max-grad-norm` says. Call it before `prepare`."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is not None:
-        if micro_batch_size is not None:
-            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
-        plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
-
-
-def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
-    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
-    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
-    state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        if prefix:
-            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
-            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        if hasattr(unwrapped, "peft_config"):
-            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
-        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(path)
-    accelerator.wait_for_everyone()
-
-
-def merge_lora(state_dict: dict, config) -> dict:
-    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
-    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
-    scale, merged = config.lora_alpha / config.r, {}
-    for key, w in state_dict.items():
-        name = key.removeprefix("base_model.model.")
-        if ".lora_" in name:
-            continue
-        if ".base_layer." in name:
-            module, leaf = name.split(".base_layer.")
-            if leaf == "weight":
-                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
-                delta = scale * (b @ a)
-                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
-            name = f"{module}.{leaf}"
-        merged[name] = w
-    return merged
-
-
-def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
-    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
-    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
-    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
-    if tokenizer.eos_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
-    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
-        return tokenizer
-    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
-    if not add_pad_token:
-        raise SystemExit(
-            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
-            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
-        )
-    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
-    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
-    return tokenizer
-
-
-def end_with_eos(ids: list[int], eos_id: int) -> list[int]:
-    """Token ids ending in exactly one EOS. The N+ TL;DR responses already end with the text `<|endoftext|>`, which the
-    Pythia tokenizer encodes as its EOS: appending another would teach two EOS and move the reward's position."""
-    return ids if ids and ids[-1] == eos_id else [*ids, eos_id]
-
-
 # ----------------------------------------------------------------------------------------------------
 # Data
 # ----------------------------------------------------------------------------------------------------
-
-
-def template_fields(template: str, flag: str) -> list[str]:
-    """The row fields a format string uses (`{query}` -> query), or a one-line error naming the flag."""
-    try:
-        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    except ValueError as e:
-        raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
-    if any(name == "" or name.isdigit() for name in names):
-        raise SystemExit(
-            f"error: {flag} {template!r} has a positional field {{}}; name the row's field, e.g. {{query}}"
-        )
-    return [re.match(r"[^.\[]*", name).group() for name in names]
-
-
-def chat_messages(value) -> bool:
-    """Whether a field holds a chat conversation: a list of {"role", "content"} messages (TRL's conversational
-    format)."""
-    return (
-        isinstance(value, list)
-        and len(value) > 0
-        and all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
-        )
-    )
 
 
 def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
@@ -967,12 +759,6 @@ def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
     if not text.strip():
         raise SystemExit(f"error: {where} renders an empty {what} ({flag} {template!r})")
     return text
-
-
-def whole_field_messages(template: str, row: dict) -> list[dict] | None:
-    """The chat messages of a template that is one field alone (`{prompt}`) holding them; None otherwise."""
-    match = re.fullmatch(r"\{(\w+)\}", template.strip())
-    return row[match.group(1)] if match and chat_messages(row.get(match.group(1))) else None
 
 
 def prompt_token_ids(row: dict, where: str, tokenizer, args: Args) -> list[int]:
@@ -1203,12 +989,6 @@ def collate(batch: list[dict], pad_id: int, objective: str, pack: bool = False) 
 # ----------------------------------------------------------------------------------------------------
 
 
-def peak_mem_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
-
-
 @torch.no_grad()
 def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Accelerator) -> dict:
     """Outcome: pairwise accuracy (overall and by confidence), mean chosen/rejected reward and margin.
@@ -1317,30 +1097,6 @@ def reference_rewards(model, seqs: list[list[int]], tokenizer, args: Args, accel
     return torch.tensor(gather_object(rewards[: shard_length(len(seqs), accelerator)]))
 
 
-def shard_length(n: int, accelerator: Accelerator) -> int:
-    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
-    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
-    per_process, extra = divmod(n, accelerator.num_processes)
-    return per_process + (accelerator.process_index < extra)
-
-
-def global_count(count: float, accelerator: Accelerator) -> float:
-    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
-    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
-    if accelerator.num_processes == 1:
-        return float(count)
-    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
-
-
-def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
-    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
-    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
-    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
-    gradient is that of the global mean however the batch is split into micro-batches and processes."""
-    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
-    accelerator.backward(loss_sum * scale)
-
-
 def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
     """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
     last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
@@ -1354,244 +1110,6 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
 # Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
 # argument checks (copied verbatim between scripts; tests/test_faults.py)
 # ----------------------------------------------------------------------------------------------------
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
-    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-class Run:
-    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
-    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
-    go to wandb too with `--track`.
-
-    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
-    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
-    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
-    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
-
-    def __init__(self, args, accelerator: Accelerator):
-        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
-        self.dir = Path(args.output_dir) / args.run_name
-        self.state, self.signal, self.wandb, self.file = None, None, None, None
-        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
-            old = self.dir / f"{name}.old"
-            if self.main and old.exists() and not (self.dir / name).exists():
-                old.rename(self.dir / name)
-        accelerator.wait_for_everyone()
-        self.held = self.dir.is_dir() and any(self.dir.iterdir())
-        if args.resume:
-            if (self.dir / "done.json").exists():
-                raise SystemExit(
-                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
-                )
-            if not (self.dir / "checkpoint" / "state.json").exists():
-                raise SystemExit(
-                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
-                    "(with --overwrite if the directory is in use)"
-                )
-            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
-        elif self.held and not args.overwrite:
-            raise SystemExit(
-                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
-                "delete it and start over, or another --run-name"
-            )
-
-    def begin(self) -> None:
-        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
-        accelerator, args = self.accelerator, self.args
-        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
-        if self.main:
-            if self.held and not args.resume:
-                shutil.rmtree(self.dir)
-            self.dir.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
-            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-            last = self.state["step"] if self.state else -1
-            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
-                path = self.dir / name
-                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
-                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
-            self.file = open(self.dir / "metrics.jsonl", "a")
-            if args.track:
-                import wandb
-
-                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
-                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
-                id_file.write_text(run_id)
-                self.wandb = wandb.init(
-                    project=args.wandb_project,
-                    entity=args.wandb_entity,
-                    name=args.run_name,
-                    id=run_id,
-                    resume="allow",
-                    config=dataclasses.asdict(args),
-                    dir=str(self.dir),
-                )
-        self.start = time.time() - (self.state["time"] if self.state else 0.0)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.on_signal)
-        accelerator.wait_for_everyone()
-
-    def on_signal(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.signal == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        self.signal = signum
-        if self.main:
-            print(
-                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
-                "to stop at once)",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def log(self, metrics: dict, step: int, episode: int) -> None:
-        if not self.main:
-            return
-        row = {
-            "step": step,
-            "episode": episode,
-            "time": round(time.time() - self.start, 3),
-            **{k: float(v) for k, v in metrics.items()},
-        }
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
-        if self.wandb is not None:
-            self.wandb.log(row, step=step)
-
-    def log_samples(self, records: list[dict], step: int) -> None:
-        if self.main:
-            with open(self.dir / "samples.jsonl", "a") as f:
-                for r in records:
-                    f.write(json.dumps({"step": step, **r}) + "\n")
-
-    def any_process(self, flag: bool) -> bool:
-        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
-        if self.accelerator.num_processes == 1:
-            return flag
-        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
-        return total.item() > 0
-
-    def stop_requested(self) -> bool:
-        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
-        return self.any_process(self.signal is not None)
-
-    def all_finite(self, *values: torch.Tensor) -> bool:
-        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
-        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
-        return not self.any_process(not finite)
-
-    def checkpoint(self, state: dict) -> Path:
-        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
-        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
-        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
-        if self.main:
-            shutil.rmtree(tmp, ignore_errors=True)
-        self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(tmp))
-        self.accelerator.wait_for_everyone()
-        if self.main:
-            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
-            (tmp / "state.json").write_text(json.dumps(state) + "\n")
-            replace_dir(tmp, final)
-        self.accelerator.wait_for_everyone()
-        return final
-
-    def resume(self) -> dict | None:
-        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
-        returns the loop's state; None on a new run."""
-        if self.state is not None:
-            if self.state["num_processes"] != self.accelerator.num_processes:
-                raise SystemExit(
-                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
-                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
-                )
-            self.accelerator.load_state(str(self.dir / "checkpoint"))
-            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
-        return self.state
-
-    def stop(self, state: dict, error: str | None = None) -> None:
-        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
-        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
-        path = self.checkpoint(state)
-        self.close()
-        how = f"continue with the same command and --resume (checkpoint: {path})"
-        if error:
-            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
-        signum = self.signal or signal.SIGTERM
-        if self.main:
-            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
-        raise SystemExit(128 + signum)
-
-    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
-        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
-        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
-        accelerator, args = self.accelerator, self.args
-        if args.save_model:
-            if self.main:
-                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
-            accelerator.wait_for_everyone()
-            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
-            if self.main:
-                replace_dir(self.dir / "model.tmp", self.dir / "model")
-        if self.main:
-            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in PRESETS else None
-            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
-            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
-            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
-            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
-        self.close()
-        accelerator.wait_for_everyone()
-        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
-
-    def close(self) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        if self.file is not None:
-            self.file.close()
-            self.file = None
-        if self.wandb is not None:
-            self.wandb.finish()
-            self.wandb = None
-
-
-def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
-    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
-    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
-    for f in dataclasses.fields(args):
-        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise SystemExit(f"error: {flag} is {value}; give a finite number")
-        positive = f.name.endswith(
-            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
-        ) or f.name.startswith("num_")
-        is_int = isinstance(value, int) and not isinstance(value, bool)
-        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
-            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
-    if not args.learning_rate > 0:
-        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
-    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
-        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
-    if getattr(args, "temperature", 1.0) <= 0:
-        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
-    if args.save_every < 0:
-        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
-    if args.resume and args.overwrite:
-        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
-    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
-        raise SystemExit(
-            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
-            "train every weight)"
-        )
-    if not getattr(args, "lora_alpha", 1.0) > 0:
-        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
 
 
 # ----------------------------------------------------------------------------------------------------

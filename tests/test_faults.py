@@ -116,21 +116,22 @@ def test_a_model_write_killed_part_way_leaves_no_half_written_model(assets, tmp_
     """model/ is written to model.tmp and renamed: a kill during the write leaves the previous model/ (or none), and a
     kill between the two renames of `replace_dir` leaves model.old, which the next run puts back."""
     import sft
+    from clean_rlhf_utils import runs
 
-    real_save = sft.save_model
+    real_save = runs.save_model  # what Run.finish calls
 
     def killed_part_way(model, tokenizer, accelerator, path, prefix=""):
         path.mkdir(parents=True)
         (path / "model.safetensors").write_bytes(b"half")  # the weights, not yet the tokenizer
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sft, "save_model", killed_part_way)
+    monkeypatch.setattr(runs, "save_model", killed_part_way)
     with pytest.raises(KeyboardInterrupt):
         sft.main(small_sft_args(assets, tmp_path))
     run_dir = tmp_path / "r"
     assert not (run_dir / "model").exists() and not (run_dir / "done.json").exists()
 
-    monkeypatch.setattr(sft, "save_model", real_save)
+    monkeypatch.setattr(runs, "save_model", real_save)
     sft.main(small_sft_args(assets, tmp_path, overwrite=True))
     before = (run_dir / "model" / "model.safetensors").read_bytes()
     (run_dir / "model").rename(run_dir / "model.old")  # killed between the renames of a later write

@@ -1,0 +1,180 @@
+"""Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch`; LoRA through peft; the
+gathered save of the trained weights; the counts and gradient scaling that make a mean over the whole mini-batch of
+every process independent of how it is split (tests/test_invariance.py). Nothing here changes a number: the same
+run on one process or several, with or without an engine, computes the same thing."""
+
+from __future__ import annotations
+
+import copy
+import os
+import resource
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
+
+
+def cpu_threads(processes: int) -> int:
+    """Each process's share of the cores this one may run on (taskset, a SLURM cpuset, a pinned test worker), not of
+    all the machine's: one BLAS pool per process, or the processes fight over the cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // processes)
+
+
+def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: bool) -> Accelerator:
+    """The Accelerator of `accelerate launch`, whose config picks the engine and the mixed precision. Loops that draw
+    from an endless prepared loader pass `sync_with_dataloader=False`: otherwise accelerate steps the optimizer on every
+    micro-batch once the loader hands out its last batch, and gradient accumulation is off for that whole update.
+    Without a GPU, several processes join one gloo group: DDP through `cpu=True`, DeepSpeed and FSDP through gloo."""
+    engine = any(os.environ.get(f"ACCELERATE_USE_{e}", "false").lower() == "true" for e in ("DEEPSPEED", "FSDP"))
+    gloo = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    plugin = GradientAccumulationPlugin(
+        num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
+    )
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def zero3(accelerator: Accelerator) -> bool:
+    """DeepSpeed ZeRO-3: every rank holds a shard of each weight, so every forward pass is a collective of all ranks
+    (sampling loops and `generate` must keep stepping until every rank is done)."""
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
+    """DeepSpeed's config takes the micro-batch size of one backward pass, which accelerate otherwise reads from a
+    prepared dataloader (None: from the dataloader), and clips gradients inside its own step at its `gradient_clipping`,
+    which accelerate would fill with 1.0 whatever `--max-grad-norm` says. Call it before `prepare`."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None:
+        if micro_batch_size is not None:
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = micro_batch_size
+        plugin.deepspeed_config["gradient_clipping"] = max_grad_norm
+
+
+def prepare_frozen(model, accelerator: Accelerator):
+    """A frozen model (reference policy, reward model) ready for the engine in use; call it after `prepare`. Under
+    DeepSpeed it becomes an inference engine in the training precision, as TRL's `prepare_deepspeed` does: sharded under
+    ZeRO-3, where `from_pretrained` already partitioned its weights (moved with `.to(device)` it would hold empty
+    tensors), unsharded (stage 0) otherwise. Elsewhere it moves to the device."""
+    if model is None:
+        return None
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return model.to(accelerator.device)
+    import deepspeed
+
+    config = copy.deepcopy(plugin.deepspeed_config)
+    if config["zero_optimization"]["stage"] != 3:
+        config["zero_optimization"]["stage"] = 0
+    engine = deepspeed.initialize(model=model, config=config)[0]
+    engine.eval()
+    object.__setattr__(engine.module, "_frozen_engine", engine)  # kept alive with the module, not registered in it
+    return engine.module
+
+
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
+    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
+    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        if prefix:
+            unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
+            state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
+        if hasattr(unwrapped, "peft_config"):
+            unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
+        unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(path)
+    accelerator.wait_for_everyone()
+
+
+def add_lora(model, args):
+    """(--lora-r) LoRA through peft: the model's weights frozen, rank-r adapters A (random) and B (zeros) beside each
+    target module, so training starts from the model itself. Without --lora-r, the model as it is."""
+    if not args.lora_r:
+        return model
+    try:
+        import peft
+    except ImportError:
+        raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    config = peft.LoraConfig(
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0,
+        bias="none",
+        target_modules=args.lora_target_modules or "all-linear",
+    )
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:  # a target module the model does not have
+        raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+class LoraReference(torch.nn.Module):
+    """(LoRA) the reference policy: the policy's own frozen weights, its adapters disabled for each forward pass, so
+    no second copy of the model is loaded (TRL and OpenRLHF do the same)."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.policy = [policy]  # a list, not a submodule: nothing to prepare, save or count twice
+        self.config = policy.config
+
+    def parameters(self, recurse: bool = True):  # the policy's: code reads their device and dtype
+        return self.policy[0].parameters(recurse)
+
+    def forward(self, *args, **kwargs):
+        with self.policy[0].disable_adapter():
+            return self.policy[0](*args, **kwargs)
+
+
+def merge_lora(state_dict: dict, config) -> dict:
+    """(LoRA) peft's weights as the plain model's: each adapted weight W + (alpha / r) B A, peft's names removed, so
+    that `model/` loads without peft (the next stage, evaluation, vLLM)."""
+    scale, merged = config.lora_alpha / config.r, {}
+    for key, w in state_dict.items():
+        name = key.removeprefix("base_model.model.")
+        if ".lora_" in name:
+            continue
+        if ".base_layer." in name:
+            module, leaf = name.split(".base_layer.")
+            if leaf == "weight":
+                a, b = (state_dict[f"base_model.model.{module}.lora_{x}.default.weight"].float() for x in "AB")
+                delta = scale * (b @ a)
+                w = (w.float() + (delta.T if config.fan_in_fan_out else delta)).to(w.dtype)
+            name = f"{module}.{leaf}"
+        merged[name] = w
+    return merged
+
+
+def shard_length(n: int, accelerator: Accelerator) -> int:
+    """Rows of `n` that `split_between_processes` gives this process before any padding (the first `n % processes`
+    ranks take one more). The padded rows repeat the last row at the end of each shorter shard, of every such rank."""
+    per_process, extra = divmod(n, accelerator.num_processes)
+    return per_process + (accelerator.process_index < extra)
+
+
+def global_count(count: float, accelerator: Accelerator) -> float:
+    """`count` (the tokens, pairs or sequences of this process's mini-batch) summed over all processes: the
+    denominator of a mean over the whole mini-batch, so the gradient does not depend on how the batch is split."""
+    if accelerator.num_processes == 1:
+        return float(count)
+    return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
+
+
+def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
+    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
+    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
+    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
+    gradient is that of the global mean however the batch is split into micro-batches and processes."""
+    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
+    accelerator.backward(loss_sum * scale)
+
+
+def peak_mem_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB

@@ -1,0 +1,120 @@
+"""Loading, offline first: a local path never touches the network, and a hub name that cannot be reached fails in
+milliseconds with a one-line `error:` naming the flag that takes a local path (CONTRIBUTING.md, "Offline first").
+Datasets from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub; tokenizer checks.
+Nothing here changes a number: it finds and checks what a run reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection(
+            (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+        ).close()
+        return True
+    except OSError:
+        return False
+
+
+def in_hub_cache(name: str, repo_type: str) -> bool:
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot_download(name, repo_type=repo_type, local_files_only=True)
+        return True
+    except Exception:
+        return False
+
+
+def require_hub(name: str, what: str, flag: str) -> None:
+    """Fail fast, in one line naming the missing thing and how to pass a local copy, when `name` is neither a local
+    path, nor in the local Hugging Face cache, nor reachable on the hub. A name that can only be a path (a hub name is
+    `owner/repo`) is reported as a missing path."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1:
+        raise SystemExit(f"error: {flag} {name}: no such file or directory")
+    if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
+        return
+    raise SystemExit(
+        f"error: the {what} '{name}' ({flag}) is not a local path, is not in the Hugging Face cache, and the hub "
+        "cannot be reached (no network, or HF_HUB_OFFLINE=1): download it where there is internet (`huggingface-cli "
+        "download "
+        f"{name}{' --repo-type dataset' if what == 'dataset' else ''} --local-dir DIR`) and pass {flag} DIR; for the "
+        f"offline tiny world run `python -m benchmark.assets` and use a `tiny-*` preset"
+    )
+
+
+def load_split(
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+) -> Dataset:
+    """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
+    that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
+    it; `flag` is the option named when the path is none of these."""
+    path = Path(name_or_path)
+    fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    if path.is_dir():
+        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+            ds = load_from_disk(str(path))
+            return ds[split] if isinstance(ds, DatasetDict) else ds
+        files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
+        if not files:
+            raise SystemExit(
+                f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
+                f"{split}.parquet or a save_to_disk folder"
+            )
+        path = files[0]
+    if path.is_file():
+        if path.stat().st_size == 0:
+            raise SystemExit(f"error: {path} ({flag}) is empty")
+        if path.suffix == ".jsonl":  # name the first line that is not a JSON object (a truncated file's last one)
+            with open(path) as f:
+                for number, line in enumerate(f, 1):
+                    try:
+                        assert not line.strip() or isinstance(json.loads(line), dict)
+                    except (ValueError, AssertionError):
+                        raise SystemExit(
+                            f"error: {path} ({flag}) line {number} is not a JSON object: "
+                            f"{line.strip()[:60]!r}; is the file complete?"
+                        ) from None
+        try:
+            ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
+        except Exception as e:  # datasets reports a bad file from deep inside its builders
+            reason = " ".join(str(e).split())[:200]
+            raise SystemExit(
+                f"error: {path} ({flag}) cannot be read as {fmt.get(path.suffix, 'json')}: {reason}; "
+                "check that the file is complete, one JSON object a line for .jsonl"
+            ) from None
+        if len(ds) == 0:
+            raise SystemExit(f"error: {path} ({flag}) holds no rows")
+        return ds
+    require_hub(name_or_path, "dataset", flag)
+    return load_dataset(name_or_path, config, split=split)
+
+
+def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
+    """A pad token distinct from EOS, or a one-line error. With no pad token (Pythia) or PAD = EOS (base Qwen2.5), EOS
+    would be masked out with the padding and the model would never learn to stop (N+ detail); `--add-pad-token` adds
+    `[PAD]`, as N+ does for Pythia, and says so. (Pythia and Qwen2.5 embeddings have spare rows, so no resize.)"""
+    if tokenizer.eos_token_id is None:
+        raise SystemExit(f"error: the tokenizer of {name} has no EOS token; responses could never end")
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id != tokenizer.eos_token_id:
+        return tokenizer
+    problem = "has no pad token" if tokenizer.pad_token_id is None else f"uses its EOS {tokenizer.eos_token!r} as pad"
+    if not add_pad_token:
+        raise SystemExit(
+            f"error: the tokenizer of {name} {problem}, so EOS would be masked out with the padding (N+ "
+            "detail). Pass --add-pad-token to add a distinct '[PAD]' token."
+        )
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
+    return tokenizer

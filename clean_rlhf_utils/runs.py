@@ -1,0 +1,259 @@
+"""Durable runs: the run directory (`runs/<run_name>/`: config.json, metrics.jsonl, samples.jsonl, checkpoint/,
+model/, done.json), checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the argument checks
+every script shares (docs/faults.md; tests/test_faults*.py). Nothing here changes a number: it records and resumes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+
+from clean_rlhf_utils.engines import save_model
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class Run:
+    """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
+    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
+    go to wandb too with `--track`.
+
+    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
+    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
+    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
+    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+
+    def __init__(self, args, accelerator: Accelerator, presets: dict):
+        self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        self.presets = presets  # the script's PRESETS: done.json names the one the command chose
+        self.dir = Path(args.output_dir) / args.run_name
+        self.state, self.signal, self.wandb, self.file = None, None, None, None
+        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
+            old = self.dir / f"{name}.old"
+            if self.main and old.exists() and not (self.dir / name).exists():
+                old.rename(self.dir / name)
+        accelerator.wait_for_everyone()
+        self.held = self.dir.is_dir() and any(self.dir.iterdir())
+        if args.resume:
+            if (self.dir / "done.json").exists():
+                raise SystemExit(
+                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
+                )
+            if not (self.dir / "checkpoint" / "state.json").exists():
+                raise SystemExit(
+                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    "(with --overwrite if the directory is in use)"
+                )
+            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+        elif self.held and not args.overwrite:
+            raise SystemExit(
+                f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
+                "delete it and start over, or another --run-name"
+            )
+
+    def begin(self) -> None:
+        """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
+        accelerator, args = self.accelerator, self.args
+        accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
+        if self.main:
+            if self.held and not args.resume:
+                shutil.rmtree(self.dir)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
+            (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            last = self.state["step"] if self.state else -1
+            for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
+                path = self.dir / name
+                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
+                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+            self.file = open(self.dir / "metrics.jsonl", "a")
+            if args.track:
+                import wandb
+
+                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
+                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
+                id_file.write_text(run_id)
+                self.wandb = wandb.init(
+                    project=args.wandb_project,
+                    entity=args.wandb_entity,
+                    name=args.run_name,
+                    id=run_id,
+                    resume="allow",
+                    config=dataclasses.asdict(args),
+                    dir=str(self.dir),
+                )
+        self.start = time.time() - (self.state["time"] if self.state else 0.0)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+        accelerator.wait_for_everyone()
+
+    def on_signal(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signal = signum
+        if self.main:
+            print(
+                f"\n{signal.Signals(signum).name}: finishing this step, then writing a checkpoint (Ctrl-C again "
+                "to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def log(self, metrics: dict, step: int, episode: int) -> None:
+        if not self.main:
+            return
+        row = {
+            "step": step,
+            "episode": episode,
+            "time": round(time.time() - self.start, 3),
+            **{k: float(v) for k, v in metrics.items()},
+        }
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def log_samples(self, records: list[dict], step: int) -> None:
+        if self.main:
+            with open(self.dir / "samples.jsonl", "a") as f:
+                for r in records:
+                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def any_process(self, flag: bool) -> bool:
+        """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return total.item() > 0
+
+    def stop_requested(self) -> bool:
+        """Whether any process got SIGTERM or SIGINT; every process calls it at the end of every step."""
+        return self.any_process(self.signal is not None)
+
+    def all_finite(self, *values: torch.Tensor) -> bool:
+        """Whether the losses (or gradient norms) are finite on every process; every process calls it."""
+        finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
+        return not self.any_process(not finite)
+
+    def checkpoint(self, state: dict) -> Path:
+        """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
+        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
+        if self.main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        self.accelerator.save_state(str(tmp))
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
+            (tmp / "state.json").write_text(json.dumps(state) + "\n")
+            replace_dir(tmp, final)
+        self.accelerator.wait_for_everyone()
+        return final
+
+    def resume(self) -> dict | None:
+        """With `--resume`: loads the checkpoint's weights, optimizer, scheduler and RNG states (after `prepare`) and
+        returns the loop's state; None on a new run."""
+        if self.state is not None:
+            if self.state["num_processes"] != self.accelerator.num_processes:
+                raise SystemExit(
+                    f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
+                    f"processes, not {self.accelerator.num_processes}; resume it with as many"
+                )
+            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
+        return self.state
+
+    def stop(self, state: dict, error: str | None = None) -> None:
+        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
+        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+        path = self.checkpoint(state)
+        self.close()
+        how = f"continue with the same command and --resume (checkpoint: {path})"
+        if error:
+            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
+        signum = self.signal or signal.SIGTERM
+        if self.main:
+            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
+        """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
+        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        accelerator, args = self.accelerator, self.args
+        if args.save_model:
+            if self.main:
+                shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
+            accelerator.wait_for_everyone()
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            if self.main:
+                replace_dir(self.dir / "model.tmp", self.dir / "model")
+        if self.main:
+            preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in self.presets else None
+            done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
+            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+        self.close()
+        accelerator.wait_for_everyone()
+        accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
+
+    def close(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
+
+
+def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
+    """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
+    for f in dataclasses.fields(args):
+        value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SystemExit(f"error: {flag} is {value}; give a finite number")
+        positive = f.name.endswith(
+            ("batch_size", "_steps", "_epochs", "_length", "_every", "_examples", "_samples", "_episodes", "_k")
+        ) or f.name.startswith("num_")
+        is_int = isinstance(value, int) and not isinstance(value, bool)
+        if positive and is_int and value < 1 and f.name not in ("save_every", "warmup_steps", *zero_means_none):
+            raise SystemExit(f"error: {flag} is {value}; it must be at least 1")
+    if not args.learning_rate > 0:
+        raise SystemExit(f"error: --learning-rate is {args.learning_rate}; it must be above 0")
+    if getattr(args, "warmup_ratio", 0.0) < 0 or getattr(args, "warmup_ratio", 0.0) >= 1:
+        raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
+    if getattr(args, "temperature", 1.0) <= 0:
+        raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
+    if args.save_every < 0:
+        raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
+    if args.resume and args.overwrite:
+        raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
+        raise SystemExit(
+            f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "
+            "train every weight)"
+        )
+    if not getattr(args, "lora_alpha", 1.0) > 0:
+        raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")

@@ -432,6 +432,10 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
 
 
 def main(args: Args) -> dict:
+    """Reward model: 1. start the run; 2. load and check the data; 3. load the SFT model with a fresh score head,
+    dropout off; 4. the loader, AdamW and the schedule; 5. the update loop, one mean of `bradley_terry_loss` over the
+    pairs (`process_loss` over the labelled steps) of each step; 6. log, evaluate and checkpoint; 7. normalise the
+    reward; 8. save model/ and done.json. Returns the last evaluation's metrics."""
     # ---- 1. the run: accelerator, argument checks, run directory (a used one is refused before anything loads), seed.
     # Real epochs: `step_micro_batches` ends a step at the loader's end; the gradient sync is set per step below
     accelerator, run = start_run(args, PRESETS, sync_with_dataloader=False)

@@ -273,66 +273,11 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mea
     return total if reduction == "sum" else total / mask.sum().clamp(min=1)
 
 
-def response_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """The tokens `sft_loss` counts in a collated batch: those with a label (response tokens and EOS)."""
-    return int((batch["labels"][:, 1:] != -100).sum())
-
-
-def collate_right_padded(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """prompt + response, right-padded; labels are -100 on the prompt and on padding: the response tokens and EOS are
-    the tokens that count."""
-    seqs = [e["prompt_ids"] + e["response_ids"] for e in examples]
-    width = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, (e, s) in enumerate(zip(examples, seqs)):
-        input_ids[i, : len(s)] = torch.tensor(s)
-        attention_mask[i, : len(s)] = 1
-        labels[i, len(e["prompt_ids"]) : len(s)] = torch.tensor(e["response_ids"])
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
-
-
 def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """One micro-batch of `main`: the cross-entropy summed over its response tokens (`main` divides by the response
     tokens of the whole batch, `global_count`, in `backward_share`)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return sft_loss(logits, batch["labels"], reduction="sum")
-
-
-def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.Tensor:
-    """Keep each row up to and including its first EOS; everything after becomes pad."""
-    is_eos = tokens == eos_id
-    after_first_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
-    return tokens.masked_fill(after_first_eos, pad_id)
-
-
-def disable_dropout(model: torch.nn.Module) -> None:
-    """N+: dropout off, so training and evaluation see the same model (called on the model as loaded)."""
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-
-
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress if schedule == "linear" else 1.0
-
-    return f
-
-
-def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
-    """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
-    last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
-    are drawn before its first backward pass, so its loss can be averaged over all of them."""
-    batches = iter(loader)
-    while micro := list(itertools.islice(batches, gradient_accumulation_steps)):
-        yield micro
 
 
 # --------------------------------------------------------------------------------------------------
@@ -341,6 +286,9 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
 
 
 def main(args: Args) -> dict:
+    """SFT: 1. start the run; 2. load and check the data; 3. load the policy, dropout off; 4. the loader, AdamW and the
+    schedule; 5. the update loop, one mean of `sft_loss` over the response tokens of each step; 6. log, evaluate and
+    checkpoint; 7. save model/ and done.json. Returns the last evaluation's metrics."""
     # ---- 1. the run: accelerator, argument checks, run directory (a used one is refused before anything loads), seed.
     # Real epochs: `step_micro_batches` ends a step at the loader's end; the gradient sync is set per step below
     accelerator, run = start_run(args, PRESETS, sync_with_dataloader=False)
@@ -458,6 +406,67 @@ def main(args: Args) -> dict:
     run.finish(model, tokenizer, {**budget, "total_episodes": total_steps * batch_episodes})
     accelerator.end_training()
     return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# The smaller pieces of the algorithm that main calls: the response-token labels and their count, dropout off, the
+# schedule, the micro-batches of a step, and where a greedy evaluation sample ends
+# --------------------------------------------------------------------------------------------------
+
+
+def collate_right_padded(examples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """prompt + response, right-padded; labels are -100 on the prompt and on padding: the response tokens and EOS are
+    the tokens that count."""
+    seqs = [e["prompt_ids"] + e["response_ids"] for e in examples]
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (e, s) in enumerate(zip(examples, seqs)):
+        input_ids[i, : len(s)] = torch.tensor(s)
+        attention_mask[i, : len(s)] = 1
+        labels[i, len(e["prompt_ids"]) : len(s)] = torch.tensor(e["response_ids"])
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def response_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens `sft_loss` counts in a collated batch: those with a label (response tokens and EOS)."""
+    return int((batch["labels"][:, 1:] != -100).sum())
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """N+: dropout off, so training and evaluation see the same model (called on the model as loaded)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+
+    return f
+
+
+def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
+    """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
+    last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
+    are drawn before its first backward pass, so its loss can be averaged over all of them."""
+    batches = iter(loader)
+    while micro := list(itertools.islice(batches, gradient_accumulation_steps)):
+        yield micro
+
+
+def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.Tensor:
+    """Keep each row up to and including its first EOS; everything after becomes pad."""
+    is_eos = tokens == eos_id
+    after_first_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return tokens.masked_fill(after_first_eos, pad_id)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 import sft
 from benchmark.real_check import default_assets
-from clean_rlhf_utils import data, engines
+from clean_rlhf_utils import data, engines, loading
 
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets
 
@@ -219,7 +219,7 @@ def test_real_tldr_rows_fit_the_preset_with_one_eos():
     assert (args.max_prompt_length, args.max_response_length) == (512, 53)
     tok = sft.load_tokenizer(args)
     for split in ("train", "validation", "test"):
-        rows = sft.load_split(args.dataset_name_or_path, split)
+        rows = loading.load_split(args.dataset_name_or_path, split)
         for ex, row in zip(sft.tokenize_split(rows, tok, args, split), rows, strict=True):
             assert ex["response_ids"][-1] == tok.eos_token_id != ex["response_ids"][-2]
             assert len(ex["response_ids"]) == row["reference_response_token_len"]  # N+'s own count: one EOS

@@ -53,32 +53,24 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 import tyro
-from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import set_seed
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForSequenceClassification
 
 from clean_rlhf_utils.args import DataArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
-from clean_rlhf_utils.engines import (
-    backward_share,
-    configure_deepspeed,
-    cpu_threads,
-    global_count,
-    make_accelerator,
-    peak_mem_gb,
-    shard_length,
-    zero3,
-)
-from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
-from clean_rlhf_utils.runs import Run, check_args
+from clean_rlhf_utils.engines import backward_share, configure_deepspeed, global_count, zero3
+from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
+from clean_rlhf_utils.loading import load_checked_tokenizer, load_config, load_split, load_train_and_eval_rows
+from clean_rlhf_utils.packing import check_pair_packing, pack_reward_pairs, packed_pair_rewards
+from clean_rlhf_utils.runs import loop_state, start_run, training_metrics
 
 
 @dataclass
@@ -346,8 +338,8 @@ def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict
     divides by their number in the whole batch, `global_count`, in `backward_share`), and the detached rewards or
     step logits."""
     if args.objective == "outcome":
-        if "allowed" in batch:  # packed by `pack_pairs`
-            rewards = packed_rewards(model, batch)
+        if "allowed" in batch:  # packed by `pack_reward_pairs` (speed work: the same rewards)
+            rewards = packed_pair_rewards(model, batch)
         else:
             rewards = outcome_reward(model, batch["input_ids"], batch["attention_mask"])
         r_chosen, r_rejected = rewards.chunk(2)
@@ -356,6 +348,29 @@ def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict
     logits = token_scores(model, batch["input_ids"], batch["attention_mask"])
     loss = process_loss(logits, batch["labels"], reduction="sum")
     return loss, {"logits": logits.detach(), "labels": batch["labels"]}
+
+
+def init_score_head(model, accelerator) -> None:
+    """N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero (its bias, if it
+    has one, at 0). Under ZeRO-3 the head is partitioned (an empty tensor on each rank): gather it, let rank 0 draw it,
+    and share its draw."""
+    if zero3(accelerator):
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(list(model.score.parameters()), modifier_rank=0)
+    else:
+        gathered = contextlib.nullcontext()
+    with gathered:
+        torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
+        if getattr(model.score, "bias", None) is not None:
+            torch.nn.init.zeros_(model.score.bias)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """N+: dropout off, so training and evaluation see the same model (called on the model as loaded)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -370,24 +385,33 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
+def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
+    """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
+    last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
+    are drawn before its first backward pass, so its loss can be averaged over all of them."""
+    batches = iter(loader)
+    while micro := list(itertools.islice(batches, gradient_accumulation_steps)):
+        yield micro
+
+
 # --------------------------------------------------------------------------------------------------
 # main: the training loop, as numbered steps
 # --------------------------------------------------------------------------------------------------
 
 
 def main(args: Args) -> dict:
-    # real epochs: `step_micro_batches` ends a step at the loader's end; the sync is set per step below
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
+    """Reward model: 1. start the run; 2. load and check the data; 3. load the SFT model with a fresh score head,
+    dropout off; 4. the loader, AdamW and the schedule; 5. the update loop, one mean of `bradley_terry_loss` over the
+    pairs (`process_loss` over the labelled steps) of each step; 6. log, evaluate and checkpoint; 7. normalise the
+    reward; 8. save model/ and done.json. Returns the last evaluation's metrics."""
+    # ---- 1. the run: accelerator, argument checks, run directory (a used one is refused before anything loads), seed.
+    # Real epochs: `step_micro_batches` ends a step at the loader's end; the gradient sync is set per step below
+    accelerator, run = start_run(args, PRESETS, sync_with_dataloader=False)
     set_seed(args.seed)
 
-    # everything the run needs is loaded and checked before the first step: the tokenizer against the model, the
-    # training, evaluation and normalisation data, row by row
-    tokenizer = load_tokenizer(args.sft_model_path, args)
+    # ---- 2. data, loaded and checked before the first step: the tokenizer against the model; the training, evaluation
+    # and normalisation rows, row by row
+    tokenizer = load_checked_tokenizer(args.sft_model_path, args)
     positions = model_positions(load_config(args.sft_model_path, args))
     if args.use_chat_template and not tokenizer.chat_template:
         raise SystemExit(
@@ -395,18 +419,9 @@ def main(args: Args) -> dict:
             "chat template; drop the flag"
         )
     tokenize = tokenize_pairs if args.objective == "outcome" else tokenize_steps
-    train_rows = load_split(args.dataset_name_or_path, args.train_split)
-    if args.max_train_samples:
-        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
+    train_rows, eval_rows = load_train_and_eval_rows(args)
     train = tokenize(train_rows, tokenizer, args, args.train_split, positions)
-    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
-    evals = tokenize(
-        eval_rows.select(range(min(args.num_eval_examples, len(eval_rows)))),
-        tokenizer,
-        args,
-        args.eval_split,
-        positions,
-    )
+    evals = tokenize(eval_rows, tokenizer, args, args.eval_split, positions)
     if args.confidence_field and args.objective == "outcome" and all(e["confidence"] is None for e in evals):
         accelerator.print(
             f"warning: no evaluation row has a value at --confidence-field {args.confidence_field!r}; "
@@ -415,41 +430,27 @@ def main(args: Args) -> dict:
     normalize = args.objective == "outcome" and args.normalize
     references = tokenize_references(tokenizer, args, positions) if normalize else None
 
+    # ---- 3. the reward model: the SFT model, a fresh score head (N+ init), its reward type in the config, dropout off
     model = load_model(args, tokenizer)
-    if args.pack_pairs and model.config._attn_implementation not in ("eager", "sdpa"):
-        raise SystemExit(
-            f"error: --pack-pairs hands the attention a 4D mask, which {model.config._attn_implementation} attention "
-            "does not "
-            "take; pass --no-pack-pairs (or use sdpa / eager attention)"
-        )
+    if args.pack_pairs:
+        check_pair_packing(model)
     model.config.pad_token_id = tokenizer.pad_token_id
-    # N+: the head starts from N(0, 1/sqrt(hidden + 1)), so initial rewards are small but not all zero. Under ZeRO-3 the
-    # head is partitioned (an empty tensor on each rank): gather it, let rank 0 draw it, and share its draw
-    if zero3(accelerator):
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters(list(model.score.parameters()), modifier_rank=0)
-    else:
-        gathered = contextlib.nullcontext()
-    with gathered:
-        torch.nn.init.normal_(model.score.weight, std=1.0 / math.sqrt(model.config.hidden_size + 1))
-        if getattr(model.score, "bias", None) is not None:
-            torch.nn.init.zeros_(model.score.bias)
+    init_score_head(model, accelerator)
     model.config.reward_type = args.objective
     model.config.reward_bias = 0.0
     if args.objective == "process":
         model.config.step_separator = args.step_separator
-    for module in model.modules():  # N+: dropout off
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    disable_dropout(model)
 
+    # ---- 4. the shuffled loader (packed pairs with --pack-pairs), AdamW and the learning-rate schedule
+    collate_batch = partial(collate, pad_id=tokenizer.pad_token_id, objective=args.objective, pack=args.pack_pairs)
     generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
     loader = torch.utils.data.DataLoader(
         train,
         batch_size=args.per_device_train_batch_size,
         shuffle=True,
         generator=generator,
-        collate_fn=lambda b: collate(b, tokenizer.pad_token_id, args.objective, args.pack_pairs),
+        collate_fn=collate_batch,
         drop_last=True,
     )
     optimizer = torch.optim.AdamW(
@@ -475,22 +476,21 @@ def main(args: Args) -> dict:
         f"run {args.run_name}: {args.objective} reward model, {len(train)} training rows, {total_steps} steps"
     )
 
+    # ---- 5. the update loop: each step's micro-batches, the loss a mean over the pairs (outcome) or labelled steps
+    # (process) of all of them
     step, running, losses, n_micro, n_steps, t_last, metrics = 0, defaultdict(list), [], 0, 0, time.time(), {}
     if state := run.resume():  # the loop's counters; the data position is replayed below
         mine = state["running"][accelerator.process_index]
         losses = [torch.tensor(v) for v in mine["losses"]]
         running = defaultdict(list, {k: [torch.tensor(v) for v in values] for k, values in mine["running"].items()})
         n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
+    resumed_at, grad_norm = state["step"] if state else 0, None
     progress = tqdm(
-        total=total_steps,
-        initial=state["step"] if state else 0,
-        disable=not accelerator.is_main_process,
-        desc=f"{args.objective} rm",
+        total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc=f"{args.objective} rm"
     )
-    grad_norm = None
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
-            if state and step < state["step"]:  # replay the data order up to the checkpoint, without training
+            if step < resumed_at:  # replay the data order up to the checkpoint, without training
                 step += 1
                 continue
             before = (step, len(losses), n_micro, n_steps)  # for a checkpoint after a non-finite loss
@@ -504,7 +504,7 @@ def main(args: Args) -> dict:
                     loss_sum, out = micro_batch_loss(model, batch, args)
                     if not run.all_finite(loss_sum):
                         run.stop(
-                            rm_loop_state(*before, losses, running, metrics, batch_episodes),
+                            loop_state(*before, {"losses": losses, "running": running}, metrics, batch_episodes),
                             f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
                             f"{args.learning_rate:g}) or check the data",
                         )
@@ -513,7 +513,7 @@ def main(args: Args) -> dict:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
                             run.stop(
-                                rm_loop_state(*before, losses, running, metrics, batch_episodes),
+                                loop_state(*before, {"losses": losses, "running": running}, metrics, batch_episodes),
                                 f"non-finite gradient norm at step {step + 1}: lower --learning-rate (now "
                                 f"{args.learning_rate:g})",
                             )
@@ -527,45 +527,37 @@ def main(args: Args) -> dict:
             scheduler.step()
             step += 1
             progress.update(1)
+
+            # ---- 6. log, evaluate, checkpoint
             if step % args.log_every == 0 or step == total_steps:
                 now = time.time()
-                logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in running.items()}
-                # the mean over the logged steps of each step's mean (every micro-batch and process)
-                logged["train/loss"] = accelerator.gather(torch.stack(losses).sum()[None]).sum().item() / n_steps
-                logged.update(
-                    {
-                        "lr": scheduler.get_last_lr()[0],
-                        "epoch": epoch,
-                        "perf/episodes_per_sec": batch_episodes
-                        * n_micro
-                        / args.gradient_accumulation_steps
-                        / (now - t_last),
-                        "perf/peak_mem_gb": peak_mem_gb(accelerator.device),
-                    }
-                )
-                if grad_norm is not None:  # DeepSpeed clips inside its own step and may report no norm
-                    logged["train/grad_norm"] = float(grad_norm)
+                speed = batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last)
+                lr = scheduler.get_last_lr()[0]
+                logged = training_metrics(accelerator, losses, n_steps, running, lr, epoch, speed, grad_norm)
                 run.log(logged, step, step * batch_episodes)
                 progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
                 running, losses, n_micro, n_steps, t_last = defaultdict(list), [], 0, 0, now
             if step % args.eval_every == 0 or step == total_steps:
-                metrics = evaluate(model, evals, tokenizer, args, accelerator)
+                forward = partial(micro_batch_loss, args=args)
+                metrics = evaluate_reward_model(model, evals, args, accelerator, collate_batch, forward, process_loss)
                 run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 t_last = time.time()
+            stats = {"losses": losses, "running": running}
             if run.stop_requested():
-                run.stop(rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics, batch_episodes))
+                run.stop(loop_state(step, len(losses), n_micro, n_steps, stats, metrics, batch_episodes))
             if args.save_every and step % args.save_every == 0 and step < total_steps:
-                run.checkpoint(
-                    rm_loop_state(step, len(losses), n_micro, n_steps, losses, running, metrics, batch_episodes)
-                )
+                run.checkpoint(loop_state(step, len(losses), n_micro, n_steps, stats, metrics, batch_episodes))
     progress.close()
 
-    if normalize:  # after the last step, also on a resumed run (the loop only checkpoints up to the last step)
-        raw = reference_rewards(model, references, tokenizer, args, accelerator)
+    # ---- 7. normalisation (N+): the bias that makes the reference responses' mean reward 0; after the last step, also
+    # on a resumed run (the loop only checkpoints up to the last step)
+    if normalize:
+        pad = partial(right_pad, pad_id=tokenizer.pad_token_id)
+        raw = reference_rewards(model, references, args, accelerator, pad, outcome_reward)
         accelerator.unwrap_model(model).config.reward_bias = -raw.mean().item()
         bias = accelerator.unwrap_model(model).config.reward_bias
-        after = reference_rewards(model, references, tokenizer, args, accelerator) + bias
+        after = reference_rewards(model, references, args, accelerator, pad, outcome_reward) + bias
         metrics["eval/reward_bias"] = -raw.mean().item()
         metrics["eval/reference_reward_mean"] = after.mean().item()
         normalisation = {k: metrics[k] for k in ("eval/reward_bias", "eval/reference_reward_mean")}
@@ -575,86 +567,16 @@ def main(args: Args) -> dict:
             f"{metrics['eval/reference_reward_mean']:.2e}"
         )
 
-    run.finish(
-        model,
-        tokenizer,
-        {
-            "step": step,
-            "episode": step * batch_episodes,
-            "total_steps": total_steps,
-            "total_episodes": total_steps * batch_episodes,
-        },
-    )
+    # ---- 8. model/ (loads as AutoModelForSequenceClassification), done.json
+    budget = {"step": step, "episode": step * batch_episodes, "total_steps": total_steps}
+    run.finish(model, tokenizer, {**budget, "total_episodes": total_steps * batch_episodes})
     accelerator.end_training()
     return metrics
 
 
 # --------------------------------------------------------------------------------------------------
-# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
-# across scripts by tests/test_conventions.py)
+# Plumbing: what is specific to this script (the rest is in clean_rlhf_utils/): the reward model's loading, its data
 # --------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Offline-first loading (same helpers as every script of this repository)
-# ----------------------------------------------------------------------------------------------------
-
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "vocab.txt",
-    "spiece.model",
-)
-
-
-def load_config(name_or_path: str, args: Args):
-    """The model config of `--sft-model-path` (read before the weights: the positions bound every row's length)."""
-    local = os.path.isdir(name_or_path)
-    if not local:
-        require_hub(name_or_path, "model", "--sft-model-path")
-    try:
-        return AutoConfig.from_pretrained(
-            name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:  # no or a broken config.json, an unknown model type
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --sft-model-path {name_or_path} holds no model config that transformers can load: {reason}"
-        ) from None
-
-
-def load_tokenizer(name_or_path: str, args: Args):
-    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`). A directory without tokenizer
-    files, or whose tokenizer has far fewer tokens than the model's embedding has rows, is refused in one line: from
-    such a directory (a model/ whose save was killed after the weights, or a copy without its tokenizer) transformers
-    builds a tokenizer of a few tokens from the model type alone, and every text would become unknown tokens."""
-    flag, local = "--sft-model-path", os.path.isdir(name_or_path)
-    config = load_config(name_or_path, args)
-    if local and not any((Path(name_or_path) / f).exists() for f in TOKENIZER_FILES):
-        raise SystemExit(
-            f"error: {flag} {name_or_path} holds no tokenizer (no {', '.join(TOKENIZER_FILES[:3])}, ...): "
-            "was its save interrupted? Pass a complete model directory (weights and tokenizer)"
-        )
-    try:
-        tok = AutoTokenizer.from_pretrained(
-            name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:  # missing or truncated tokenizer files
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: {flag} {name_or_path} holds no tokenizer that transformers can load: {reason}"
-        ) from None
-    vocab = getattr(config.get_text_config(), "vocab_size", None)
-    if vocab and len(tok) < vocab // 2:
-        raise SystemExit(
-            f"error: the tokenizer of {flag} {name_or_path} has {len(tok)} tokens for a model "
-            f"embedding of {vocab} rows: its tokenizer files are incomplete (was its save interrupted?); "
-            "pass a complete model directory (weights and tokenizer)"
-        )
-    return ensure_pad_token(tok, args.add_pad_token, name_or_path)
 
 
 def load_model(args: Args, tokenizer):
@@ -679,17 +601,6 @@ def load_model(args: Args, tokenizer):
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))
     return model
-
-
-# ----------------------------------------------------------------------------------------------------
-# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
-# verbatim between scripts), and the tokenizer checks
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------
 
 
 def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
@@ -944,77 +855,13 @@ def right_pad(seqs: list[list[int]], pad_id: int, fill_labels: list[list[int]] |
 def collate(batch: list[dict], pad_id: int, objective: str, pack: bool = False) -> dict[str, torch.Tensor]:
     margin = torch.tensor([b["margin"] for b in batch]) if objective == "outcome" else None
     if objective == "outcome" and pack:
-        return {**pack_pairs([b["chosen"] for b in batch], [b["rejected"] for b in batch], pad_id), "margin": margin}
+        chosen, rejected = [b["chosen"] for b in batch], [b["rejected"] for b in batch]
+        return {**pack_reward_pairs(chosen, rejected, pad_id), "margin": margin}
     if objective == "outcome":  # chosen rows first, then rejected rows: one forward pass for both
         ids, mask, _ = right_pad([b["chosen"] for b in batch] + [b["rejected"] for b in batch], pad_id)
         return {"input_ids": ids, "attention_mask": mask, "margin": margin}
     ids, mask, labels = right_pad([b["input_ids"] for b in batch], pad_id, [b["labels"] for b in batch])
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
-
-
-# ----------------------------------------------------------------------------------------------------
-# Logging, evaluation, normalisation
-# ----------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def evaluate(model, examples: list[dict], tokenizer, args: Args, accelerator: Accelerator) -> dict:
-    """Outcome: pairwise accuracy (overall and by confidence), mean chosen/rejected reward and margin.
-    Process: per-step accuracy (sigmoid(logit) > 0.5 against the label), and the share of solutions whose
-    every step is classified right. Under ZeRO-3 every forward pass is a collective, so the shards are padded to one
-    length and the padded rows' records dropped."""
-    model.eval()
-    unwrapped = accelerator.unwrap_model(model)
-    records = []
-    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            chunk = shard[start : start + args.per_device_eval_batch_size]
-            batch = {
-                k: v.to(accelerator.device)
-                for k, v in collate(chunk, tokenizer.pad_token_id, args.objective, args.pack_pairs).items()
-            }
-            _, out = micro_batch_loss(unwrapped, batch, args)
-            if args.objective == "outcome":
-                for e, rc, rr in zip(chunk, out["r_chosen"].tolist(), out["r_rejected"].tolist()):
-                    records.append(
-                        {
-                            "loss": -F.logsigmoid(torch.tensor(rc - rr - e["margin"])).item(),
-                            "r_chosen": rc,
-                            "r_rejected": rr,
-                            "correct": rc > rr,
-                            "confidence": e["confidence"],
-                        }
-                    )
-            else:
-                for logits, labels in zip(out["logits"], out["labels"]):
-                    mask = labels != -100
-                    right = ((logits[mask] > 0).long() == labels[mask]).tolist()
-                    records.append(
-                        {
-                            "loss": process_loss(logits[None], labels[None]).item(),
-                            "steps_right": sum(right),
-                            "steps": len(right),
-                        }
-                    )
-    records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
-    model.train()
-    n = len(records)
-    metrics = {"eval/loss": sum(r["loss"] for r in records) / n}
-    if args.objective == "outcome":
-        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
-        metrics["eval/reward_chosen"] = sum(r["r_chosen"] for r in records) / n
-        metrics["eval/reward_rejected"] = sum(r["r_rejected"] for r in records) / n
-        metrics["eval/reward_margin"] = metrics["eval/reward_chosen"] - metrics["eval/reward_rejected"]
-        by_conf = defaultdict(list)
-        for r in records:
-            if r["confidence"] is not None:
-                by_conf[r["confidence"]].append(r["correct"])
-        for conf, correct in sorted(by_conf.items()):
-            metrics[f"eval/accuracy_confidence_{conf}"] = sum(correct) / len(correct)
-    else:
-        metrics["eval/step_accuracy"] = sum(r["steps_right"] for r in records) / sum(r["steps"] for r in records)
-        metrics["eval/solution_accuracy"] = sum(r["steps_right"] == r["steps"] for r in records) / n
-    return metrics
 
 
 def tokenize_references(tokenizer, args: Args, positions: int | None = None) -> list[list[int]]:
@@ -1048,145 +895,6 @@ def tokenize_references(tokenizer, args: Args, positions: int | None = None) -> 
             "normalise the reward with"
         )
     return seqs
-
-
-@torch.no_grad()
-def reference_rewards(model, seqs: list[list[int]], tokenizer, args: Args, accelerator: Accelerator) -> torch.Tensor:
-    """Rewards of the reference (SFT) responses `seqs`, without the current bias, gathered from every process (the
-    shards padded to one length under ZeRO-3, where every forward pass is a collective)."""
-    unwrapped = accelerator.unwrap_model(model)
-    unwrapped.eval()
-    rewards = []
-    with accelerator.split_between_processes(seqs, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            ids, mask, _ = right_pad(shard[start : start + args.per_device_eval_batch_size], tokenizer.pad_token_id)
-            r = outcome_reward(unwrapped, ids.to(accelerator.device), mask.to(accelerator.device))
-            rewards.extend((r - getattr(unwrapped.config, "reward_bias", 0.0)).tolist())
-    return torch.tensor(gather_object(rewards[: shard_length(len(seqs), accelerator)]))
-
-
-def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> Iterator[list]:
-    """One pass over `loader` as the micro-batches of each optimizer step: `gradient_accumulation_steps` of them, the
-    last step shorter when the loader's length is no multiple of that (a real epoch ends there). A step's micro-batches
-    are drawn before its first backward pass, so its loss can be averaged over all of them."""
-    batches = iter(loader)
-    while micro := list(itertools.islice(batches, gradient_accumulation_steps)):
-        yield micro
-
-
-# ----------------------------------------------------------------------------------------------------
-# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
-# argument checks (copied verbatim between scripts; tests/test_faults.py)
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# The script's own argument checks and loop state
-# ----------------------------------------------------------------------------------------------------
-
-
-def rm_loop_state(
-    step: int,
-    n_running: int,
-    n_micro: int,
-    n_steps: int,
-    losses: list,
-    running: dict,
-    metrics: dict,
-    batch_episodes: int,
-) -> dict:
-    """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and
-    every process's running losses and accuracies since the last log (the first `n_running` of each), gathered so the
-    main process saves them."""
-    mine = {
-        "losses": [v.item() for v in losses[:n_running]],
-        "running": {k: [v.item() for v in values[:n_running]] for k, values in running.items()},
-    }
-    return {
-        "step": step,
-        "episode": step * batch_episodes,
-        "n_micro": n_micro,
-        "n_steps": n_steps,
-        "metrics": metrics,
-        "running": gather_object([mine]),
-    }
-
-
-# --------------------------------------------------------------------------------------------------
-# Speed work (skippable on a first reading): the same results, faster
-# --------------------------------------------------------------------------------------------------
-
-
-def pack_pairs(chosen: list[list[int]], rejected: list[list[int]], pad_id: int) -> dict:
-    """A padding-free batch of preference pairs for one forward pass. Why: in a right-padded batch of prompt + response
-    rows about a quarter of the tokens are padding, and chosen and rejected repeat the same prompt, often most of the
-    tokens; the matmuls, most of a step's time, scale with the tokens. A causal model computes the same hidden states
-    for a shared prefix whatever follows it, so each pair is laid out once as [common prefix, rest of chosen, rest of
-    rejected] (the prefix is capped so both rests keep at least their last token, where the reward is read). The rest
-    of rejected sees the prefix and itself but not the chosen tokens, and its position ids continue from the prefix,
-    so every token sees exactly what it sees in its own padded row. Pairs are laid end to end in rows of at most
-    `capacity` tokens (first-fit, longest first; twice the longest sequence packed best on CPU: the attention and
-    mask cost grow with the row length). `allowed` (rows, W, W) says which key each query may attend to (block-
-    diagonal per pair, causal, rejected not seeing chosen); `rows`, `cols` (2N,) locate the last token of each
-    sequence, chosen sequences first, then rejected ones, as in the padded batch."""
-    n = len(chosen)
-    shared = [
-        min(next((k for k, (a, b) in enumerate(zip(c, r)) if a != b), min(len(c), len(r))), min(len(c), len(r)) - 1)
-        for c, r in zip(chosen, rejected)
-    ]
-    units = [len(c) + len(r) - s for c, r, s in zip(chosen, rejected, shared)]
-    capacity = max(2 * max(len(s) for s in chosen + rejected), max(units))
-    members, free = [], []
-    for i in sorted(range(n), key=lambda i: -units[i]):
-        row = next((r for r in range(len(members)) if free[r] >= units[i]), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= units[i]
-    width = capacity - min(free)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    pair = torch.full((len(members), width), -1, dtype=torch.long)  # which pair of the row a token belongs to
-    part = torch.zeros(
-        (len(members), width), dtype=torch.long
-    )  # 0: shared prefix or padding, 1: rest of chosen, 2: rest of rejected
-    rows, cols = torch.zeros(2 * n, dtype=torch.long), torch.zeros(2 * n, dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            c, rej, s = chosen[i], rejected[i], shared[i]
-            input_ids[r, offset : offset + units[i]] = torch.tensor(c + rej[s:])
-            position_ids[r, offset : offset + len(c)] = torch.arange(len(c))
-            position_ids[r, offset + len(c) : offset + units[i]] = torch.arange(s, len(rej))
-            pair[r, offset : offset + units[i]] = i
-            part[r, offset + s : offset + len(c)], part[r, offset + len(c) : offset + units[i]] = 1, 2
-            rows[i], cols[i] = r, offset + len(c) - 1
-            rows[n + i], cols[n + i] = r, offset + units[i] - 1
-            offset += units[i]
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail sees only itself; it is never read
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = (pair[:, :, None] == pair[:, None, :]) & causal & ~((part[:, :, None] == 2) & (part[:, None, :] == 1))
-    return {"input_ids": input_ids, "position_ids": position_ids, "allowed": allowed, "rows": rows, "cols": cols}
-
-
-def packed_rewards(model, packed: dict) -> torch.Tensor:
-    """Rewards (2N,) of a `pack_pairs` batch, chosen first, read from the `score` head's per-token output as
-    `token_scores` does (a hook, so the call goes through the possibly DDP-wrapped model), plus the stored bias.
-    The mask goes in as a 4D additive mask, which transformers hands to the attention as is (eager and sdpa
-    attention; flash-attention kernels take no such mask). use_cache=False: no KV cache is needed to train."""
-    captured = {}
-    inner = getattr(model, "module", model)  # DDP / DeepSpeed wrappers keep the model in `.module`
-    dtype = next(inner.parameters()).dtype
-    mask = torch.zeros(packed["allowed"].shape, dtype=dtype, device=packed["allowed"].device)
-    mask = mask.masked_fill(~packed["allowed"], torch.finfo(dtype).min)[:, None]
-    handle = inner.score.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
-    try:
-        model(input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"], use_cache=False)
-    finally:
-        handle.remove()
-    scores = captured["scores"].squeeze(-1).float()
-    return scores[packed["rows"], packed["cols"]] + getattr(inner.config, "reward_bias", 0.0)
 
 
 if __name__ == "__main__":

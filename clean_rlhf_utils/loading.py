@@ -11,7 +11,9 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -118,3 +120,104 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
+
+
+def load_config(name_or_path: str, args, flag: str = "--sft-model-path"):
+    """The model config at `flag` (read before the weights: the positions bound every row's length)."""
+    local = os.path.isdir(name_or_path)
+    if not local:
+        require_hub(name_or_path, "model", flag)
+    try:
+        return AutoConfig.from_pretrained(
+            name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:  # no or a broken config.json, an unknown model type
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(
+            f"error: {flag} {name_or_path} holds no model config that transformers can load: {reason}"
+        ) from None
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def load_checked_tokenizer(name_or_path: str, args, flag: str = "--sft-model-path"):
+    """The tokenizer of the model at `flag`, with a pad token distinct from EOS (`ensure_pad_token`). A directory
+    without tokenizer files, or whose tokenizer has far fewer tokens than the model's embedding has rows, is refused in
+    one line: from such a directory (a model/ whose save was killed after the weights, or a copy without its tokenizer)
+    transformers builds a tokenizer of a few tokens from the model type alone, and every text would become unknown
+    tokens."""
+    local = os.path.isdir(name_or_path)
+    config = load_config(name_or_path, args, flag)
+    if local and not any((Path(name_or_path) / f).exists() for f in TOKENIZER_FILES):
+        raise SystemExit(
+            f"error: {flag} {name_or_path} holds no tokenizer (no {', '.join(TOKENIZER_FILES[:3])}, ...): "
+            "was its save interrupted? Pass a complete model directory (weights and tokenizer)"
+        )
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:  # missing or truncated tokenizer files
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(
+            f"error: {flag} {name_or_path} holds no tokenizer that transformers can load: {reason}"
+        ) from None
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    if vocab and len(tok) < vocab // 2:
+        raise SystemExit(
+            f"error: the tokenizer of {flag} {name_or_path} has {len(tok)} tokens for a model "
+            f"embedding of {vocab} rows: its tokenizer files are incomplete (was its save interrupted?); "
+            "pass a complete model directory (weights and tokenizer)"
+        )
+    return ensure_pad_token(tok, args.add_pad_token, name_or_path)
+
+
+def load_causal_lm(args, tokenizer):
+    """The causal LM at `--model-name-or-path` in `--dtype`, its embedding grown for an added `[PAD]`, the pad token
+    set in its configs. Dropout is as the checkpoint has it: the scripts turn it off (`disable_dropout`)."""
+    local = os.path.isdir(args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
+    )
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
+        model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def config_positions(args) -> int | None:
+    """The longest sequence the model's position embeddings cover, from its config (None when it does not say, or the
+    config cannot be read: loading the model reports that)."""
+    try:
+        config = AutoConfig.from_pretrained(
+            args.model_name_or_path,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=os.path.isdir(args.model_name_or_path),
+        ).get_text_config()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def load_train_and_eval_rows(args) -> tuple[Dataset, Dataset]:
+    """The training split (its first `--max-train-samples` rows, if given) and the first `--num-eval-examples` rows of
+    the evaluation split of `--dataset-name-or-path`."""
+    train_rows = load_split(args.dataset_name_or_path, args.train_split)
+    if args.max_train_samples:
+        train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
+    eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
+    return train_rows, eval_rows.select(range(min(args.num_eval_examples, len(eval_rows))))

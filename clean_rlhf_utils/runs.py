@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 
-from clean_rlhf_utils.engines import save_model
+from clean_rlhf_utils.engines import cpu_threads, make_accelerator, peak_mem_gb, save_model
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -257,3 +258,70 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
+
+
+def start_run(
+    args, presets: dict, sync_with_dataloader: bool = True, zero_means_none: tuple[str, ...] = ()
+) -> tuple[Accelerator, Run]:
+    """The start of every run, before anything loads: the accelerator (`make_accelerator`), one BLAS pool per process on
+    CPU (or the processes fight over the cores), the default run name `{exp_name}__{seed}`, the argument checks
+    (`check_args`) and the `Run`, which refuses a used run directory now."""
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader)
+    if accelerator.device.type == "cpu":
+        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args, zero_means_none)
+    return accelerator, Run(args, accelerator, presets)
+
+
+def loop_state(
+    step: int, n_running: int, n_micro: int, n_steps: int, running: list | dict, metrics: dict, batch_episodes: int
+) -> dict:
+    """What a training loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and
+    every process's running statistics since the last log (`running`: a list of scalar tensors, or a dict of such
+    lists or dicts; the first `n_running` of each list), gathered so the main process saves them. Every process calls
+    it."""
+
+    def first(values):
+        if isinstance(values, dict):
+            return {k: first(v) for k, v in values.items()}
+        return [v.item() for v in values[:n_running]]
+
+    return {
+        "step": step,
+        "episode": step * batch_episodes,
+        "n_micro": n_micro,
+        "n_steps": n_steps,
+        "metrics": metrics,
+        "running": gather_object([first(running)]),
+    }
+
+
+def training_metrics(
+    accelerator: Accelerator,
+    losses: list,
+    n_steps: int,
+    means: dict,
+    lr: float,
+    epoch: int,
+    episodes_per_sec: float,
+    grad_norm,
+) -> dict:
+    """The training row logged every `--log-every` steps: each of `means` (lists of per-micro-batch scalars: accuracies,
+    margins) averaged over its micro-batches and the processes; `train/loss`, the mean over the `n_steps` logged steps
+    of each step's mean (`losses` holds each micro-batch's share of its step's mean over every process, so their sum
+    over the processes is the sum of the steps' means); the learning rate, the epoch, the speed, the peak memory, and
+    the gradient norm (None: DeepSpeed clips inside its own step and may report none). Every process calls it."""
+    logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in means.items()}
+    logged["train/loss"] = accelerator.gather(torch.stack(losses).sum()[None]).sum().item() / n_steps
+    logged.update(
+        {
+            "lr": lr,
+            "epoch": epoch,
+            "perf/episodes_per_sec": episodes_per_sec,
+            "perf/peak_mem_gb": peak_mem_gb(accelerator.device),
+        }
+    )
+    if grad_norm is not None:
+        logged["train/grad_norm"] = float(grad_norm)
+    return logged

@@ -44,6 +44,11 @@ BETWEEN_SCRIPTS = {
     "check_finite_weights": ["rloo", "remax"],
     # `eval/kl`, the x-axis of the benchmark's KL frontier: one estimator for every algorithm (tests/test_frontier.py)
     "sampled_kl": RL,
+    "lr_lambda": ["sft", "reward_model", "dpo"],  # the learning-rate schedule
+    "disable_dropout": ["sft", "reward_model"],  # N+: dropout off, an explicit call in main
+    # the reward read off a reward model saved by reward_model.py: every script that trains or uses one
+    "token_scores": ["reward_model", *RL],
+    "outcome_reward": ["reward_model", *RL],
 }
 
 
@@ -76,6 +81,7 @@ def _definitions_of(source: str) -> dict[str, str]:
 def test_canonical_helpers_exist():
     """A renamed helper in tiny_world.py would make the drift check below pass vacuously."""
     assert set(COPIED) <= set(_definitions(REPO / "benchmark" / "tiny_world.py"))
+    assert set(COPIED) <= set(_definitions(PACKAGE / "evaluation.py"))  # the evaluation harness's copies, checked below
 
 
 def test_drift_check_catches_a_changed_copy(tmp_path):
@@ -135,8 +141,9 @@ def test_no_plumbing_is_copied():
     assert not copies, f"copied between files, not in the drift test: {copies}"
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.parametrize("script", [*SCRIPTS, *sorted(PACKAGE.glob("*.py"))], ids=lambda p: p.name)
 def test_copied_helpers_match_the_canonical_ones(script):
+    """The tiny world's judges, wherever a script or the package's evaluation harness copies them."""
     canonical = _definitions(REPO / "benchmark" / "tiny_world.py")
     mine = _definitions(script)
     for name in COPIED:

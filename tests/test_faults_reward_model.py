@@ -16,6 +16,7 @@ import tyro
 from safetensors.torch import load_file
 
 import reward_model
+from clean_rlhf_utils import runs
 from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
@@ -111,7 +112,7 @@ def test_running_sums_not_yet_logged_are_restored(assets, tmp_path, monkeypatch)
     two steps of losses and accuracies not yet logged; the resumed run's row of step 3 averages them with step 3's, as
     the uninterrupted run's does."""
     in_process(rm_flags(assets, tmp_path, "full", "--log-every", "3", "--no-normalize"))
-    real, calls = reward_model.Run.stop_requested, []
+    real, calls = runs.Run.stop_requested, []
 
     def sigterm_in_step_2(self):
         calls.append(1)
@@ -119,7 +120,7 @@ def test_running_sums_not_yet_logged_are_restored(assets, tmp_path, monkeypatch)
             self.signal = signal.SIGTERM
         return real(self)
 
-    monkeypatch.setattr(reward_model.Run, "stop_requested", sigterm_in_step_2)
+    monkeypatch.setattr(runs.Run, "stop_requested", sigterm_in_step_2)
     flags = rm_flags(assets, tmp_path, "stopped", "--log-every", "3", "--no-normalize")
     with pytest.raises(SystemExit) as e:
         in_process(flags)
@@ -127,7 +128,7 @@ def test_running_sums_not_yet_logged_are_restored(assets, tmp_path, monkeypatch)
     state = json.loads((tmp_path / "stopped" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 2 and len(state["running"][0]["losses"]) == 4  # 2 steps x 2 micro-batches, not logged
     assert len(state["running"][0]["running"]["train/accuracy"]) == 4
-    monkeypatch.setattr(reward_model.Run, "stop_requested", real)
+    monkeypatch.setattr(runs.Run, "stop_requested", real)
     in_process([*flags, "--resume"])
     assert_same_run(tmp_path / "stopped", tmp_path / "full")
 

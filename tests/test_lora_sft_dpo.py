@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 import dpo
 import sft
+from clean_rlhf_utils import runs
 from tests.bad_inputs import make_reward_model
 from tests.faults import assert_same_run, env
 from tests.launch import launch_cmd
@@ -116,7 +117,7 @@ def test_sft_lora_stopped_and_resumed_is_the_uninterrupted_run(assets, tmp_path,
     step 1 of 3 and resumed ends with the metrics and merged weights of the uninterrupted run, exactly."""
     sft.main(_sft_args(assets, tmp_path, run_name="full"))
     with monkeypatch.context() as m:
-        _stop_at(m, sft, 1)
+        _stop_at(m, runs, 1)  # sft.py's Run is clean_rlhf_utils.runs.Run
         with pytest.raises(SystemExit) as stopped:
             sft.main(_sft_args(assets, tmp_path, run_name="killed"))
     _restore_signals()

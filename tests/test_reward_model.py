@@ -14,6 +14,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, GPTN
 
 import reward_model as rm
 from benchmark.real_check import default_assets
+from clean_rlhf_utils import engines
 
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets
 needs_real = pytest.mark.skipif(not (REAL / "tldr" / "preference").is_dir(), reason=f"no real assets at {REAL}")
@@ -311,7 +312,7 @@ def test_real_preference_rows_train_and_log_accuracy_by_confidence(real_pythia_r
         num_threads=2,
         save_model=False,
     )
-    tok = rm.load_tokenizer(args.sft_model_path, args)
+    tok = rm.load_checked_tokenizer(args.sft_model_path, args)
     assert tok.pad_token == "[PAD]" and tok.pad_token_id == 50277  # N+'s [PAD]
     rows = rm.load_split(args.dataset_name_or_path, "train")
     pairs = rm.tokenize_pairs(rows, tok, args, "train")
@@ -340,5 +341,5 @@ def test_shard_length_drops_the_padding_of_every_shorter_shard():
         start = rank * per + min(rank, extra)
         shard = rows[start : start + per + (rank < extra)]
         shard += [rows[-1]] * (per + (extra > 0) - len(shard))  # accelerate's padding
-        kept += shard[: rm.shard_length(len(rows), SimpleNamespace(num_processes=ranks, process_index=rank))]
+        kept += shard[: engines.shard_length(len(rows), SimpleNamespace(num_processes=ranks, process_index=rank))]
     assert kept == rows

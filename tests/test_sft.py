@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 
 import sft
 from benchmark.real_check import default_assets
+from clean_rlhf_utils import data, engines, loading
 
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets
 
@@ -41,7 +42,7 @@ def test_collate_right_pads_and_masks_prompt_and_padding():
 
 
 def test_left_pad_for_generation():
-    ids, mask = sft.left_pad([[3, 4, 5], [6]], pad_id=1)
+    ids, mask = data.left_pad([[3, 4, 5], [6]], pad_id=1)
     assert ids.tolist() == [[3, 4, 5], [1, 1, 6]]
     assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
 
@@ -132,10 +133,10 @@ def test_the_thread_pool_is_the_share_of_the_cores_the_process_may_use(assets, t
     """Restricted to one core (taskset, a SLURM cpuset, an xdist worker here), a run sizes its pool to that core, not
     to all of the machine's: more threads than cores spin against each other."""
     allowed, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    assert sft.cpu_threads(1) == len(allowed) and sft.cpu_threads(len(allowed)) == 1
+    assert engines.cpu_threads(1) == len(allowed) and engines.cpu_threads(len(allowed)) == 1
     try:
         os.sched_setaffinity(0, {min(allowed)})
-        assert sft.cpu_threads(1) == sft.cpu_threads(2) == 1
+        assert engines.cpu_threads(1) == engines.cpu_threads(2) == 1
         torch.set_num_threads(2)
         sft.main(
             _args(
@@ -218,7 +219,7 @@ def test_real_tldr_rows_fit_the_preset_with_one_eos():
     assert (args.max_prompt_length, args.max_response_length) == (512, 53)
     tok = sft.load_tokenizer(args)
     for split in ("train", "validation", "test"):
-        rows = sft.load_split(args.dataset_name_or_path, split)
+        rows = loading.load_split(args.dataset_name_or_path, split)
         for ex, row in zip(sft.tokenize_split(rows, tok, args, split), rows, strict=True):
             assert ex["response_ids"][-1] == tok.eos_token_id != ex["response_ids"][-2]
             assert len(ex["response_ids"]) == row["reference_response_token_len"]  # N+'s own count: one EOS

@@ -1,0 +1,259 @@
+"""Evaluation: the harnesses that score a model on the evaluation split (sft.py's loss and greedy samples, the reward
+model's pairwise and step accuracies, the normalisation's reference rewards) and the tiny world's judges where they only
+evaluate. The harnesses take the script's losses, rewards and truncation as arguments; nothing here changes a training
+number. The judges are copies of benchmark/tiny_world.py's, kept equal by tests/test_conventions.py (COPIED)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+
+from clean_rlhf_utils.data import left_pad
+from clean_rlhf_utils.engines import shard_length, zero3
+
+TLDR_FACT_WORDS = {
+    "who": [
+        "roommate",
+        "boyfriend",
+        "girlfriend",
+        "boss",
+        "sister",
+        "brother",
+        "neighbor",
+        "friend",
+        "coworker",
+        "landlord",
+    ],
+    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
+    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
+}
+
+
+TLDR_MAX_WORDS = 12
+
+
+def gold_judge(summary: str, facts: list[str]) -> float:
+    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
+    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
+    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
+    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
+    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
+    words = re.findall(r"[a-z]+", summary.lower())
+    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
+    covered = sum(1 for f in facts if f in words) / len(facts)
+    invented = len({w for w in words if w in vocab and w not in facts})
+    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
+    return covered - 0.5 * invented - 0.1 * too_long
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
+    removed; None when there is no `####` followed by a number."""
+    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
+    if not matches:
+        return None
+    return matches[-1].replace(",", "").rstrip(".")
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
+    None when there is none or its braces never close."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
+
+
+def numbers_equal(predicted: str | None, gold: str) -> bool:
+    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
+    non-numeric prediction, never an exception."""
+    if predicted is None:
+        return False
+    try:
+        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
+    except ValueError:
+        return False
+
+
+def check_sft_evaluation_fields(row: dict, response: str, index: int, split: str, args) -> None:
+    """(SFT) What `evaluate_sft` needs of an evaluation row, checked when the split is loaded, not at the first
+    evaluation: the key `facts` the tiny-tldr judge scores (`--eval-task tldr`), a final answer in the reference (gsm8k,
+    boxed)."""
+    where = f"row {index} of split '{split}'"
+    if args.eval_task == "tldr":
+        facts = row.get("facts")
+        if not (isinstance(facts, list) and facts and all(isinstance(f, str) and f for f in facts)):
+            raise SystemExit(
+                f"error: {where}: --eval-task tldr judges summaries by the row's 'facts' (a list of "
+                f"words, as in tiny-tldr), but {'it has none' if facts is None else f'it is {str(facts)[:60]!r}'}; "
+                "use --eval-task none for other "
+                "data"
+            )
+    elif args.eval_task in ("gsm8k", "boxed"):
+        extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
+        if extract(response) is None:
+            marker = "`#### <number>`" if args.eval_task == "gsm8k" else "`\\boxed{...}`"
+            raise SystemExit(
+                f"error: {where}: the reference response holds no final answer {marker} for --eval-task "
+                f"{args.eval_task}: {response[-60:]!r}; use another --eval-task (or none), or a "
+                "--response-template that holds the answer"
+            )
+
+
+@torch.no_grad()
+def evaluate_sft(
+    model, tokenizer, examples: list[dict], args, accelerator: Accelerator, loss, collate, truncate
+) -> tuple[dict, list[dict]]:
+    """(SFT) Validation loss on reference responses (`loss(logits, labels)` of each row, as `collate(rows, pad_id)`
+    labels it), then greedy samples, cut after their first EOS by `truncate(tokens, eos_id, pad_id)`, scored by the
+    task's checker. Each
+    process takes a shard of the examples; results are gathered on every process. Under ZeRO-3 every forward pass
+    is a collective, so the shards are padded to one length (the padded rows' records are dropped) and `generate`
+    keeps stepping until every rank is done."""
+    model.eval()
+    unwrapped = accelerator.unwrap_model(model)
+    records = []
+    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            batch = shard[start : start + args.per_device_eval_batch_size]
+            tensors = {k: v.to(accelerator.device) for k, v in collate(batch, tokenizer.pad_token_id).items()}
+            logits = unwrapped(input_ids=tensors["input_ids"], attention_mask=tensors["attention_mask"]).logits
+            losses = [loss(logits[i : i + 1], tensors["labels"][i : i + 1]).item() for i in range(len(batch))]
+            ids, mask = left_pad([e["prompt_ids"] for e in batch], tokenizer.pad_token_id)
+            out = unwrapped.generate(
+                input_ids=ids.to(accelerator.device),
+                attention_mask=mask.to(accelerator.device),
+                max_new_tokens=args.max_response_length,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                synced_gpus=zero3(accelerator),
+            )
+            responses = truncate(out[:, ids.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
+            for e, loss, r in zip(batch, losses, responses):
+                text = tokenizer.decode(r, skip_special_tokens=True)
+                rec = {
+                    "loss": loss,
+                    "response": text,
+                    "reference": e["response"],
+                    "ends_with_eos": bool((r == tokenizer.eos_token_id).any()),
+                }
+                if args.eval_task == "tldr":
+                    rec["gold_reward"] = gold_judge(text, e["row"]["facts"])
+                    rec["reference_gold_reward"] = gold_judge(e["response"], e["row"]["facts"])
+                elif args.eval_task in ("gsm8k", "boxed"):
+                    extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
+                    gold = extract(e["response"])
+                    if gold is None:
+                        raise SystemExit(
+                            f"error: the reference response has no final answer for --eval-task {args.eval_task}: "
+                            f"{e['response']!r}"
+                        )
+                    rec["correct"] = numbers_equal(extract(text), gold) or extract(text) == gold
+                records.append(rec)
+    records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
+    model.train()
+    metrics = {
+        "eval/loss": sum(r["loss"] for r in records) / len(records),
+        "eval/eos_rate": sum(r["ends_with_eos"] for r in records) / len(records),
+    }
+    if args.eval_task == "tldr":
+        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / len(records)
+        metrics["eval/reference_gold_reward"] = sum(r["reference_gold_reward"] for r in records) / len(records)
+        metrics["eval/win_rate"] = sum(
+            1.0
+            if r["gold_reward"] > r["reference_gold_reward"]
+            else 0.5
+            if r["gold_reward"] == r["reference_gold_reward"]
+            else 0.0
+            for r in records
+        ) / len(records)
+    elif args.eval_task in ("gsm8k", "boxed"):
+        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / len(records)
+    return metrics, records
+
+
+@torch.no_grad()
+def evaluate_reward_model(
+    model, examples: list[dict], args, accelerator: Accelerator, collate, forward, step_loss
+) -> dict:
+    """(Reward model) Outcome: pairwise accuracy (overall and by confidence), mean chosen/rejected reward and margin.
+    Process: per-step accuracy (sigmoid(logit) > 0.5 against the label), and the share of solutions whose every step is
+    classified right. `collate(rows)` makes a batch, `forward(model, batch)` gives its loss and its rewards or step
+    logits, `step_loss(logits, labels)` a solution's loss. Under ZeRO-3 every forward pass is a collective, so the
+    shards are padded to one length and the padded rows' records dropped."""
+    model.eval()
+    unwrapped = accelerator.unwrap_model(model)
+    records = []
+    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            chunk = shard[start : start + args.per_device_eval_batch_size]
+            batch = {k: v.to(accelerator.device) for k, v in collate(chunk).items()}
+            _, out = forward(unwrapped, batch)
+            if args.objective == "outcome":
+                for e, rc, rr in zip(chunk, out["r_chosen"].tolist(), out["r_rejected"].tolist()):
+                    records.append(
+                        {
+                            "loss": -F.logsigmoid(torch.tensor(rc - rr - e["margin"])).item(),
+                            "r_chosen": rc,
+                            "r_rejected": rr,
+                            "correct": rc > rr,
+                            "confidence": e["confidence"],
+                        }
+                    )
+            else:
+                for logits, labels in zip(out["logits"], out["labels"]):
+                    mask = labels != -100
+                    right = ((logits[mask] > 0).long() == labels[mask]).tolist()
+                    records.append(
+                        {
+                            "loss": step_loss(logits[None], labels[None]).item(),
+                            "steps_right": sum(right),
+                            "steps": len(right),
+                        }
+                    )
+    records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
+    model.train()
+    n = len(records)
+    metrics = {"eval/loss": sum(r["loss"] for r in records) / n}
+    if args.objective == "outcome":
+        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
+        metrics["eval/reward_chosen"] = sum(r["r_chosen"] for r in records) / n
+        metrics["eval/reward_rejected"] = sum(r["r_rejected"] for r in records) / n
+        metrics["eval/reward_margin"] = metrics["eval/reward_chosen"] - metrics["eval/reward_rejected"]
+        by_conf = defaultdict(list)
+        for r in records:
+            if r["confidence"] is not None:
+                by_conf[r["confidence"]].append(r["correct"])
+        for conf, correct in sorted(by_conf.items()):
+            metrics[f"eval/accuracy_confidence_{conf}"] = sum(correct) / len(correct)
+    else:
+        metrics["eval/step_accuracy"] = sum(r["steps_right"] for r in records) / sum(r["steps"] for r in records)
+        metrics["eval/solution_accuracy"] = sum(r["steps_right"] == r["steps"] for r in records) / n
+    return metrics
+
+
+@torch.no_grad()
+def reference_rewards(model, seqs: list[list[int]], args, accelerator: Accelerator, pad, reward) -> torch.Tensor:
+    """(Reward model) Rewards `reward(model, ids, mask)` of the reference (SFT) responses `seqs`, batched by
+    `pad(seqs) -> (ids, mask, labels)`, without the current bias, gathered from every process (the
+    shards padded to one length under ZeRO-3, where every forward pass is a collective)."""
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.eval()
+    rewards = []
+    with accelerator.split_between_processes(seqs, apply_padding=zero3(accelerator)) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            ids, mask, _ = pad(shard[start : start + args.per_device_eval_batch_size])
+            r = reward(unwrapped, ids.to(accelerator.device), mask.to(accelerator.device))
+            rewards.extend((r - getattr(unwrapped.config, "reward_bias", 0.0)).tolist())
+    return torch.tensor(gather_object(rewards[: shard_length(len(seqs), accelerator)]))

@@ -11,7 +11,9 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -118,3 +120,30 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
+
+
+def load_scorer(path: str, args, flag: str, reward_type: str, tokenizer):
+    """A reward model saved by reward_model.py, frozen; it must be of `reward_type` and share the policy's tokenizer
+    (completions are scored as the policy's token ids, as in ppo_rlhf.py)."""
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
+        num_labels=1,
+    )
+    if getattr(model.config, "reward_type", "outcome") != reward_type:
+        article = "an" if reward_type == "outcome" else "a"
+        raise SystemExit(
+            f"error: {flag} {path} is not {article} {reward_type} reward model "
+            f"(config.reward_type is {getattr(model.config, 'reward_type', None)!r})"
+        )
+    if AutoTokenizer.from_pretrained(path, local_files_only=local).get_vocab() != tokenizer.get_vocab():
+        raise SystemExit(
+            f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same "
+            "tokenizer"
+        )
+    return model.eval().requires_grad_(False)

@@ -724,7 +724,8 @@ def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tens
 
 
 def disable_dropout(model) -> None:
-    """Dropout off (N+), so that sampling, the old logprobs and training see the same model."""
+    """N+: dropout off (p = 0) in every layer, so the rollout's and the update's logprobs of a response agree; called
+    right after each model is loaded."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0

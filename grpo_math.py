@@ -1067,7 +1067,7 @@ def main(args: Args) -> dict:
 
 # --------------------------------------------------------------------------------------------------
 # The rest of the algorithm, called by main: the success reward (answer checkers copied from benchmark/tiny_world.py),
-# reward-model scores and process rewards, and step 1's sampling and scoring
+# reward-model scores and process rewards, step 1's sampling and scoring, and the KL estimate of `eval/kl`
 # --------------------------------------------------------------------------------------------------
 
 

@@ -60,20 +60,11 @@ use the sampling temperature; dropout is off. With several processes (accelerate
 questions and every group stays on one process, so group statistics need no communication; DAPO's token count is
 summed over processes so that its normalisation is global.
 
-Speed (benchmark/speed.py against TRL's GRPOTrainer on the same work): sampling is a hand-written loop over the KV
-cache in which a finished completion leaves the batch, and it keeps each sampled token's logprob, which in float32 is
-the old policy's (`--sampler-logprobs`: no extra forward pass); every forward pass runs on packed sequences (`pack`:
-several prompt + completion sequences per row, no padding, a block-diagonal causal mask from the position ids).
-
-Durable runs (docs/faults.md): SIGTERM / SIGINT, `--save-every N` steps or a non-finite loss writes a checkpoint
-(accelerate's state: the policy, AdamW, the learning-rate schedule, every process's RNG; and state.json: step, episode,
-the last evaluation, and how many questions each process drew from its stream). `--resume` skips the step-0
-evaluation and replays each stream by that count without sampling, so dynamic sampling's varying draws per step resume
-in place; the reference policy and reward models are loaded again from their paths. With `model.generate` sampling a
-resumed run equals the uninterrupted one exactly (float32 on CPU: tests/test_faults_grpo_math.py). With `--use-vllm`
-the engine starts from `--model-name-or-path` and gets the checkpoint's weights before the first resumed step, but its
-own sampling RNG (seeded at start) is not in the checkpoint: the run continues from the same weights, optimizer and
-question order with other samples than an uninterrupted run would have drawn.
+The loop (`main`, numbered as here): 1. sample G completions for each question and score them (`Sampling`: the
+success, format, overlong and reward-model rewards; DAPO's dynamic sampling); 2. without gradients, the logprobs of
+the sampling policy, the reference and the teacher (`frozen_logprobs`); 3. the advantages (`compute_advantages`);
+4. optimise: mu passes of `num_mini_batches` optimizer steps on `micro_batch_loss`; 5. log, evaluate, checkpoint.
+Speed (packing, the KV-cache sampler, vLLM), the `--async` thread and durable runs (`--resume`): docs/grpo_math.md.
 
 Usage:
     python -m benchmark.assets && python sft.py tiny-math      # the tiny world and the SFT starting policy
@@ -88,17 +79,12 @@ Usage:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
+import functools
 import math
 import os
-import random
 import re
-import string
 import time
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -106,26 +92,33 @@ import torch
 import tyro
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
-from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import left_pad
+from clean_rlhf_utils.data import concat_batches, prepare_math_questions, select_groups
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
+    backward_share,
     configure_deepspeed,
-    cpu_threads,
     make_accelerator,
-    merge_lora,
     peak_mem_gb,
     prepare_frozen,
-    shard_length,
     zero3,
 )
-from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
-from clean_rlhf_utils.runs import Run, check_args
+from clean_rlhf_utils.evaluation import evaluate_math
+from clean_rlhf_utils.generation import (
+    BackgroundSampler,
+    VLLMSampler,
+    max_over_processes,
+    question_stream,
+    sample_with_kv_cache,
+    split_cpu_threads,
+)
+from clean_rlhf_utils.loading import ensure_pad_token, load_scorer, load_split, require_hub
+from clean_rlhf_utils.packing import pack_rows
+from clean_rlhf_utils.runs import Run, StepSums, check_args
 
 
 @dataclass
@@ -650,6 +643,61 @@ def micro_batch_loss(
     }
 
 
+def compute_advantages(
+    batch: dict,
+    loss_mask: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor | None,
+    args: Args,
+    reduce,
+) -> torch.Tensor:
+    """Step 3: the advantages, (B,) one per completion or (B, T) one per token. On-policy distillation (a teacher): the
+    teacher's per-token verdict; REINFORCE++: normalised over the tokens of every process's batch (`reduce` sums over
+    the processes), its KL in the reward for reinforce_pp with a reference; otherwise GRPO's group-relative one."""
+    G = args.num_generations
+    if teacher_logprobs is not None:  # on-policy distillation: the teacher's per-token verdict is the advantage
+        return distill_advantages(teacher_logprobs, old_logprobs, loss_mask)
+    if args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
+        kl_in_reward = args.advantage_estimator == "reinforce_pp" and args.beta > 0
+        kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
+        baseline = args.advantage_estimator == "reinforce_pp_baseline"
+        rewards = batch["reward"].to(loss_mask.device)
+        return reinforce_pp_advantages(rewards, loss_mask, G, baseline, kl, args.beta, reduce)
+    rewards = batch["reward"].view(-1, G)
+    return group_advantages(rewards, args.scale_rewards, args.advantage_eps).view(-1).to(loss_mask.device)
+
+
+def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tensor, first_pass: bool) -> dict:
+    """What one micro-batch adds to the logged sums of its step (`micro_batch_loss`'s detached pieces): clipped
+    tokens, loss tokens and ratios over the loss mask; on the first pass over the batch the KL and the entropy over
+    every completion token, and, with a sampler correction, the sampler-trainer mismatch (the old logprobs are then
+    the trainer's at the weights that sampled)."""
+    stats = {
+        "clipped": (out["clipped"] & mask.bool()).sum().float(),
+        "tokens": mask.sum().float(),
+        "ratio": (out["ratio"] * mask).sum(),
+    }
+    if first_pass:
+        stats.update(kl=(out["kl"] * completion_mask).sum(), entropy=(out["entropy"] * completion_mask).sum())
+    if out["mismatch"] is not None:
+        stats.update(is_weight=(out["is_weight"] * mask).sum(), is_capped=out["is_capped"].sum().float())
+        if first_pass:
+            stats["mismatch_abs"] = out["mismatch"].abs().sum()
+            stats["mismatch_max"] = out["mismatch"].abs().max()
+            stats["ratio_error"] = ((out["mismatch"].exp() - 1).abs() * mask).sum()
+            stats["first_tokens"] = mask.sum().float()
+    return stats
+
+
+def disable_dropout(model) -> None:
+    """N+: dropout off (p = 0) in every layer, so the rollout's and the update's logprobs of a response agree; called
+    right after each model is loaded."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 def format_reward(text: str, ended: bool, answer_format: str) -> float:
     """1.0 if the completion stopped by itself (EOS) and its last non-empty line is a well-formed final answer
     (`#### <number>` alone on the line, or a line with a closed `\\boxed{}`), else 0.0."""
@@ -670,89 +718,123 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, f
     return -factor * (over / buffer).clamp(max=1.0)
 
 
+def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
+    (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids. The
+    LM head runs only on the columns that predict a completion token (`logits_to_keep`): over the prompts it would be
+    most of the logits' time and memory (a 151,936-word vocabulary for Qwen2.5)."""
+    device = next(model.parameters()).device
+    rows, cols = packed["rows"].to(device), packed["cols"].to(device)
+    keep = cols.unique()  # sorted
+    logits = model(
+        input_ids=packed["input_ids"].to(device),
+        position_ids=packed["position_ids"].to(device),
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits
+    logits = logits[rows, torch.searchsorted(keep, cols)].float() / temperature
+    logp = logits.log_softmax(dim=-1)
+    token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return token_logp, entropy
+
+
+def frozen_logprobs(
+    batch: dict,
+    width: int,
+    policy,
+    ref_policy,
+    teacher,
+    need_old: bool,
+    use_sampler_logprobs: bool,
+    args: Args,
+    accelerator: Accelerator,
+    tokenizer,
+) -> tuple:
+    """Step 2, without gradients: the (B, width) logprobs of the sampled completions under the sampling policy (when
+    `need_old`: the sampler's own with `use_sampler_logprobs`, --async's from the generator thread, or a forward pass),
+    the reference (zeros without one) and the teacher (None without one), by micro-batches of `pack`ed rows; and the
+    sampler's logprobs for the sampler correction (None without one; NaN where the sampler scored no token)."""
+    B, device = len(batch["completions"]), accelerator.device
+    capacity = args.max_prompt_length + args.max_completion_length
+    old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
+    teacher_logprobs = torch.zeros(B, width, device=device) if teacher is not None else None
+    async_old = batch.get("old_logprobs")  # --async: the sampling weights' logprobs, from the generator thread
+    if need_old and (use_sampler_logprobs or async_old is not None):
+        for i, lp in enumerate(async_old if async_old is not None else batch["sample_logprobs"]):
+            old_logprobs[i, : len(lp)] = lp.to(device)
+    with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
+        for start in range(0, B, args.micro_batch_size):
+            idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
+            packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
+            if need_old and not use_sampler_logprobs and async_old is None:
+                old_logprobs[idx, :c_end] = completion_logprobs(policy, packed, args.temperature)[0]
+            if ref_policy is not None:
+                ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
+            if teacher is not None:
+                teacher_logprobs[idx, :c_end] = completion_logprobs(teacher, packed, args.temperature)[0]
+    sampler_lp = None
+    if args.sampler_correction != "none":  # the sampler's logprobs; a token it did not score (appended EOS): w 1
+        sampler_lp = torch.full((B, width), float("nan"), device=device)
+        for i, lp in enumerate(batch["sample_logprobs"]):
+            sampler_lp[i, : len(lp)] = lp.to(device)
+    return old_logprobs, ref_logprobs, teacher_logprobs, sampler_lp
+
+
 # --------------------------------------------------------------------------------------------------
 # main: the training loop, as numbered steps
 # --------------------------------------------------------------------------------------------------
 
 
 def main(args: Args) -> dict:
+    # ---- 0. setup: the arguments and the variant's defaults, the processes (accelerate), the run directory, the
+    # models, the data, the optimizer, the samplers and the evaluation ----
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
-    resolve_variant(args)
     # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
     # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
     mini_size = args.questions_per_device * args.num_generations // args.num_mini_batches
     micro_steps = math.ceil(mini_size / args.micro_batch_size)
     accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
-    gen_threads = None
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        threads = args.num_threads or cpu_threads(accelerator.num_processes)
-        if args.async_generation:  # learner and generator thread split the process's share
-            gen_threads = args.generation_threads or max(1, threads // 2)
-            threads = max(1, threads - gen_threads)
-        torch.set_num_threads(threads)
+    use_sampler_logprobs = resolve_variant(args, accelerator)  # the old logprobs: the sampler's own, or a forward pass
+    gen_threads = split_cpu_threads(accelerator, args.num_threads, args.async_generation, args.generation_threads)
     run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
     set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
     device, G = accelerator.device, args.num_generations
     synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
-    if args.async_generation and (synced or args.use_vllm):
-        raise SystemExit(
-            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
-            "(sharded weights) nor with --use-vllm"
-        )
-    if args.use_vllm and synced:
-        raise SystemExit(
-            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
-            "processes; use DDP or ZeRO-2 with vLLM"
-        )
 
-    # ---- models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models ----
+    # models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models, the teacher
+    # (distillation); dropout off in every causal LM, so sampling and training see the same model
     tokenizer = load_tokenizer(args)
-    policy = add_lora(load_causal_lm(args, tokenizer), args)
-    # with LoRA the reference is the policy with its adapters disabled (after `prepare`), not a second copy
-    ref_policy = (  # --eval-kl needs it too
-        load_causal_lm(args, tokenizer).eval().requires_grad_(False)
-        if (args.beta > 0 or args.eval_kl) and not args.lora_r
-        else None
-    )
+    policy = load_causal_lm(args, tokenizer)
+    disable_dropout(policy)
+    policy = add_lora(policy, args)
+    ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (after `prepare`)
+    if (args.beta > 0 or args.eval_kl) and not args.lora_r:  # --eval-kl needs it too
+        ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False)
+        disable_dropout(ref_policy)
     rm = None
     if args.reward_model_path:
-        rm = load_reward_model(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
-    prm = load_reward_model(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
-    teacher = None
-    if args.teacher_model_path:
-        if not os.path.isdir(args.teacher_model_path):
-            require_hub(args.teacher_model_path, "model", "--teacher-model-path")
-        teacher = (
-            load_causal_lm(
-                dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None), tokenizer
-            )
-            .eval()
-            .requires_grad_(False)
-        )
-        if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
-            raise SystemExit(
-                f"error: --teacher-model-path {args.teacher_model_path} has "
-                f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
-                f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer"
-            )
+        rm = load_scorer(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
+    prm = load_scorer(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
+    teacher = load_teacher(args, tokenizer) if args.teacher_model_path else None
+    if teacher is not None:
+        disable_dropout(teacher)
 
-    # ---- data: every process samples its own shard of questions, and a question's whole group stays on its process,
-    # so group statistics (mean, std, the dynamic-sampling filter) need no communication ----
-    # (prompt + completion budget must fit the policy's positions)
-    positions = getattr(policy.config, "max_position_embeddings", None)
+    # data: every process samples its own shard of questions, and a question's whole group stays on its process, so
+    # group statistics (mean, std, the dynamic-sampling filter) need no communication
+    positions = getattr(policy.config, "max_position_embeddings", None)  # prompt + completion budget must fit
     train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_questions(train_ds, tokenizer, args, args.train_split, positions)
-    eval_flag = "--eval-dataset-name-or-path" if args.eval_dataset_name_or_path else "--dataset-name-or-path"
+    train_rows = prepare_math_questions(train_ds, tokenizer, args, args.train_split, extract_answer, positions)
     eval_ds = load_split(
         args.eval_dataset_name_or_path or args.dataset_name_or_path,
         args.eval_split,
         None if args.eval_dataset_name_or_path else args.dataset_config,
-        eval_flag,
+        "--eval-dataset-name-or-path" if args.eval_dataset_name_or_path else "--dataset-name-or-path",
     )
-    eval_rows = prepare_questions(
-        eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))), tokenizer, args, args.eval_split, positions
-    )
+    eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
+    eval_rows = prepare_math_questions(eval_ds, tokenizer, args, args.eval_split, extract_answer, positions)
     stream = question_stream(
         train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index
     )
@@ -761,12 +843,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
     configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
     model, optimizer = accelerator.prepare(policy, optimizer)
-    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
-        raise SystemExit(
-            f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
-            f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
-            f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config"
-        )
+    check_setup(accelerator, micro_steps, args, positions)
     ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
     unwrapped = accelerator.unwrap_model(model)
     if args.lora_r and (args.beta > 0 or args.eval_kl):
@@ -778,31 +855,26 @@ def main(args: Args) -> dict:
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0
     )
     accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
-    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
-        raise SystemExit(
-            f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
-            f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
-            "which vLLM refuses as its max_model_len; lower --max-prompt-length"
-        )
     vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
-    use_sampler_logprobs = (
-        args.sampler_logprobs
-        if args.sampler_logprobs is not None
-        else (not args.use_vllm and args.dtype == "float32" and accelerator.mixed_precision == "no")
-    )
-    if use_sampler_logprobs and args.use_vllm:
-        raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
-    correction = args.sampler_correction  # the old logprobs are the sampler's own: nothing to correct
-    correction = ("none" if use_sampler_logprobs else "token_truncate") if correction == "auto" else correction
-    args.sampler_correction = correction
-    if correction != "none" and use_sampler_logprobs:
-        raise SystemExit(
-            f"error: --sampler-correction {correction} weights the trainer's old logprobs against the "
-            "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs"
-        )
-
     sampling = Sampling(
         args, accelerator, tokenizer, unwrapped, stream, rm, prm, vllm_sampler, synced, use_sampler_logprobs
+    )
+    eval_kl = None  # (--eval-kl) KL(pi || pi_ref) of one response sampled at temperature 1, as in every script
+    if kl_models is not None:
+        pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+        eval_kl = functools.partial(sampled_kl, *kl_models, response_length=args.max_completion_length)
+        eval_kl = functools.partial(eval_kl, pad_id=pad_id, eos_id=eos_id, synced=synced)
+    evaluate = functools.partial(  # (k, temperature): greedy pass@1 is (1, 0.0); the graders are the rewards'
+        evaluate_math,
+        sampling.sample,
+        tokenizer,
+        eval_rows,
+        accelerator,
+        answer_format=args.answer_format,
+        success_reward=success_reward,
+        extract_answer=extract_answer,
+        kl=eval_kl,
+        kl_batch=args.questions_per_device * G,
     )
 
     run.begin()
@@ -815,7 +887,7 @@ def main(args: Args) -> dict:
         if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
             vllm_sampler.load_weights(unwrapped)
     else:
-        metrics, _ = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0, kl_models)
+        metrics, _ = evaluate(1, 0.0)
         run.log(metrics, 0, 0)
         accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
     progress = tqdm(
@@ -825,118 +897,57 @@ def main(args: Args) -> dict:
         disable=not accelerator.is_main_process,
         desc=f"grpo ({args.loss_type})",
     )
-    gen_policy = executor = pending = None
-
-    if args.async_generation:  # the generator samples with its own copy of the weights, synced before each step
-        gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
-        executor = ThreadPoolExecutor(max_workers=1)
-        pending = executor.submit(sampling.collect, gen_policy, start_step, gen_threads)
+    # --async: the generator samples with its own copy of the weights, synced before each step
+    background = (
+        BackgroundSampler(unwrapped, sampling.collect, start_step, gen_threads) if args.async_generation else None
+    )
     for step in progress:
         t_step = time.time()
         before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
-        # ---- 1. sample G completions per question; DAPO's dynamic sampling keeps only groups with some right and some
-        # wrong completions and samples more questions until this process has Q of them (--async: the batch the
-        # generator thread sampled with the weights this step's predecessor started from) ----
+        # ---- 1. sample G completions per question and score them; DAPO's dynamic sampling keeps only groups with some
+        # right and some wrong completions and samples more questions until this process has Q of them (--async: the
+        # batch the generator thread sampled with the weights this step's predecessor started from) ----
         wait_start = time.time()
-        if executor is not None:
-            data = pending.result()
-            gen_policy.load_state_dict(unwrapped.state_dict())  # the weights this step starts from sample the next
-            pending = (
-                executor.submit(sampling.collect, gen_policy, step - 1, gen_threads)
-                if step < args.total_steps
-                else None
-            )
+        if background is not None:
+            data = background.next(unwrapped, step - 1, more=step < args.total_steps)
         else:
             model.eval()
             data = sampling.collect()
             model.train()
         wait = time.time() - wait_start
-        everything, batch, rounds, drawn = data["everything"], data["batch"], data["rounds"], drawn + data["drawn"]
-        dropped = [None] * data["dropped"]
-        # ---- 2. group-relative advantages; every token of a completion shares its completion's advantage
-        # (REINFORCE++: token advantages, after the logprobs of step 4) ----
-        advantages = (
-            group_advantages(batch["reward"].view(-1, G), args.scale_rewards, args.advantage_eps).view(-1).to(device)
-        )
+        everything, batch, drawn = data["everything"], data["batch"], drawn + data["drawn"]
 
-        # ---- 3. completions as right-padded (B, width) tensors for the loss; the forward passes run on `pack`ed
-        # micro-batches (no padding). Overlong filtering masks truncated completions out of the loss ----
+        # ---- 2. the completions' masks (overlong filtering masks truncated completions out of the loss), and without
+        # gradients the logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several
+        # mini-batches; the sampler's own, or a forward pass), of the reference and of the teacher ----
         B = len(batch["completions"])
         completion_mask = right_pad(batch["completions"], tokenizer.pad_token_id)[1].to(device)
-        loss_mask = (
-            completion_mask * (~batch["truncated"].to(device)).long()[:, None]
-            if args.overlong_filtering
-            else completion_mask
-        )
+        loss_mask = completion_mask
+        if args.overlong_filtering:
+            loss_mask = completion_mask * (~batch["truncated"].to(device)).long()[:, None]
         width, capacity = completion_mask.shape[1], args.max_prompt_length + args.max_completion_length
-
-        # ---- 4. logprobs of the sampling policy (needed once updates are off-policy: mu > 1 or several mini-batches;
-        # the sampler's own, or a forward pass) and of the reference, without gradients ----
         off_policy = args.num_iterations > 1 or args.num_mini_batches > 1 or args.async_generation
         kl_in_reward = args.advantage_estimator == "reinforce_pp" and ref_policy is not None
         need_old = off_policy or kl_in_reward or teacher is not None
-        old_logprobs, ref_logprobs = torch.zeros(B, width, device=device), torch.zeros(B, width, device=device)
-        teacher_logprobs = torch.zeros(B, width, device=device) if teacher is not None else None
-        async_old = batch.get("old_logprobs")  # --async: the sampling weights' logprobs, from the generator thread
-        if need_old and (use_sampler_logprobs or async_old is not None):
-            for i, lp in enumerate(async_old if async_old is not None else batch["sample_logprobs"]):
-                old_logprobs[i, : len(lp)] = lp.to(device)
-        with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
-            for start in range(0, B, args.micro_batch_size):
-                idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
-                packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
-                if need_old and not use_sampler_logprobs and async_old is None:
-                    old_logprobs[idx, :c_end] = completion_logprobs(unwrapped, packed, args.temperature)[0]
-                if ref_policy is not None:
-                    ref_logprobs[idx, :c_end] = completion_logprobs(ref_policy, packed, args.temperature)[0]
-                if teacher is not None:
-                    teacher_logprobs[idx, :c_end] = completion_logprobs(teacher, packed, args.temperature)[0]
-        sampler_lp = None
-        if args.sampler_correction != "none":  # the sampler's logprobs; a token it did not score (appended EOS): w 1
-            sampler_lp = torch.full((B, width), float("nan"), device=device)
-            for i, lp in enumerate(batch["sample_logprobs"]):
-                sampler_lp[i, : len(lp)] = lp.to(device)
-        if teacher is not None:  # on-policy distillation: the teacher's per-token verdict is the advantage
-            advantages = distill_advantages(teacher_logprobs, old_logprobs, loss_mask)
-        elif args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
-            kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
-            advantages = reinforce_pp_advantages(
-                batch["reward"].to(device),
-                loss_mask,
-                G,
-                args.advantage_estimator == "reinforce_pp_baseline",
-                kl,
-                args.beta,
-                lambda t: accelerator.reduce(t, "sum"),
-            )
+        old_logprobs, ref_logprobs, teacher_logprobs, sampler_lp = frozen_logprobs(
+            batch, width, unwrapped, ref_policy, teacher, need_old, use_sampler_logprobs, args, accelerator, tokenizer
+        )
+
+        # ---- 3. advantages: group-relative, one per completion shared by its tokens (GRPO and its variants); per token
+        # for REINFORCE++ (normalised over every process's batch) and distillation (the teacher's verdict) ----
+        reduce = lambda t: accelerator.reduce(t, "sum")  # noqa: E731
+        advantages = compute_advantages(batch, loss_mask, old_logprobs, ref_logprobs, teacher_logprobs, args, reduce)
         # ScaleRL's prompt mean: each completion weighted by its whole group's token count, fixed before mini-batching
         seq_weights = prompt_weights(loss_mask, G) if args.loss_aggregation == "prompt" else None
 
-        # ---- 5. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
+        # ---- 4. optimise: mu passes, each num_mini_batches optimizer steps, each accumulated over micro_steps backward
         # passes (accelerate.accumulate: DDP all-reduces, and DeepSpeed steps, on the last one only) ----
-        stats = {
-            k: []
-            for k in (
-                "loss",
-                "kl",
-                "clipped",
-                "tokens",
-                "ratio",
-                "entropy",
-                "grad_norm",
-                "is_weight",
-                "is_capped",
-                "mismatch_abs",
-                "mismatch_max",
-                "ratio_error",
-                "first_tokens",
-            )
-        }
+        sums = StepSums(accelerator)  # what step 5 logs, summed per micro-batch
         for iteration in range(args.num_iterations):
             # --async: the generator thread draws from the global RNG meanwhile, so the order has its own generator
             order = (
                 torch.randperm(B, generator=torch.Generator().manual_seed(args.seed * 100003 + step)).to(device)
-                if executor is not None
+                if background is not None
                 else torch.randperm(B, device=device)
             )
             for mb_start in range(0, B, mini_size):
@@ -948,7 +959,7 @@ def main(args: Args) -> dict:
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
                     with accelerator.accumulate(model):
                         packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
-                        cm, mask = completion_mask[idx, :c_end], loss_mask[idx, :c_end]
+                        mask = loss_mask[idx, :c_end]
                         old = old_logprobs[idx, :c_end] if off_policy else None
                         ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
                         adv = advantages[idx, :c_end] if advantages.dim() == 2 else advantages[idx]
@@ -956,288 +967,75 @@ def main(args: Args) -> dict:
                         w = seq_weights[idx] if seq_weights is not None else None
                         out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp, w)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
-                            settle(pending)
-                            run.stop(
-                                grpo_loop_state(*before),
-                                f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards",
-                            )
-                        # the micro-batch losses already sum to the mini-batch's (aggregate_loss), and accelerate
-                        # (DeepSpeed: its engine) divides every backward by the accumulation steps: undo that
-                        accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)
+                            error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
+                            halt(run, background, grpo_loop_state(*before), error)
+                        # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
+                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens)
+                        backward_share(accelerator, out["loss"], accelerator.num_processes)
                     update_loss += out["surrogate"]
-                    stats["clipped"].append((out["clipped"] & mask.bool()).sum().float())
-                    stats["tokens"].append(mask.sum().float())
-                    stats["ratio"].append((out["ratio"] * mask).sum())
-                    if iteration == 0:
-                        stats["kl"].append((out["kl"] * cm).sum())
-                        stats["entropy"].append((out["entropy"] * cm).sum())
-                    if out["mismatch"] is not None:
-                        stats["is_weight"].append((out["is_weight"] * mask).sum())
-                        stats["is_capped"].append(out["is_capped"].sum().float())
-                        if iteration == 0:  # the old logprobs: the trainer's, at the weights that sampled
-                            stats["mismatch_abs"].append(out["mismatch"].abs().sum())
-                            stats["mismatch_max"].append(out["mismatch"].abs().max())
-                            stats["ratio_error"].append(((out["mismatch"].exp() - 1).abs() * mask).sum())
-                            stats["first_tokens"].append(mask.sum().float())
-                stats["loss"].append(update_loss)
+                    sums.add(**micro_batch_stats(out, mask, completion_mask[idx, :c_end], iteration == 0))
+                sums.add(loss=update_loss)
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
                 if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                    settle(pending)
-                    run.stop(
-                        grpo_loop_state(*before), f"non-finite gradient norm at step {step}: lower --learning-rate"
-                    )
-                stats["grad_norm"].append(torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
+                    error = f"non-finite gradient norm at step {step}: lower --learning-rate"
+                    halt(run, background, grpo_loop_state(*before), error)
+                sums.add(grad_norm=torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
                 optimizer.step()
                 optimizer.zero_grad()
                 scheduler.step()
         if vllm_sampler is not None:
             vllm_sampler.load_weights(unwrapped)
 
-        # ---- 6. logging: every sampled completion counts towards `episode`, kept by dynamic sampling or not ----
+        # ---- 5. log (every sampled completion counts towards `episode`, kept by dynamic sampling or not), evaluate,
+        # checkpoint ----
         n_sampled = accelerator.reduce(torch.tensor(float(len(everything["completions"])), device=device), "sum").item()
         episode += int(n_sampled)
         if step % args.log_every == 0 or step == args.total_steps:
-            mean = lambda x: accelerator.gather(x.float().mean().to(device)[None]).mean().item()  # noqa: E731
-            total = lambda x: accelerator.reduce(torch.stack(x).sum().float().to(device), "sum").item()  # noqa: E731
-            tokens = max(total(stats["tokens"]), 1.0)
-            logged = {
-                "objective/reward": mean(everything["reward"]),
-                "objective/reward_std": mean(everything["reward"].view(-1, G).std(dim=1)),
-                "objective/entropy": total(stats["entropy"]) / (B * accelerator.num_processes),
-                "objective/completion_length": mean(everything["lengths"]),
-                "objective/num_steps": mean(everything["num_steps"]),
-                "objective/truncated_rate": mean(everything["truncated"]),
-                "loss/policy": mean(torch.stack(stats["loss"])),
-                "policy/clipfrac": total(stats["clipped"]) / tokens,
-                "policy/ratio": total(stats["ratio"]) / tokens,
-                "train/grad_norm": mean(torch.stack(stats["grad_norm"])),
-                "lr": scheduler.get_last_lr()[0],
-                "perf/episodes_per_sec": n_sampled / (time.time() - t_step),
-                "perf/peak_mem_gb": peak_mem_gb(device),
-                **{
-                    f"objective/{k}": mean(everything[k])
-                    for k in ("success", "format", "overlong", "outcome_rm", "process_rm")
-                    if k in everything
-                },
-            }
-            if teacher is not None:  # reverse KL(student || teacher) per completion, from the student's samples
-                logged["objective/teacher_kl"] = mean(((old_logprobs - teacher_logprobs) * completion_mask).sum(1))
-            if stats["is_weight"]:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
-                first = max(total(stats["first_tokens"]), 1.0)
-                logged.update(
-                    {
-                        "mismatch/abs_logprob_diff": total(stats["mismatch_abs"]) / first,
-                        "mismatch/max_abs_logprob_diff": accelerator.reduce(
-                            torch.stack(stats["mismatch_max"]).max().to(device), "max"
-                        ).item(),
-                        "mismatch/ratio_error": total(stats["ratio_error"]) / first,
-                        "mismatch/is_weight": total(stats["is_weight"]) / tokens,
-                        "mismatch/capped_frac": total(stats["is_capped"]) / tokens,
-                    }
-                )
-            if (
-                ref_policy is not None
-            ):  # summed over each response's tokens, averaged over responses; beta 0 has no reference
-                logged["objective/kl"] = total(stats["kl"]) / (B * accelerator.num_processes)
-            if executor is not None:  # the batch came from the weights one step back (0 on the first step)
-                logged.update(
-                    {
-                        "async/policy_lag": (step - 1) - data["version"],
-                        "perf/generation_wait_sec": wait,
-                        "perf/generation_sec": data["gen_time"],
-                    }
-                )
-            if args.dynamic_sampling:
-                logged["objective/groups_dropped"] = mean(
-                    torch.tensor(len(dropped) / (len(everything["completions"]) // G))
-                )
-                logged["perf/sampling_rounds"] = mean(torch.tensor(float(rounds)))
+            teacher_kl = None if teacher is None else ((old_logprobs - teacher_logprobs) * completion_mask).sum(1)
+            speed = n_sampled / (time.time() - t_step)
+            lr = scheduler.get_last_lr()[0]
+            logged = step_metrics(sums, data, args, B, lr, speed, teacher_kl, kl=ref_policy is not None)
+            if background is not None:  # the batch came from the weights one step back (0 on the first step)
+                logged["async/policy_lag"] = (step - 1) - data["version"]
+                logged["perf/generation_wait_sec"], logged["perf/generation_sec"] = wait, data["gen_time"]
             run.log(logged, step, episode)
             progress.set_postfix(
                 reward=f"{logged['objective/reward']:.3f}", length=f"{logged['objective/completion_length']:.1f}"
             )
         if step % args.eval_every == 0 or step == args.total_steps:
-            metrics, records = evaluate(sampling.sample, tokenizer, eval_rows, args, accelerator, 1, 0.0, kl_models)
+            metrics, records = evaluate(1, 0.0)
             run.log(metrics, step, episode)
             accelerator.print(f"step {step}: eval/accuracy {metrics['eval/accuracy']:.4f}")
-            run.log_samples(
-                [
-                    {
-                        "question": r["question"],
-                        "completion": r["completion"],
-                        "gold": r["gold"],
-                        "correct": r["correct"][0],
-                    }
-                    for r in records[:4]
-                ],
-                step,
-            )
+            keys = ("question", "completion", "gold")
+            run.log_samples([{**{k: r[k] for k in keys}, "correct": r["correct"][0]} for r in records[:4]], step)
         if run.stop_requested():  # a collective: every process, every step
-            settle(pending)
-            run.stop(grpo_loop_state(step, episode, drawn, metrics))
+            halt(run, background, grpo_loop_state(step, episode, drawn, metrics))
         if args.save_every and step % args.save_every == 0 and step < args.total_steps:
-            settle(pending)
+            if background is not None:
+                background.settle()
             run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
     progress.close()
-    if executor is not None:
-        executor.shutdown()
+    if background is not None:
+        background.close()
 
     # ---- at the end: pass@k and maj@k from k samples per evaluation question ----
     if args.pass_k > 0:
-        pass_metrics, _ = evaluate(
-            sampling.sample, tokenizer, eval_rows, args, accelerator, args.pass_k, args.temperature
-        )
+        pass_metrics, _ = evaluate(args.pass_k, args.temperature, kl=None)
         run.log(pass_metrics, args.total_steps, episode)
         accelerator.print(
             f"pass@{args.pass_k} {pass_metrics['eval/pass@k']:.4f}, maj@{args.pass_k} {pass_metrics['eval/maj@k']:.4f}"
         )
         metrics = {**metrics, **pass_metrics}
-    run.finish(
-        model,
-        tokenizer,
-        {"step": args.total_steps, "episode": episode, "total_steps": args.total_steps, "total_episodes": episode},
-    )  # every sampled completion, dropped groups included
+    budget = {"step": args.total_steps, "episode": episode, "total_steps": args.total_steps, "total_episodes": episode}
+    run.finish(model, tokenizer, budget)  # every sampled completion, dropped groups included
     accelerator.end_training()
     return metrics
 
 
 # --------------------------------------------------------------------------------------------------
-# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
-# across scripts by tests/test_conventions.py)
+# The rest of the algorithm, called by main: the success reward (answer checkers copied from benchmark/tiny_world.py),
+# reward-model scores and process rewards, step 1's sampling and scoring, and the KL estimate of `eval/kl`
 # --------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Offline-first loading (copied from sft.py): a local path never touches the network; a hub name that
-# cannot be reached fails in milliseconds with a message that says what to do.
-# ----------------------------------------------------------------------------------------------------
-
-
-def load_tokenizer(args: Args):
-    local = os.path.isdir(args.model_name_or_path)
-    if not local:
-        require_hub(args.model_name_or_path, "model", "--model-name-or-path")
-    tok = AutoTokenizer.from_pretrained(
-        args.model_name_or_path,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-    )
-    return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
-
-
-def load_causal_lm(args: Args, tokenizer):
-    local = os.path.isdir(args.model_name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model_name_or_path,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-        dtype=getattr(torch, args.dtype),
-    )
-    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
-        model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    for module in model.modules():  # N+: dropout off, so training and evaluation see the same model
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model
-
-
-def load_reward_model(path: str, args: Args, flag: str, reward_type: str, tokenizer):
-    """A reward model saved by reward_model.py, frozen; it must be of `reward_type` and share the policy's tokenizer
-    (completions are scored as the policy's token ids, as in ppo_rlhf.py)."""
-    local = os.path.isdir(path)
-    if not local:
-        require_hub(path, "model", flag)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-        dtype=getattr(torch, args.dtype),
-        num_labels=1,
-    )
-    if getattr(model.config, "reward_type", "outcome") != reward_type:
-        article = "an" if reward_type == "outcome" else "a"
-        raise SystemExit(
-            f"error: {flag} {path} is not {article} {reward_type} reward model "
-            f"(config.reward_type is {getattr(model.config, 'reward_type', None)!r})"
-        )
-    if AutoTokenizer.from_pretrained(path, local_files_only=local).get_vocab() != tokenizer.get_vocab():
-        raise SystemExit(
-            f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same "
-            "tokenizer"
-        )
-    return model.eval().requires_grad_(False)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
-# verbatim between scripts), and the tokenizer checks
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Padding and reward-model scores (copied from sft.py / ppo_rlhf.py)
-# ----------------------------------------------------------------------------------------------------
-
-
-def render(template: str, row: dict, index: int, split: str, what: str) -> str:
-    try:
-        text = template.format(**row)
-    except KeyError as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
-            f"{template!r}; its fields are {sorted(row)}"
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
-    return text
-
-
-def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right padding for training: every sequence starts at column 0."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    return ids, mask
-
-
-def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
-    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
-    scores before pooling them at one position; a forward hook on the head captures them. Going through the
-    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
-    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
-    same scores for the real tokens."""
-    captured = {}
-    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
-    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
-    try:
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        handle.remove()
-    return captured["scores"].squeeze(-1).float()
-
-
-def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
-    the normalisation bias stored in the config."""
-    scores = token_scores(model, input_ids, attention_mask)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    last = (attention_mask * positions).argmax(dim=1)
-    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
-    return scores[torch.arange(len(scores), device=scores.device), last] + bias
-
-
-# ----------------------------------------------------------------------------------------------------
-# Answer checkers (copied verbatim from benchmark/tiny_world.py; tests check they match) and rewards
-# ----------------------------------------------------------------------------------------------------
 
 
 def extract_gsm8k_answer(text: str) -> str | None:
@@ -1296,6 +1094,45 @@ def success_reward(text: str, gold: str, answer_format: str) -> float:
     """1.0 if the completion's final answer equals the gold answer (numerically for GSM8K, math-verify for MATH)."""
     predicted = extract_answer(text, answer_format)
     return float(numbers_equal(predicted, gold) if answer_format == "gsm8k" else math_verify_equal(gold, predicted))
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right padding for training: every sequence starts at column 0."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
 
 
 def refine_step_rewards(step_rewards: list[float], mode: str, alpha: float, eta: float) -> list[float]:
@@ -1360,193 +1197,6 @@ def process_rewards(
     return out, n_steps
 
 
-# ----------------------------------------------------------------------------------------------------
-# The GRPO math: small pure functions, each checked against hand-computed values in tests/test_grpo_math.py
-# ----------------------------------------------------------------------------------------------------
-
-
-def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
-    (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids. The
-    LM head runs only on the columns that predict a completion token (`logits_to_keep`): over the prompts it would be
-    most of the logits' time and memory (a 151,936-word vocabulary for Qwen2.5)."""
-    device = next(model.parameters()).device
-    rows, cols = packed["rows"].to(device), packed["cols"].to(device)
-    keep = cols.unique()  # sorted
-    logits = model(
-        input_ids=packed["input_ids"].to(device),
-        position_ids=packed["position_ids"].to(device),
-        use_cache=False,
-        logits_to_keep=keep,
-    ).logits
-    logits = logits[rows, torch.searchsorted(keep, cols)].float() / temperature
-    logp = logits.log_softmax(dim=-1)
-    token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
-    return token_logp, entropy
-
-
-def majority_vote(answers: list[str | None]) -> str | None:
-    """The most common answer (None does not vote); ties go to the earliest sample."""
-    counts = Counter(a for a in answers if a is not None)
-    if not counts:
-        return None
-    best = max(counts.values())
-    return next(a for a in answers if a is not None and counts[a] == best)
-
-
-def vote_key(answer: str | None, answer_format: str) -> str | None:
-    """Answers that vote together: GSM8K numbers by value (6, 6.0, 06; the extractor returns plain decimals), MATH
-    LaTeX without spaces."""
-    if answer is None:
-        return None
-    return repr(float(answer)) if answer_format == "gsm8k" else answer.replace(" ", "")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Data, sampling, logging, evaluation
-# ----------------------------------------------------------------------------------------------------
-
-
-def is_conversation(value) -> bool:
-    """A list of {"role", "content"} messages: TRL's conversational format."""
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value)
-    )
-
-
-def prepare_questions(ds: Dataset, tokenizer, args: Args, split: str, positions: int | None = None) -> list[dict]:
-    """Prompt token ids and the gold final answer of every row. Malformed rows are errors naming row and field: a field
-    missing, null or not text, a prompt over `--max-prompt-length` or, with the completion budget, over the model's
-    `positions`, a reference without a final answer. A conversation (TRL's conversational format) in a field that is
-    the whole prompt template is rendered with the tokenizer's chat template (it must end with a user turn); one that
-    is the whole reference template gives the text of its messages."""
-    ref_fields = [f for _, f, _, _ in string.Formatter().parse(args.reference_template) if f]
-    prompt_fields = [f for _, f, _, _ in string.Formatter().parse(args.prompt_template) if f]
-    name, budget = args.model_name_or_path, args.max_completion_length
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if args.use_chat_template and not has_template:
-        raise SystemExit(f"error: --use-chat-template: the tokenizer of {name} has no chat template; drop the flag")
-    rows, dropped = [], 0
-    for i, row in enumerate(ds):
-        where = f"row {i} of split '{split}'"
-        chats = {}
-        for f in dict.fromkeys(prompt_fields + ref_fields):
-            value = row.get(f)
-            if f in row and value is None:  # null, or absent from this row of a JSON file (datasets fills in null)
-                raise SystemExit(f"error: {where} has no field '{f}' (missing or null); its fields are {sorted(row)}")
-            whole = f"{{{f}}}" in (args.prompt_template, args.reference_template)
-            if is_conversation(value) and not whole:
-                flag = "--prompt-template" if f in prompt_fields else "--reference-template"
-                raise SystemExit(
-                    f"error: {where}: field '{f}' is a conversation (a list of role/content messages) "
-                    f"inside a template with more text; pass {flag} '{{{f}}}' to use it as a whole"
-                )
-            if is_conversation(value):
-                chats[f] = value
-            elif isinstance(value, (list, dict)):
-                raise SystemExit(
-                    f"error: {where}: field '{f}' is a {type(value).__name__}, not text: "
-                    f"{json.dumps(value)[:60]}; give it as a string"
-                )
-        if prompt_fields and args.prompt_template == f"{{{prompt_fields[0]}}}" and prompt_fields[0] in chats:
-            messages = chats[prompt_fields[0]]
-            if messages[-1]["role"] == "assistant":
-                raise SystemExit(
-                    f"error: {where}: the conversation in field '{prompt_fields[0]}' ends with an "
-                    "assistant message; the prompt must end with the user's turn (the policy answers it)"
-                )
-            if not has_template:
-                raise SystemExit(
-                    f"error: {where}: field '{prompt_fields[0]}' is a conversation and the tokenizer of "
-                    f"{name} has no chat template to render it; give the question as text"
-                )
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = list(
-                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-            )
-        else:
-            prompt = render(args.prompt_template, row, i, split, "prompt")
-            if args.use_chat_template:
-                ids = list(
-                    tokenizer.apply_chat_template(
-                        [{"role": "user", "content": prompt}],
-                        add_generation_prompt=True,
-                        tokenize=True,
-                        return_dict=False,
-                    )
-                )
-            else:
-                ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        too_many = positions is not None and len(ids) + budget > positions
-        if len(ids) > args.max_prompt_length or too_many:
-            if args.drop_overlong:
-                dropped += 1
-                continue
-            if too_many:
-                raise SystemExit(
-                    f"error: {where} has a {len(ids)}-token prompt, which with --max-completion-length "
-                    f"{budget} needs {len(ids) + budget} positions; {name} has {positions} "
-                    "(max_position_embeddings). Shorten the prompt, lower --max-completion-length, or "
-                    "pass --drop-overlong to skip such rows."
-                )
-            raise SystemExit(
-                f"error: {where} has a {len(ids)}-token prompt; the limit is --max-prompt-length "
-                f"{args.max_prompt_length}. Raise it or pass --drop-overlong."
-            )
-        if ref_fields and args.reference_template == f"{{{ref_fields[0]}}}" and ref_fields[0] in chats:
-            reference = "\n".join(str(m["content"]) for m in chats[ref_fields[0]])
-        else:
-            reference = render(args.reference_template, row, i, split, "reference")
-        gold = extract_answer(reference, args.answer_format)
-        if gold is None:
-            marker = "`#### <number>`" if args.answer_format == "gsm8k" else "`\\boxed{...}`"
-            raise SystemExit(
-                f"error: {where}: field(s) {ref_fields} (--reference-template "
-                f"{args.reference_template!r}) hold no final answer {marker} "
-                f"(--answer-format {args.answer_format})"
-            )
-        rows.append({"prompt_ids": ids, "prompt": prompt, "gold": gold})
-    if dropped:
-        limit = args.max_prompt_length if positions is None else min(args.max_prompt_length, positions - budget)
-        print(f"dropped {dropped} of {len(ds)} questions of '{split}' longer than {limit} tokens")
-    if not rows:
-        raise SystemExit(f"error: no usable questions in split '{split}'")
-    return rows
-
-
-def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
-    """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and the
-    number of questions each process drew from its stream (dynamic sampling draws a varying number per step), gathered
-    so the main process saves them. Every process calls it."""
-    return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
-
-
-def concat_batches(batches: list[dict]) -> dict:
-    """One batch of the rows of several (tensors concatenated, lists joined)."""
-    return {
-        k: torch.cat([b[k] for b in batches]) if torch.is_tensor(batches[0][k]) else [x for b in batches for x in b[k]]
-        for k in batches[0]
-    }
-
-
-def select_groups(batch: dict, groups: list[int], G: int) -> dict:
-    """The rows of the given groups (G completions each) of a batch."""
-    idx = [g * G + j for g in groups for j in range(G)]
-    return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
-
-
-def settle(pending) -> None:
-    """(--async) let the generator thread finish before a checkpoint reads the RNG states. The checkpoint's `drawn`
-    excludes the questions it drew ahead: a resumed run samples that batch again, with the checkpoint's weights and
-    RNG, so an asynchronous run resumes in place but not to the same numbers."""
-    if pending is not None:
-        pending.result()
-
-
 class Sampling:
     """Step 1 of the loop: sampling the completions of this process's questions and scoring every part of their
     reward, with DAPO's dynamic sampling; with --async, `collect` runs in the generator thread."""
@@ -1567,7 +1217,7 @@ class Sampling:
         args, tok = self.args, self.tokenizer
         if self.vllm_sampler is not None:
             return self.vllm_sampler(prompts, args.max_completion_length, temperature)
-        return hf_sample(
+        return sample_with_kv_cache(
             sampler or self.policy,
             prompts,
             tok.pad_token_id,
@@ -1620,15 +1270,6 @@ class Sampling:
             "num_steps": torch.tensor([float(len([s for s in t.split("\n") if s.strip()])) for t in texts]),
         }
 
-    def questions_needed(self, missing: int) -> int:
-        """Questions to sample next on this process; under ZeRO-3 every process samples as many as the one that misses
-        most (the sampler and reward models then make the same forward calls everywhere)."""
-        if not self.synced:
-            return missing
-        count = torch.tensor([float(missing)], device=self.accelerator.device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        return int(count.item())
-
     def collect(self, sampler=None, version: int = 0, threads: int | None = None) -> dict:
         """G completions for each of Q questions of this process, with DAPO's dynamic sampling (groups with some right
         and some wrong completions; more questions until Q are kept). With --async it runs in the generator thread on
@@ -1639,7 +1280,8 @@ class Sampling:
             torch.set_num_threads(threads)  # a new thread starts with the default pool: give it its share
         t0 = time.time()
         sampled, kept, dropped, rounds, n = [], [], [], 0, 0
-        while (need := self.questions_needed(Q - len(kept))) > 0:
+        # under ZeRO-3 every process samples as many questions as the one that misses most (the same forward calls)
+        while (need := max_over_processes(Q - len(kept), self.accelerator.device, self.synced)) > 0:
             batch = self.sample_and_score([next(self.stream) for _ in range(need)], sampler)
             n += need
             sampled.append(batch)
@@ -1672,167 +1314,6 @@ class Sampling:
         return out
 
 
-def question_stream(rows: list[dict], seed: int):
-    """This process's questions (a disjoint shard per process), reshuffled every epoch, forever."""
-    rng = random.Random(seed)
-    while True:
-        order = list(range(len(rows)))
-        rng.shuffle(order)
-        yield from (rows[i] for i in order)
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True when `flag` is True on any process (one all-reduce; every process must call it)."""
-    value = torch.tensor([float(flag)], device=device)
-    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-    return value.item() > 0
-
-
-@torch.no_grad()
-def hf_sample(
-    model,
-    prompts: list[list[int]],
-    pad_id: int,
-    eos_id: int,
-    max_new_tokens: int,
-    temperature: float,
-    batch_size: int,
-    synced: bool = False,
-) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Completions (token lists, up to and including the first EOS) and the logprob of each sampled token, by plain
-    sampling from softmax(logits / T) (no top-k / top-p / repetition penalty, so the loss's logprobs are those of the
-    sampling distribution); T = 0 is greedy. A hand-written decoding loop over the model's KV cache rather than
-    `model.generate`, for two reasons: a finished completion leaves the batch (its rows are dropped from the cache), so
-    the batch shrinks instead of decoding padding until the longest completion ends; and the loop keeps each sampled
-    token's logprob, which is the old policy's logprob the loss needs (no extra forward pass). Twice as fast as
-    `generate` on the tiny model (benchmark/speed.py); greedy output is the same token for token (tests).
-
-    `synced` (ZeRO-3, where every forward pass is a collective of all processes): every process makes the same number
-    of forward calls. All run as many chunks as the process with the most prompts (a process out of prompts decodes one
-    dummy prompt), and a process whose rows have all finished keeps one finished row as a dummy, whose outputs are not
-    written, until no process has a live row."""
-    device = next(model.parameters()).device
-    completions, logprobs = [], []
-    num_chunks = -(-len(prompts) // batch_size)
-    if synced:  # the same number of chunks everywhere: an all-reduce of the count
-        count = torch.tensor([float(num_chunks)], device=device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        num_chunks = int(count.item())
-    for start in range(0, num_chunks * batch_size, batch_size):
-        chunk = prompts[start : start + batch_size]
-        dummy = not chunk  # (synced) this process is out of prompts: one dummy row keeps it stepping with the others
-        ids, mask = left_pad(chunk or [[eos_id]], pad_id)
-        ids, mask = ids.to(device), mask.to(device)
-        B = len(ids)
-        positions = (mask.cumsum(1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        ).logits[:, -1]
-        position, alive = positions[:, -1], torch.arange(B, device=device)  # alive: batch rows still being decoded
-        tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
-        token_logp = torch.zeros(B, max_new_tokens, device=device)
-        lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
-        for t in range(max_new_tokens):
-            logp = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
-            token = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logp.argmax(-1)
-            if not dummy:
-                tokens[alive, t], token_logp[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
-                done = token == eos_id
-                if done.any():
-                    lengths[alive[done]] = t + 1
-                    keep = (~done).nonzero().squeeze(1)
-                    if len(keep) == 0:
-                        if not synced:
-                            break
-                        keep, dummy = keep.new_zeros(1), True  # a finished row stays as the dummy, never written
-                    alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
-                    cache.batch_select_indices(keep)
-            if synced and not any_rank(not dummy, device):
-                break
-            if t + 1 == max_new_tokens:
-                break
-            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
-            logits = model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-        if chunk:
-            for row, lp, n in zip(tokens.tolist(), token_logp.cpu(), lengths.tolist()):
-                completions.append(row[:n])
-                logprobs.append(lp[:n])
-    return completions, logprobs
-
-
-class VLLMSampler:
-    """Optional sampling with vLLM (imported only here): one engine per process, colocated on its GPU, its weights
-    replaced by the policy's after every optimisation step (TRL's "colocate" mode)."""
-
-    def __init__(self, args: Args, accelerator: Accelerator, eos_id: int):
-        try:
-            import vllm
-        except ImportError:
-            raise SystemExit(
-                "error: --use-vllm needs the `vllm` package (pip install 'clean-rlhf[vllm]'); drop the flag "
-                "to sample with model.generate"
-            ) from None
-        if accelerator.device.type != "cuda":
-            raise SystemExit("error: --use-vllm needs a CUDA GPU; drop the flag to sample with model.generate")
-        os.environ.setdefault(
-            "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
-        )  # engine in this process: weights can be loaded into it
-        self.vllm, self.eos_id = vllm, eos_id
-        self.llm = vllm.LLM(
-            model=args.model_name_or_path,
-            revision=args.revision,
-            dtype=args.dtype,
-            seed=args.seed + accelerator.process_index,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            max_model_len=args.max_prompt_length + args.max_completion_length,
-            distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
-            enable_prefix_caching=True,
-            trust_remote_code=args.trust_remote_code,
-            logprobs_mode="processed_logprobs",
-        )  # logprobs after the temperature, as the trainer's
-
-    def load_weights(self, model) -> None:
-        executor = self.llm.llm_engine.model_executor
-        worker = getattr(executor.driver_worker, "worker", executor.driver_worker)
-        state_dict = model.state_dict()
-        if hasattr(model, "peft_config"):  # LoRA: vLLM takes the plain model's weights, the adapters merged in
-            state_dict = merge_lora(state_dict, model.peft_config["default"])
-        worker.model_runner.model.load_weights(state_dict.items())
-        self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
-
-    def __call__(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float
-    ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Completions and the sampler's logprob of each token (NaN for an EOS appended here)."""
-        params = self.vllm.SamplingParams(
-            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1, logprobs=0
-        )  # 0: the sampled token's logprob only
-        result, logprobs = [], []
-        for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
-            tokens = list(o.outputs[0].token_ids)
-            lps = [step[t].logprob for t, step in zip(tokens, o.outputs[0].logprobs or [{}] * len(tokens)) if t in step]
-            lps = lps if len(lps) == len(tokens) else [float("nan")] * len(tokens)
-            if o.outputs[0].finish_reason == "stop" and (not tokens or tokens[-1] != self.eos_id):
-                tokens.append(self.eos_id)  # stopped on EOS without returning it: the policy must learn to stop too
-                lps.append(float("nan"))
-            result.append(tokens)
-            logprobs.append(torch.tensor(lps))
-        return result, logprobs
-
-
-@torch.no_grad()
 @torch.no_grad()
 def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
     """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
@@ -1872,88 +1353,137 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
     return kl.tolist()
 
 
-def evaluate(
-    sample,
-    tokenizer,
-    rows: list[dict],
-    args: Args,
-    accelerator: Accelerator,
-    k: int,
-    temperature: float,
-    kl_models: tuple | None = None,
-) -> tuple[dict, list[dict]]:
-    """k completions per evaluation question (k = 1 and T = 0: greedy pass@1, `eval/accuracy`); with k > 1 pass@k
-    (any of the k right), maj@k (the majority answer right) and mean@k. Each process takes a shard; under ZeRO-3 the
-    shards are padded to equal size (every forward pass is a collective) and the padded duplicates dropped after."""
-    records = []
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
-        completions = sample([r["prompt_ids"] for r in shard for _ in range(k)], temperature)[0] if shard else []
-        for j, row in enumerate(shard):
-            outs = completions[j * k : (j + 1) * k]
-            texts = [tokenizer.decode(o, skip_special_tokens=True) for o in outs]
-            correct = [success_reward(t, row["gold"], args.answer_format) for t in texts]
-            keys = [vote_key(extract_answer(t, args.answer_format), args.answer_format) for t in texts]
-            vote = majority_vote(keys)
-            records.append(
-                {
-                    "question": row["prompt"],
-                    "gold": row["gold"],
-                    "completion": texts[0],
-                    "correct": correct,
-                    "maj_correct": vote is not None and correct[keys.index(vote)] == 1.0,
-                    "length": sum(len(o) for o in outs) / k,
-                    "eos": sum(tokenizer.eos_token_id in o for o in outs) / k,
-                }
-            )
-        if kl_models is not None:  # (--eval-kl) policy and reference: KL(pi || pi_ref) of one sample per question
-            size = args.questions_per_device * args.num_generations
-            for start in range(0, len(shard), size):
-                queries, qmask = left_pad(
-                    [r["prompt_ids"] for r in shard[start : start + size]], tokenizer.pad_token_id
-                )
-                kls = sampled_kl(
-                    *kl_models,
-                    queries.to(accelerator.device),
-                    qmask.to(accelerator.device),
-                    args.max_completion_length,
-                    tokenizer.pad_token_id,
-                    tokenizer.eos_token_id,
-                    zero3(accelerator),
-                )
-                for rec, kl in zip(records[start : start + size], kls):
-                    rec["kl"] = kl
-    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    n = len(records)
-    if k == 1:
-        metrics = {
-            "eval/accuracy": sum(r["correct"][0] for r in records) / n,
-            "eval/completion_length": sum(r["length"] for r in records) / n,
-            "eval/eos_rate": sum(r["eos"] for r in records) / n,
-        }
-        if kl_models is not None:
-            metrics["eval/kl"] = sum(r["kl"] for r in records) / n
-        return metrics, records
-    return {
-        "eval/pass@k": sum(max(r["correct"]) for r in records) / n,
-        "eval/maj@k": sum(r["maj_correct"] for r in records) / n,
-        "eval/mean@k": sum(sum(r["correct"]) / k for r in records) / n,
-        "eval/k": k,
-    }, records
+# --------------------------------------------------------------------------------------------------
+# Plumbing: loading, the variant's defaults and checks, the loop's state and logging, the packing check
+# --------------------------------------------------------------------------------------------------
 
 
-# ----------------------------------------------------------------------------------------------------
-# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
-# argument checks (copied verbatim between scripts; tests/test_faults.py)
-# ----------------------------------------------------------------------------------------------------
+def load_tokenizer(args: Args):
+    local = os.path.isdir(args.model_name_or_path)
+    if not local:
+        require_hub(args.model_name_or_path, "model", "--model-name-or-path")
+    tok = AutoTokenizer.from_pretrained(
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+    )
+    return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
 
 
-# ----------------------------------------------------------------------------------------------------
-# The script's own argument checks and loop state
-# ----------------------------------------------------------------------------------------------------
+def load_causal_lm(args: Args, tokenizer):
+    local = os.path.isdir(args.model_name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(
+        args.model_name_or_path,
+        revision=args.revision,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
+    )
+    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
+        model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
 
 
-def resolve_variant(args: Args) -> None:
-    """Fill the defaults that depend on --loss-type (each can still be set by hand) and check the arithmetic."""
+def load_teacher(args: Args, tokenizer):
+    """(distill) The frozen teacher of --teacher-model-path: a causal LM on the policy's tokenizer."""
+    if not os.path.isdir(args.teacher_model_path):
+        require_hub(args.teacher_model_path, "model", "--teacher-model-path")
+    teacher_args = dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None)
+    teacher = load_causal_lm(teacher_args, tokenizer).eval().requires_grad_(False)
+    if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
+        raise SystemExit(
+            f"error: --teacher-model-path {args.teacher_model_path} has "
+            f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
+            f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer"
+        )
+    return teacher
+
+
+def check_setup(accelerator: Accelerator, micro_steps: int, args: Args, positions: int | None) -> None:
+    """The engine's accumulation is GRPO's, and vLLM's context holds a prompt and a completion."""
+    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
+        raise SystemExit(
+            f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
+            f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
+            f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config"
+        )
+    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
+        raise SystemExit(
+            f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
+            f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
+            "which vLLM refuses as its max_model_len; lower --max-prompt-length"
+        )
+
+
+def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
+    """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and the
+    number of questions each process drew from its stream (dynamic sampling draws a varying number per step), gathered
+    so the main process saves them. Every process calls it."""
+    return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
+
+
+def halt(run: Run, background: BackgroundSampler | None, state: dict, error: str | None = None) -> None:
+    """`run.stop` (a checkpoint, then exit), once the generator thread (--async) has finished its batch."""
+    if background is not None:
+        background.settle()
+    run.stop(state, error)
+
+
+def step_metrics(
+    sums: StepSums, data: dict, args: Args, B: int, lr: float, speed: float, teacher_kl=None, kl: bool = False
+) -> dict:
+    """Step 5's training metrics, over every process: the rewards of every sampled completion (kept by dynamic
+    sampling or not), the loss and its pieces from the micro-batches' `sums` (B completions per process were trained
+    on), the sampler-trainer mismatch, `teacher_kl` per completion (distillation) and the KL to the reference (`kl`)."""
+    everything, G, processes = data["everything"], args.num_generations, sums.accelerator.num_processes
+    tokens = max(sums.total("tokens"), 1.0)
+    logged = {
+        "objective/reward": sums.mean(everything["reward"]),
+        "objective/reward_std": sums.mean(everything["reward"].view(-1, G).std(dim=1)),
+        "objective/entropy": sums.total("entropy") / (B * processes),
+        "objective/completion_length": sums.mean(everything["lengths"]),
+        "objective/num_steps": sums.mean(everything["num_steps"]),
+        "objective/truncated_rate": sums.mean(everything["truncated"]),
+        "loss/policy": sums.mean("loss"),
+        "policy/clipfrac": sums.total("clipped") / tokens,
+        "policy/ratio": sums.total("ratio") / tokens,
+        "train/grad_norm": sums.mean("grad_norm"),
+        "lr": lr,
+        "perf/episodes_per_sec": speed,
+        "perf/peak_mem_gb": peak_mem_gb(sums.accelerator.device),
+        **{
+            f"objective/{k}": sums.mean(everything[k])
+            for k in ("success", "format", "overlong", "outcome_rm", "process_rm")
+            if k in everything
+        },
+    }
+    if teacher_kl is not None:  # reverse KL(student || teacher) per completion, from the student's samples
+        logged["objective/teacher_kl"] = sums.mean(teacher_kl)
+    if "is_weight" in sums:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
+        first = max(sums.total("first_tokens"), 1.0)
+        logged["mismatch/abs_logprob_diff"] = sums.total("mismatch_abs") / first
+        logged["mismatch/max_abs_logprob_diff"] = sums.max("mismatch_max")
+        logged["mismatch/ratio_error"] = sums.total("ratio_error") / first
+        logged["mismatch/is_weight"] = sums.total("is_weight") / tokens
+        logged["mismatch/capped_frac"] = sums.total("is_capped") / tokens
+    if kl:  # summed over each response's tokens, averaged over responses; beta 0 has no reference
+        logged["objective/kl"] = sums.total("kl") / (B * processes)
+    if args.dynamic_sampling:
+        logged["objective/groups_dropped"] = sums.mean(
+            torch.tensor(data["dropped"] / (len(everything["completions"]) // G))
+        )
+        logged["perf/sampling_rounds"] = sums.mean(torch.tensor(float(data["rounds"])))
+    return logged
+
+
+def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
+    """Fill the defaults that depend on --loss-type and on the sampler (each can still be set by hand) and check the
+    arithmetic and the engine (`accelerator`: its mixed precision and ZeRO-3; None: full precision, no ZeRO-3).
+    Returns whether the old logprobs are the sampler's own (--sampler-logprobs; default: when sampling with the policy
+    itself in float32 without mixed precision), which `--sampler-correction auto` then needs no correction for."""
     dapo, cispo = args.loss_type == "dapo", args.loss_type == "cispo"
     gspo = args.importance_sampling_level == "sequence"
     if cispo and gspo:
@@ -2009,64 +1539,33 @@ def resolve_variant(args: Args) -> None:
     ):
         if value < least:
             raise SystemExit(f"error: {flag} is {value}; it must be at least {least}")
-
-
-# --------------------------------------------------------------------------------------------------
-# Speed work (skippable on a first reading): the same results, faster
-# --------------------------------------------------------------------------------------------------
-
-
-def pack_rows(batch: dict, idx: torch.Tensor, pad_id: int, capacity: int) -> tuple[dict, int]:
-    """The packed micro-batch of rows idx of a sampled batch, and the width of their longest completion."""
-    rows = idx.tolist()
-    packed = pack([batch["prompts"][i] for i in rows], [batch["completions"][i] for i in rows], pad_id, capacity)
-    return packed, packed["mask"].shape[1]
-
-
-def pack(prompts: list[list[int]], completions: list[list[int]], pad_id: int, capacity: int) -> dict:
-    """A padding-free batch for the forward passes. Each prompt + completion is laid end to end with others in rows of
-    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
-    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
-    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: completions of a
-    GSM8K batch range from a few tokens to the limit, so a padded batch is about a third padding, and the matmuls, most
-    of a step's time, scale with the tokens. `rows`, `cols` (N, C) index the positions whose logits predict each
-    completion token (C: the longest completion), `targets` are those tokens and `mask` marks the real ones."""
-    seqs = [p + c for p, c in zip(prompts, completions)]
-    capacity = max(capacity, max(len(s) for s in seqs))
-    members, free = [], []
-    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
-        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= len(seqs[i])
-    width, C = capacity - min(free), max(len(c) for c in completions)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
-    targets, mask = torch.full((len(seqs), C), pad_id, dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            n, P, c = len(seqs[i]), len(prompts[i]), len(completions[i])
-            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
-            position_ids[r, offset : offset + n] = torch.arange(n)
-            rows[i, :c], cols[i, :c] = (
-                r,
-                torch.arange(offset + P - 1, offset + P - 1 + c),
-            )  # position t predicts token t + 1
-            targets[i, :c], mask[i, :c] = torch.tensor(completions[i]), 1
-            offset += n
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
-    return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "rows": rows,
-        "cols": cols,
-        "targets": targets,
-        "mask": mask,
-    }
+    synced = accelerator is not None and zero3(accelerator)
+    if args.async_generation and (synced or args.use_vllm):
+        raise SystemExit(
+            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
+            "(sharded weights) nor with --use-vllm"
+        )
+    if args.use_vllm and synced:
+        raise SystemExit(
+            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
+            "processes; use DDP or ZeRO-2 with vLLM"
+        )
+    mixed_precision = accelerator.mixed_precision if accelerator is not None else "no"
+    use_sampler_logprobs = (
+        args.sampler_logprobs
+        if args.sampler_logprobs is not None
+        else (not args.use_vllm and args.dtype == "float32" and mixed_precision == "no")
+    )
+    if use_sampler_logprobs and args.use_vllm:
+        raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
+    if args.sampler_correction == "auto":  # the old logprobs are the sampler's own: nothing to correct
+        args.sampler_correction = "none" if use_sampler_logprobs else "token_truncate"
+    if args.sampler_correction != "none" and use_sampler_logprobs:
+        raise SystemExit(
+            f"error: --sampler-correction {args.sampler_correction} weights the trainer's old logprobs against the "
+            "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs"
+        )
+    return use_sampler_logprobs
 
 
 def check_packing(model) -> None:

@@ -3,6 +3,7 @@ prompt/response rows. Nothing here changes a number: the scripts choose what is 
 
 from __future__ import annotations
 
+import json
 import re
 import string
 
@@ -208,3 +209,141 @@ def tokenize_split(ds: Dataset, tokenizer, args, split: str, check=None, positio
     if not examples:
         raise SystemExit(f"error: no usable rows in split '{split}'")
     return examples
+
+
+def concat_batches(batches: list[dict]) -> dict:
+    """One batch of the rows of several (tensors concatenated, lists joined)."""
+    return {
+        k: torch.cat([b[k] for b in batches]) if torch.is_tensor(batches[0][k]) else [x for b in batches for x in b[k]]
+        for k in batches[0]
+    }
+
+
+def select_groups(batch: dict, groups: list[int], G: int) -> dict:
+    """The rows of the given groups (G completions each) of a batch."""
+    idx = [g * G + j for g in groups for j in range(G)]
+    return {k: (v[idx] if torch.is_tensor(v) else [v[i] for i in idx]) for k, v in batch.items()}
+
+
+def is_message_list(value) -> bool:
+    """A list of {"role", "content"} messages: TRL's conversational format."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value)
+    )
+
+
+def fill_template(template: str, row: dict, index: int, split: str, what: str) -> str:
+    """`template` filled in with the row's fields; a missing field or an empty result is a one-line error."""
+    try:
+        text = template.format(**row)
+    except KeyError as e:
+        raise SystemExit(
+            f"error: row {index} of split '{split}' has no field {e} used by the {what} template "
+            f"{template!r}; its fields are {sorted(row)}"
+        ) from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what}")
+    return text
+
+
+def prepare_math_questions(ds, tokenizer, args, split: str, extract_answer, positions: int | None = None) -> list[dict]:
+    """Prompt token ids and the gold final answer of every row. Malformed rows are errors naming row and field: a field
+    missing, null or not text, a prompt over `--max-prompt-length` or, with the completion budget, over the model's
+    `positions`, a reference without a final answer. A conversation (TRL's conversational format) in a field that is
+    the whole prompt template is rendered with the tokenizer's chat template (it must end with a user turn); one that
+    is the whole reference template gives the text of its messages. The gold answer is the script's
+    `extract_answer(reference, args.answer_format)`."""
+    ref_fields = [f for _, f, _, _ in string.Formatter().parse(args.reference_template) if f]
+    prompt_fields = [f for _, f, _, _ in string.Formatter().parse(args.prompt_template) if f]
+    name, budget = args.model_name_or_path, args.max_completion_length
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if args.use_chat_template and not has_template:
+        raise SystemExit(f"error: --use-chat-template: the tokenizer of {name} has no chat template; drop the flag")
+    rows, dropped = [], 0
+    for i, row in enumerate(ds):
+        where = f"row {i} of split '{split}'"
+        chats = {}
+        for f in dict.fromkeys(prompt_fields + ref_fields):
+            value = row.get(f)
+            if f in row and value is None:  # null, or absent from this row of a JSON file (datasets fills in null)
+                raise SystemExit(f"error: {where} has no field '{f}' (missing or null); its fields are {sorted(row)}")
+            whole = f"{{{f}}}" in (args.prompt_template, args.reference_template)
+            if is_message_list(value) and not whole:
+                flag = "--prompt-template" if f in prompt_fields else "--reference-template"
+                raise SystemExit(
+                    f"error: {where}: field '{f}' is a conversation (a list of role/content messages) "
+                    f"inside a template with more text; pass {flag} '{{{f}}}' to use it as a whole"
+                )
+            if is_message_list(value):
+                chats[f] = value
+            elif isinstance(value, (list, dict)):
+                raise SystemExit(
+                    f"error: {where}: field '{f}' is a {type(value).__name__}, not text: "
+                    f"{json.dumps(value)[:60]}; give it as a string"
+                )
+        if prompt_fields and args.prompt_template == f"{{{prompt_fields[0]}}}" and prompt_fields[0] in chats:
+            messages = chats[prompt_fields[0]]
+            if messages[-1]["role"] == "assistant":
+                raise SystemExit(
+                    f"error: {where}: the conversation in field '{prompt_fields[0]}' ends with an "
+                    "assistant message; the prompt must end with the user's turn (the policy answers it)"
+                )
+            if not has_template:
+                raise SystemExit(
+                    f"error: {where}: field '{prompt_fields[0]}' is a conversation and the tokenizer of "
+                    f"{name} has no chat template to render it; give the question as text"
+                )
+            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = list(
+                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
+        else:
+            prompt = fill_template(args.prompt_template, row, i, split, "prompt")
+            if args.use_chat_template:
+                ids = list(
+                    tokenizer.apply_chat_template(
+                        [{"role": "user", "content": prompt}],
+                        add_generation_prompt=True,
+                        tokenize=True,
+                        return_dict=False,
+                    )
+                )
+            else:
+                ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        too_many = positions is not None and len(ids) + budget > positions
+        if len(ids) > args.max_prompt_length or too_many:
+            if args.drop_overlong:
+                dropped += 1
+                continue
+            if too_many:
+                raise SystemExit(
+                    f"error: {where} has a {len(ids)}-token prompt, which with --max-completion-length "
+                    f"{budget} needs {len(ids) + budget} positions; {name} has {positions} "
+                    "(max_position_embeddings). Shorten the prompt, lower --max-completion-length, or "
+                    "pass --drop-overlong to skip such rows."
+                )
+            raise SystemExit(
+                f"error: {where} has a {len(ids)}-token prompt; the limit is --max-prompt-length "
+                f"{args.max_prompt_length}. Raise it or pass --drop-overlong."
+            )
+        if ref_fields and args.reference_template == f"{{{ref_fields[0]}}}" and ref_fields[0] in chats:
+            reference = "\n".join(str(m["content"]) for m in chats[ref_fields[0]])
+        else:
+            reference = fill_template(args.reference_template, row, i, split, "reference")
+        gold = extract_answer(reference, args.answer_format)
+        if gold is None:
+            marker = "`#### <number>`" if args.answer_format == "gsm8k" else "`\\boxed{...}`"
+            raise SystemExit(
+                f"error: {where}: field(s) {ref_fields} (--reference-template "
+                f"{args.reference_template!r}) hold no final answer {marker} "
+                f"(--answer-format {args.answer_format})"
+            )
+        rows.append({"prompt_ids": ids, "prompt": prompt, "gold": gold})
+    if dropped:
+        limit = args.max_prompt_length if positions is None else min(args.max_prompt_length, positions - budget)
+        print(f"dropped {dropped} of {len(ds)} questions of '{split}' longer than {limit} tokens")
+    if not rows:
+        raise SystemExit(f"error: no usable questions in split '{split}'")
+    return rows

@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -221,3 +221,30 @@ def load_train_and_eval_rows(args) -> tuple[Dataset, Dataset]:
         train_rows = train_rows.select(range(min(args.max_train_samples, len(train_rows))))
     eval_rows = load_split(args.dataset_name_or_path, args.eval_split)
     return train_rows, eval_rows.select(range(min(args.num_eval_examples, len(eval_rows))))
+
+
+def load_scorer(path: str, args, flag: str, reward_type: str, tokenizer):
+    """A reward model saved by reward_model.py, frozen; it must be of `reward_type` and share the policy's tokenizer
+    (completions are scored as the policy's token ids, as in ppo_rlhf.py)."""
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path,
+        trust_remote_code=args.trust_remote_code,
+        local_files_only=local,
+        dtype=getattr(torch, args.dtype),
+        num_labels=1,
+    )
+    if getattr(model.config, "reward_type", "outcome") != reward_type:
+        article = "an" if reward_type == "outcome" else "a"
+        raise SystemExit(
+            f"error: {flag} {path} is not {article} {reward_type} reward model "
+            f"(config.reward_type is {getattr(model.config, 'reward_type', None)!r})"
+        )
+    if AutoTokenizer.from_pretrained(path, local_files_only=local).get_vocab() != tokenizer.get_vocab():
+        raise SystemExit(
+            f"error: the tokenizer of {path} differs from the policy's; {flag} needs a model trained on the same "
+            "tokenizer"
+        )
+    return model.eval().requires_grad_(False)

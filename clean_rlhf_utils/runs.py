@@ -325,3 +325,31 @@ def training_metrics(
     if grad_norm is not None:
         logged["train/grad_norm"] = float(grad_norm)
     return logged
+
+
+class StepSums:
+    """The logged sums of one training step, one entry per micro-batch (or mini-batch) and name, reduced over the
+    processes only when the step is logged: `total` sums every entry of every process, `mean` averages the processes'
+    means, `max` takes the largest. Every process calls them in the same order (collectives)."""
+
+    def __init__(self, accelerator: Accelerator):
+        self.accelerator, self.entries = accelerator, {}
+
+    def add(self, **values: torch.Tensor) -> None:
+        for name, value in values.items():
+            self.entries.setdefault(name, []).append(value)
+
+    def __contains__(self, name: str) -> bool:
+        return bool(self.entries.get(name))
+
+    def total(self, name: str) -> float:
+        x = self.entries[name]
+        return self.accelerator.reduce(torch.stack(x).sum().float().to(self.accelerator.device), "sum").item()
+
+    def mean(self, x: torch.Tensor | str) -> float:
+        """The mean of a tensor (or of a name's entries) over this process, averaged over the processes."""
+        x = torch.stack(self.entries[x]) if isinstance(x, str) else x
+        return self.accelerator.gather(x.float().mean().to(self.accelerator.device)[None]).mean().item()
+
+    def max(self, name: str) -> float:
+        return self.accelerator.reduce(torch.stack(self.entries[name]).max().to(self.accelerator.device), "max").item()

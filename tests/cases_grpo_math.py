@@ -13,6 +13,7 @@ from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpo_math as grpo
+from clean_rlhf_utils import engines, packing
 
 PAD, CAPACITY, MAX_COMPLETION_LENGTH, TEMPERATURE, G = 0, 20, 16, 0.7, 3
 # (prompt length, completion length, advantage): the first half's completions hold 12 tokens, the second half's 22
@@ -111,7 +112,9 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
         return grpo.dapo_num_tokens(count, accelerator) if by_tokens else count
 
     def step(accelerator, model, items, total):
-        packed = grpo.pack([it["prompt"] for it in items], [it["completion"] for it in items], PAD, CAPACITY)
+        packed = packing.pack_completions(
+            [it["prompt"] for it in items], [it["completion"] for it in items], PAD, CAPACITY
+        )
         width = packed["mask"].shape[1]
         old = padded(items, "old", width) if off_policy else None
         ref = padded(items, "ref", width) if args.beta > 0 else None
@@ -121,7 +124,7 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
         out = grpo.micro_batch_loss(
             model, packed, advantages, packed["mask"], old, ref, args, sequences, tokens, seq_weights=weights
         )
-        accelerator.backward(out["loss"] * accelerator.gradient_accumulation_steps)  # as in main
+        engines.backward_share(accelerator, out["loss"], accelerator.num_processes)  # as in main
 
     return Case(name, make_model, items, reference, count, step, global_count, micro_splits=(1, 3, 2))
 

@@ -17,6 +17,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import grpo_math as grpo
+from clean_rlhf_utils import data, evaluation, loading, packing
 from tests.launch import free_port, launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,10 +163,10 @@ def test_format_reward():
 
 
 def test_majority_vote_groups_equal_numbers():
-    keys = [grpo.vote_key(a, "gsm8k") for a in ["6", "6.0", "7", None, "7", "06"]]
-    assert grpo.majority_vote(keys) == repr(6.0)
-    assert grpo.majority_vote([None, None]) is None
-    assert grpo.majority_vote(["b", "a", "a", "b"]) == "b"  # ties go to the earliest sample
+    keys = [evaluation.vote_key(a, "gsm8k") for a in ["6", "6.0", "7", None, "7", "06"]]
+    assert evaluation.majority_vote(keys) == repr(6.0)
+    assert evaluation.majority_vote([None, None]) is None
+    assert evaluation.majority_vote(["b", "a", "a", "b"]) == "b"  # ties go to the earliest sample
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -580,7 +581,7 @@ def test_packed_logprobs_equal_each_sequence_alone(tiny):
         enc("Question: 2 + 2?\nAnswer:\n"),
     ]
     completions = [enc("3 + 1 = 4 apples.\n#### 4") + [eos], [5, 6, eos], [7]]
-    packed = grpo.pack(prompts, completions, pad, capacity=80)
+    packed = packing.pack_completions(prompts, completions, pad, capacity=80)
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     assert sum(lengths) <= 80 and packed["input_ids"].shape == (1, sum(lengths))  # all three share one row, no padding
     # position ids restart at every sequence: 0..n-1 for each, in the packed order (longest first)
@@ -594,7 +595,7 @@ def test_packed_logprobs_equal_each_sequence_alone(tiny):
             )
             assert packed["mask"][i].sum() == len(c) and packed["targets"][i, : len(c)].tolist() == c
     # a capacity below the longest sequence is raised to it; one sequence per row then, still exact
-    narrow = grpo.pack(prompts, completions, pad, capacity=1)
+    narrow = packing.pack_completions(prompts, completions, pad, capacity=1)
     assert len(narrow["input_ids"]) == 3 and narrow["input_ids"].shape[1] == max(lengths)
     with torch.no_grad():
         torch.testing.assert_close(
@@ -610,8 +611,8 @@ def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs
     enc = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompts = [enc("Question: Tom has 3 apples.\nAnswer:\n"), enc("Question: x\nAnswer:\n")] * 3
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    greedy, _ = grpo.hf_sample(model, prompts, pad, eos, 12, 0.0, batch_size=4)
-    ids, mask = grpo.left_pad(prompts, pad)
+    greedy, _ = grpo.sample_with_kv_cache(model, prompts, pad, eos, 12, 0.0, batch_size=4)
+    ids, mask = data.left_pad(prompts, pad)
     with torch.no_grad():
         ref = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=pad, eos_token_id=eos
@@ -619,7 +620,7 @@ def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs
     for row, out in zip(ref[:, ids.shape[1] :].tolist(), greedy):
         assert out == (row[: row.index(eos) + 1] if eos in row else row)
     torch.manual_seed(0)
-    sampled, logprobs = grpo.hf_sample(model, prompts, pad, eos, 12, 1.3, batch_size=4)
+    sampled, logprobs = grpo.sample_with_kv_cache(model, prompts, pad, eos, 12, 1.3, batch_size=4)
     assert all(
         1 <= len(c) <= 12 and (eos not in c or c.index(eos) == len(c) - 1) for c in sampled
     )  # stops at its first EOS
@@ -682,15 +683,15 @@ def test_reward_model_with_another_tokenizer_or_type_is_an_error(assets, tmp_pat
     AutoTokenizer.from_pretrained(path).save_pretrained(tmp_path / "prm")
     args = grpo.Args()
     assert (
-        grpo.load_reward_model(str(tmp_path / "prm"), args, "--prm-path", "process", tokenizer).config.reward_type
+        loading.load_scorer(str(tmp_path / "prm"), args, "--prm-path", "process", tokenizer).config.reward_type
         == "process"
     )
     with pytest.raises(SystemExit, match="not an outcome reward model"):
-        grpo.load_reward_model(str(tmp_path / "prm"), args, "--reward-model-path", "outcome", tokenizer)
+        loading.load_scorer(str(tmp_path / "prm"), args, "--reward-model-path", "outcome", tokenizer)
     other = AutoTokenizer.from_pretrained(path)
     other.add_special_tokens({"additional_special_tokens": ["[NEW]"]})
     with pytest.raises(SystemExit, match="tokenizer of .* differs"):
-        grpo.load_reward_model(str(tmp_path / "prm"), args, "--prm-path", "process", other)
+        loading.load_scorer(str(tmp_path / "prm"), args, "--prm-path", "process", other)
 
 
 def test_malformed_rows_are_errors_naming_row_and_field(tiny):
@@ -700,29 +701,44 @@ def test_malformed_rows_are_errors_naming_row_and_field(tiny):
     )
     ok = {"question": "Tom has 3 apples.", "answer": "#### 3"}
     with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'answer'"):
-        grpo.prepare_questions(
-            Dataset.from_list([ok, {"question": "q", "solution": "#### 3"}]), tokenizer, args, "train"
+        data.prepare_math_questions(
+            Dataset.from_list([ok, {"question": "q", "solution": "#### 3"}]),
+            tokenizer,
+            args,
+            "train",
+            grpo.extract_answer,
         )
     with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'question'"):
-        grpo.prepare_questions(Dataset.from_list([ok, {"problem": "q", "answer": "#### 3"}]), tokenizer, args, "train")
+        data.prepare_math_questions(
+            Dataset.from_list([ok, {"problem": "q", "answer": "#### 3"}]), tokenizer, args, "train", grpo.extract_answer
+        )
     with pytest.raises(SystemExit, match=r"row 1 of split 'test': field\(s\) \['answer'\].*no final answer"):
-        grpo.prepare_questions(Dataset.from_list([ok, {"question": "q", "answer": "three"}]), tokenizer, args, "test")
+        data.prepare_math_questions(
+            Dataset.from_list([ok, {"question": "q", "answer": "three"}]), tokenizer, args, "test", grpo.extract_answer
+        )
     boxed = grpo.Args(prompt_template="{problem}", reference_template="{solution}", answer_format="boxed")
     with pytest.raises(SystemExit, match=r"row 0 .*\['solution'\].*boxed"):
-        grpo.prepare_questions(Dataset.from_list([{"problem": "p", "solution": "it is 3"}]), tokenizer, boxed, "train")
-    with pytest.raises(SystemExit, match="max-prompt-length"):
-        grpo.prepare_questions(
-            Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]), tokenizer, args, "train"
+        data.prepare_math_questions(
+            Dataset.from_list([{"problem": "p", "solution": "it is 3"}]), tokenizer, boxed, "train", grpo.extract_answer
         )
-    rows = grpo.prepare_questions(Dataset.from_list([ok]), tokenizer, args, "train")
+    with pytest.raises(SystemExit, match="max-prompt-length"):
+        data.prepare_math_questions(
+            Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]),
+            tokenizer,
+            args,
+            "train",
+            grpo.extract_answer,
+        )
+    rows = data.prepare_math_questions(Dataset.from_list([ok]), tokenizer, args, "train", grpo.extract_answer)
     assert rows[0]["gold"] == "3"
     too_long = r"row 0 of split 'train' has a \d+-token prompt, which with --max-completion-length 600 needs"
     with pytest.raises(SystemExit, match=too_long):
-        grpo.prepare_questions(
+        data.prepare_math_questions(
             Dataset.from_list([ok]),
             tokenizer,
             dataclasses.replace(args, max_completion_length=600),
             "train",
+            grpo.extract_answer,
             positions=512,
         )
 
@@ -736,9 +752,11 @@ def test_conversational_questions_are_rendered_with_the_chat_template(tiny):
         "prompt": [{"role": "user", "content": "Tom has 3 apples."}],
         "completion": [{"role": "assistant", "content": "3 = 3\n#### 3"}],
     }
-    got = grpo.prepare_questions(Dataset.from_list([row]), tokenizer, args, "train")[0]
+    got = data.prepare_math_questions(Dataset.from_list([row]), tokenizer, args, "train", grpo.extract_answer)[0]
     plain = Dataset.from_list([{"prompt": "Tom has 3 apples.", "completion": "#### 3"}])
-    text = grpo.prepare_questions(plain, tokenizer, dataclasses.replace(args, use_chat_template=True), "train")[0]
+    text = data.prepare_math_questions(
+        plain, tokenizer, dataclasses.replace(args, use_chat_template=True), "train", grpo.extract_answer
+    )[0]
     assert got["prompt_ids"] == text["prompt_ids"] and got["gold"] == "3"
     assert tokenizer.decode(got["prompt_ids"]).endswith("<|assistant|>\n")
 
@@ -851,13 +869,13 @@ def test_gspo_cispo_and_reinforce_pp_run_end_to_end(assets, tmp_path, monkeypatc
 def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypatch):
     """The sampling loop's logprobs shifted by a known 0.3 per token (a sampler that disagrees with the trainer): the
     run logs the mismatch (mean |log pi_trainer - log pi_sampler| = 0.3) and the importance weights exp(0.3)."""
-    real = grpo.hf_sample
+    real = grpo.sample_with_kv_cache
 
     def shifted(*a, **kw):
         completions, logprobs = real(*a, **kw)
         return completions, [lp - 0.3 for lp in logprobs]
 
-    monkeypatch.setattr(grpo, "hf_sample", shifted)
+    monkeypatch.setattr(grpo, "sample_with_kv_cache", shifted)
     gen = torch.Generator().manual_seed(0)
     monkeypatch.setattr(
         grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
@@ -1221,9 +1239,9 @@ enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]
 # rank 0: one prompt (one chunk); rank 1: five prompts of different lengths (three chunks of 2)
 prompts = [enc("Question: " + "x " * (i + 1) + "?\\nAnswer:\\n") for i in range(1 if rank == 0 else 5)]
 pad, eos = tok.pad_token_id, tok.eos_token_id
-synced, synced_lp = grpo.hf_sample(model, prompts, pad, eos, 30, 0.0, batch_size=2, synced=True)
+synced, synced_lp = grpo.sample_with_kv_cache(model, prompts, pad, eos, 30, 0.0, batch_size=2, synced=True)
 calls, model.calls = model.calls, 0
-alone, alone_lp = grpo.hf_sample(model, prompts, pad, eos, 30, 0.0, batch_size=2)
+alone, alone_lp = grpo.sample_with_kv_cache(model, prompts, pad, eos, 30, 0.0, batch_size=2)
 same = synced == alone and all(torch.equal(a, b) for a, b in zip(synced_lp, alone_lp))
 result = {"calls": calls, "alone_calls": model.calls, "same": same, "lengths": [len(c) for c in alone]}
 json.dump(result, open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w"))
@@ -1284,7 +1302,7 @@ def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
     for name in ("math500_test.jsonl", "math_test_1000.jsonl"):
         ds = load_dataset("json", data_files=str(assets / "math" / name), split="train")
         strict = grpo.Args(**{**dataclasses.asdict(args), "drop_overlong": False})  # every real row must fit
-        rows = grpo.prepare_questions(ds, tokenizer, strict, "test")
+        rows = data.prepare_math_questions(ds, tokenizer, strict, "test", grpo.extract_answer)
         assert len(rows) == len(ds)
         for row in rows:
             text = tokenizer.decode(row["prompt_ids"])

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import grpo_math as grpo
+from clean_rlhf_utils import engines
 
 pytest.importorskip("peft")
 
@@ -32,7 +33,7 @@ def test_merge_lora_adds_alpha_over_r_times_b_a():
         "base_model.model.head.weight": torch.ones(1, 2),
     }
     config = types.SimpleNamespace(r=2, lora_alpha=4.0, fan_in_fan_out=False)
-    merged = grpo.merge_lora(sd, config)
+    merged = engines.merge_lora(sd, config)
     # B A = [[1, 0, 1], [0, -2, 0]]; times 2, plus W
     assert torch.equal(merged["layer.q.weight"], torch.tensor([[3.0, 0.0, 4.0], [0.0, -3.0, -1.0]]))
     assert torch.equal(merged["layer.q.bias"], torch.tensor([0.5, -0.5]))
@@ -40,7 +41,7 @@ def test_merge_lora_adds_alpha_over_r_times_b_a():
     assert set(merged) == {"layer.q.weight", "layer.q.bias", "head.weight"}  # no peft names left
     # GPT-2's Conv1D stores W as in x out (fan_in_fan_out): the update is transposed
     sd_t = {**sd, f"{p}.base_layer.weight": W.T.contiguous()}
-    merged_t = grpo.merge_lora(sd_t, types.SimpleNamespace(r=2, lora_alpha=4.0, fan_in_fan_out=True))
+    merged_t = engines.merge_lora(sd_t, types.SimpleNamespace(r=2, lora_alpha=4.0, fan_in_fan_out=True))
     assert torch.equal(merged_t["layer.q.weight"], torch.tensor([[3.0, 0.0, 4.0], [0.0, -3.0, -1.0]]).T)
 
 

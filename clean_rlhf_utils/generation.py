@@ -1,0 +1,231 @@
+"""Generation: the samplers. A KV-cache sampling loop whose batch shrinks as completions finish, vLLM colocated on each
+process's GPU, the asynchronous sampling thread (`--async`) and the endless question stream. Nothing here decides what
+is sampled: the temperature, the stop token and the length budget are the caller's arguments (plain sampling from
+softmax(logits / T), no top-k / top-p / repetition penalty), so swapping a sampler for another correct one changes
+no number but the random draws it makes."""
+
+from __future__ import annotations
+
+import copy
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from transformers import DynamicCache
+
+from clean_rlhf_utils.data import left_pad
+from clean_rlhf_utils.engines import cpu_threads, merge_lora
+
+
+def question_stream(rows: list[dict], seed: int):
+    """This process's questions (a disjoint shard per process), reshuffled every epoch, forever."""
+    rng = random.Random(seed)
+    while True:
+        order = list(range(len(rows)))
+        rng.shuffle(order)
+        yield from (rows[i] for i in order)
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True when `flag` is True on any process (one all-reduce; every process must call it)."""
+    value = torch.tensor([float(flag)], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return value.item() > 0
+
+
+@torch.no_grad()
+def sample_with_kv_cache(
+    model,
+    prompts: list[list[int]],
+    pad_id: int,
+    eos_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    batch_size: int,
+    synced: bool = False,
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Completions (token lists, up to and including the first EOS) and the logprob of each sampled token, by plain
+    sampling from softmax(logits / T) (no top-k / top-p / repetition penalty, so the loss's logprobs are those of the
+    sampling distribution); T = 0 is greedy. A hand-written decoding loop over the model's KV cache rather than
+    `model.generate`, for two reasons: a finished completion leaves the batch (its rows are dropped from the cache), so
+    the batch shrinks instead of decoding padding until the longest completion ends; and the loop keeps each sampled
+    token's logprob, which is the old policy's logprob the loss needs (no extra forward pass). Twice as fast as
+    `generate` on the tiny model (benchmark/speed.py); greedy output is the same token for token (tests).
+
+    `synced` (ZeRO-3, where every forward pass is a collective of all processes): every process makes the same number
+    of forward calls. All run as many chunks as the process with the most prompts (a process out of prompts decodes one
+    dummy prompt), and a process whose rows have all finished keeps one finished row as a dummy, whose outputs are not
+    written, until no process has a live row."""
+    device = next(model.parameters()).device
+    completions, logprobs = [], []
+    num_chunks = -(-len(prompts) // batch_size)
+    if synced:  # the same number of chunks everywhere: an all-reduce of the count
+        count = torch.tensor([float(num_chunks)], device=device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        num_chunks = int(count.item())
+    for start in range(0, num_chunks * batch_size, batch_size):
+        chunk = prompts[start : start + batch_size]
+        dummy = not chunk  # (synced) this process is out of prompts: one dummy row keeps it stepping with the others
+        ids, mask = left_pad(chunk or [[eos_id]], pad_id)
+        ids, mask = ids.to(device), mask.to(device)
+        B = len(ids)
+        positions = (mask.cumsum(1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        logits = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1]
+        position, alive = positions[:, -1], torch.arange(B, device=device)  # alive: batch rows still being decoded
+        tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+        token_logp = torch.zeros(B, max_new_tokens, device=device)
+        lengths = torch.full((B,), max_new_tokens, dtype=torch.long, device=device)
+        for t in range(max_new_tokens):
+            logp = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+            token = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logp.argmax(-1)
+            if not dummy:
+                tokens[alive, t], token_logp[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+                done = token == eos_id
+                if done.any():
+                    lengths[alive[done]] = t + 1
+                    keep = (~done).nonzero().squeeze(1)
+                    if len(keep) == 0:
+                        if not synced:
+                            break
+                        keep, dummy = keep.new_zeros(1), True  # a finished row stays as the dummy, never written
+                    alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+                    cache.batch_select_indices(keep)
+            if synced and not any_rank(not dummy, device):
+                break
+            if t + 1 == max_new_tokens:
+                break
+            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+        if chunk:
+            for row, lp, n in zip(tokens.tolist(), token_logp.cpu(), lengths.tolist()):
+                completions.append(row[:n])
+                logprobs.append(lp[:n])
+    return completions, logprobs
+
+
+class VLLMSampler:
+    """Optional sampling with vLLM (imported only here): one engine per process, colocated on its GPU, its weights
+    replaced by the policy's after every optimisation step (TRL's "colocate" mode)."""
+
+    def __init__(self, args, accelerator, eos_id: int):
+        try:
+            import vllm
+        except ImportError:
+            raise SystemExit(
+                "error: --use-vllm needs the `vllm` package (pip install 'clean-rlhf[vllm]'); drop the flag "
+                "to sample with model.generate"
+            ) from None
+        if accelerator.device.type != "cuda":
+            raise SystemExit("error: --use-vllm needs a CUDA GPU; drop the flag to sample with model.generate")
+        os.environ.setdefault(
+            "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
+        )  # engine in this process: weights can be loaded into it
+        self.vllm, self.eos_id = vllm, eos_id
+        self.llm = vllm.LLM(
+            model=args.model_name_or_path,
+            revision=args.revision,
+            dtype=args.dtype,
+            seed=args.seed + accelerator.process_index,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            max_model_len=args.max_prompt_length + args.max_completion_length,
+            distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
+            enable_prefix_caching=True,
+            trust_remote_code=args.trust_remote_code,
+            logprobs_mode="processed_logprobs",
+        )  # logprobs after the temperature, as the trainer's
+
+    def load_weights(self, model) -> None:
+        executor = self.llm.llm_engine.model_executor
+        worker = getattr(executor.driver_worker, "worker", executor.driver_worker)
+        state_dict = model.state_dict()
+        if hasattr(model, "peft_config"):  # LoRA: vLLM takes the plain model's weights, the adapters merged in
+            state_dict = merge_lora(state_dict, model.peft_config["default"])
+        worker.model_runner.model.load_weights(state_dict.items())
+        self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
+
+    def __call__(
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float
+    ) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """Completions and the sampler's logprob of each token (NaN for an EOS appended here)."""
+        params = self.vllm.SamplingParams(
+            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1, logprobs=0
+        )  # 0: the sampled token's logprob only
+        result, logprobs = [], []
+        for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
+            tokens = list(o.outputs[0].token_ids)
+            lps = [step[t].logprob for t, step in zip(tokens, o.outputs[0].logprobs or [{}] * len(tokens)) if t in step]
+            lps = lps if len(lps) == len(tokens) else [float("nan")] * len(tokens)
+            if o.outputs[0].finish_reason == "stop" and (not tokens or tokens[-1] != self.eos_id):
+                tokens.append(self.eos_id)  # stopped on EOS without returning it: the policy must learn to stop too
+                lps.append(float("nan"))
+            result.append(tokens)
+            logprobs.append(torch.tensor(lps))
+        return result, logprobs
+
+
+def max_over_processes(count: int, device: torch.device, synced: bool) -> int:
+    """(ZeRO-3, `synced`) the largest `count` of all processes, so that every process makes as many forward calls (one
+    all-reduce; every process must call it); `count` itself otherwise."""
+    if not synced:
+        return count
+    value = torch.tensor([float(count)], device=device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return int(value.item())
+
+
+def split_cpu_threads(accelerator, num_threads: int | None, async_generation: bool, generation_threads: int | None):
+    """(CPU) this process's torch threads: its share of the cores (`cpu_threads`, or `num_threads`), split with the
+    generator thread under --async (`generation_threads`, default half). Returns the generator thread's count (None
+    on a GPU or without --async). One BLAS pool per process, or the processes fight over the cores."""
+    if accelerator.device.type != "cpu":
+        return None
+    gen_threads, threads = None, num_threads or cpu_threads(accelerator.num_processes)
+    if async_generation:  # learner and generator thread split the process's share
+        gen_threads = generation_threads or max(1, threads // 2)
+        threads = max(1, threads - gen_threads)
+    torch.set_num_threads(threads)
+    return gen_threads
+
+
+class BackgroundSampler:
+    """(--async) Samples the next batch in a thread of its own, with a copy of the policy's weights, while the current
+    batch trains (one step off-policy; Noukhovitch et al. 2024, arXiv:2410.18252). `collect(copy, version, threads)`
+    is the script's sampling step; `next` hands over the batch sampled meanwhile, copies the weights the coming step
+    starts from and starts sampling the batch after it. `settle` waits for the thread before a checkpoint reads the
+    RNG states: the checkpoint's count of drawn questions excludes those it drew ahead, so a resumed run samples that
+    batch again, with the checkpoint's weights and RNG (it resumes in place, not to the same numbers)."""
+
+    def __init__(self, policy, collect, version: int, threads: int | None):
+        self.policy = copy.deepcopy(policy).eval().requires_grad_(False)
+        self.collect, self.threads = collect, threads
+        self.executor = ThreadPoolExecutor(max_workers=1)
+        self.pending = self.executor.submit(collect, self.policy, version, threads)
+
+    def next(self, policy, version: int, more: bool) -> dict:
+        """The batch sampled meanwhile; then `policy`'s weights (version `version`) sample the next, if `more`."""
+        data = self.pending.result()
+        self.policy.load_state_dict(policy.state_dict())  # the weights this step starts from sample the next
+        self.pending = self.executor.submit(self.collect, self.policy, version, self.threads) if more else None
+        return data
+
+    def settle(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+
+    def close(self) -> None:
+        self.executor.shutdown()

@@ -118,3 +118,13 @@ def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):
     tokenizer.add_special_tokens({"pad_token": "[PAD]"})
     print(f"the tokenizer of {name} {problem}: added '[PAD]' (id {tokenizer.pad_token_id}) as its pad token")
     return tokenizer
+
+
+def check_pad_token_in_embedding(tokenizer, model, path: str) -> None:
+    """Padding goes through the embedding, so the pad token needs a row of it: a one-line error otherwise."""
+    if tokenizer.pad_token_id >= model.config.vocab_size:
+        raise SystemExit(
+            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+            f"{path} ({model.config.vocab_size} rows); add the pad token at the SFT stage "
+            "(sft.py --add-pad-token)"
+        )

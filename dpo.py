@@ -750,15 +750,11 @@ def main(args: Args) -> dict:
             else ""
         )
     )
-    # the evaluations, with this script's logprobs, losses, truncation, judges and KL estimate
-    pieces = {"forward_logprobs": forward_logprobs, "pair_losses": pair_losses, "implicit_accuracy": implicit_accuracy}
-    pieces |= {"truncate_response": truncate_response, "outcome_reward": outcome_reward, "gold_judge": gold_judge}
-    pieces["sampled_kl"] = sampled_kl
+    # the evaluations take this script's logprobs, losses, truncation, judges and KL estimate, by name
+    pieces = dict(forward_logprobs=forward_logprobs, pair_losses=pair_losses, implicit_accuracy=implicit_accuracy)
+    pieces.update(truncate_response=truncate_response, outcome_reward=outcome_reward, gold_judge=gold_judge)
+    pieces.update(sampled_kl=sampled_kl)
     models = (unwrapped, ref_policy, reward_model, tokenizer)
-    evaluate = partial(
-        evaluate_dpo, models=models, pairs=eval_pairs, rows=eval_rows, args=args, accelerator=accelerator
-    )
-    evaluate = partial(evaluate, pieces=pieces)
 
     # ---- 5. resume (the batches drawn so far replayed, online the batch sampled for the next step), or evaluate ----
     batches, drawn, start, pending = itertools.chain.from_iterable(itertools.repeat(loader)), 0, 0, None
@@ -769,7 +765,7 @@ def main(args: Args) -> dict:
         if online and state["pending"][accelerator.process_index] is not None:
             pending = sampled_pairs_from_json(state["pending"][accelerator.process_index], device)
     else:
-        metrics = evaluate(run, 0)
+        metrics = evaluate_dpo(run, 0, models, eval_pairs, eval_rows, args, accelerator, pieces)
     gen_policy, gen_ref, executor = unwrapped, ref_policy, None
     if asynchronous:  # the generator samples with its own copy of the weights, synced after each step
         gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
@@ -784,13 +780,15 @@ def main(args: Args) -> dict:
     steps, main_process = range(start + 1, total_steps + 1), accelerator.is_main_process
     progress = tqdm(steps, initial=start, total=total_steps, disable=not main_process, desc=f"{args.mode} dpo")
     for step in progress:
-        # ---- 6a. the pairs. Offline: the next micro-batches of the preference data ----
+        # ---- 6a. the pairs. Offline: the next micro-batches of the preference data. Online: two responses to each
+        # prompt of the step, sampled by the current weights, labelled by the judge (a resumed run first trains on the
+        # batch sampled before its checkpoint). Asynchronous online: the generator thread sampled this step's batch
+        # while the learner trained the step before (a new run's first: sampled now, by the initial weights); once it
+        # is taken, the thread's copy, synced to the current weights (step - 1), samples the next step's ----
         wait_start, data = time.time(), None
         if not online:
             micro = [next(batches) for _ in range(args.gradient_accumulation_steps)]
             drawn += args.gradient_accumulation_steps
-        # online: two responses to each prompt of the step, sampled by the current weights and labelled by the judge
-        # (a resumed run first trains on the batch sampled before its checkpoint)
         elif not args.async_generation:
             if pending is None:
                 rows, drawn = [train[i] for i in next(batches).tolist()], drawn + 1
@@ -799,11 +797,8 @@ def main(args: Args) -> dict:
                     accelerator.autocast,
                 )  # fmt: skip
             data, pending = pending, None
-        # asynchronous online: the generator thread sampled this step's batch while the learner trained the step
-        # before (a new run's first: sampled now, by the initial weights); it is taken, and the thread's copy, synced
-        # to the current weights (step - 1), samples the next step's while the learner trains on this one
         else:
-            while data is None or (pending is None and step < total_steps):
+            while data is None or (pending is None and step < total_steps):  # until this step's taken, next in flight
                 if pending is None:
                     if data is not None:
                         gen_policy.load_state_dict(unwrapped.state_dict())
@@ -863,13 +858,12 @@ def main(args: Args) -> dict:
         if step % args.eval_every == 0 or step == total_steps:
             if pending is not None:
                 pending.result()  # the generator thread shares the reward and reference models: let it finish first
-            metrics = evaluate(run, step)
+            metrics = evaluate_dpo(run, step, models, eval_pairs, eval_rows, args, accelerator, pieces)
         stop = run.stop_requested()
         if stop or (args.save_every and step % args.save_every == 0 and step < total_steps):
             # async: the next batch, sampled, is part of the state; waiting for it leaves the RNG where the thread does
-            state = dpo_loop_state(
-                step, drawn, metrics, None if pending is None else pending.result(), args, accelerator
-            )
+            ahead = None if pending is None else pending.result()
+            state = dpo_loop_state(step, drawn, metrics, ahead, args, accelerator)
             run.stop(state) if stop else run.checkpoint(state)
     progress.close()
     if executor:

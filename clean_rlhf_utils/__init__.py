@@ -7,7 +7,10 @@ loop stay in the scripts. This package never imports a script.
 
 Modules, by job:
   loading   hub checks, datasets, tokenizers: offline first, one-line errors
-  data      prompt templates and padding
+  data      prompt templates, padding, preference pairs (checks, tokenization, collation)
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
   runs      the run directory, checkpoints and resume, signals, done.json, the shared argument checks
+  evaluation  harnesses that take the script's scoring as arguments (preference pairs, greedy responses)
+  generation  around the samplers: the asynchronous thread's batch kept in a checkpoint
+  packing   packed batches (speed work: the padded batch's numbers, faster)
 """

@@ -7,8 +7,9 @@ batch 64, one epoch over the 92,832 OpenAI preference pairs).
   * The sequence logprob log pi(y|x) is the sum of the response tokens' logprobs (EOS included) of the
     right-padded prompt + response + EOS, with position ids from the attention mask, so the side of the
     padding never changes it (tests check left against right padding). The forward passes run on packed pairs
-    (`--pack-pairs`, default; `pack_pairs`): no padding, and the prefix shared by chosen and rejected (the prompt)
-    computed once, the rest of rejected masked off from the rest of chosen; the logprobs equal the padded batch's.
+    (`--pack-pairs`, default; speed work, `packing.pack_pairs_for_logprobs`): no padding, and the prefix shared by
+    chosen and rejected (the prompt) computed once, the rest of rejected masked off from the rest of chosen; the
+    logprobs equal the padded batch's.
   * The implicit reward is r(x, y) = beta * (log pi(y|x) - log pi_ref(y|x)); with h = the chosen-minus-rejected
     difference of log pi - log pi_ref, the losses (`--loss-type`) are
       sigmoid: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)   (DPO; eps = label smoothing is
@@ -51,6 +52,12 @@ Online, a checkpoint holds the batch already sampled for the next step (async: s
 before; a checkpoint waits for it), with its labels and reference logprobs, and the resumed run trains on it, so the
 weights it was sampled by need not be kept. A non-finite loss or gradient norm writes a checkpoint of the step before
 and stops.
+
+`main`, in numbered steps: 1. processes, checks, run directory, seed; 2. models (the policy; the frozen reference and
+reward model; dropout off); 3. data, every row checked; 4. batches, optimizer, offline the cached reference logprobs;
+5. resume, or evaluate the initial policy; 6. the loop: a. the step's pairs (offline: from the data; online: sampled
+and labelled now; async: sampled during the step before), b. the DPO update, c. logging, evaluation, checkpoints;
+7. model/ and done.json.
 
 Usage:
     python dpo.py tiny-tldr                   # after `python -m benchmark.run tiny-tldr` (SFT and RM)

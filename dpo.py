@@ -7,8 +7,9 @@ batch 64, one epoch over the 92,832 OpenAI preference pairs).
   * The sequence logprob log pi(y|x) is the sum of the response tokens' logprobs (EOS included) of the
     right-padded prompt + response + EOS, with position ids from the attention mask, so the side of the
     padding never changes it (tests check left against right padding). The forward passes run on packed pairs
-    (`--pack-pairs`, default; `pack_pairs`): no padding, and the prefix shared by chosen and rejected (the prompt)
-    computed once, the rest of rejected masked off from the rest of chosen; the logprobs equal the padded batch's.
+    (`--pack-pairs`, default; speed work, `packing.pack_pairs_for_logprobs`): no padding, and the prefix shared by
+    chosen and rejected (the prompt) computed once, the rest of rejected masked off from the rest of chosen; the
+    logprobs equal the padded batch's.
   * The implicit reward is r(x, y) = beta * (log pi(y|x) - log pi_ref(y|x)); with h = the chosen-minus-rejected
     difference of log pi - log pi_ref, the losses (`--loss-type`) are
       sigmoid: -(1 - eps) log sigmoid(beta h) - eps log sigmoid(-beta h)   (DPO; eps = label smoothing is
@@ -52,6 +53,12 @@ before; a checkpoint waits for it), with its labels and reference logprobs, and 
 weights it was sampled by need not be kept. A non-finite loss or gradient norm writes a checkpoint of the step before
 and stops.
 
+`main`, in numbered steps: 1. processes, checks, run directory, seed; 2. models (the policy; the frozen reference and
+reward model; dropout off); 3. data, every row checked; 4. batches, optimizer, offline the cached reference logprobs;
+5. resume, or evaluate the initial policy; 6. the loop: a. the step's pairs (offline: from the data; online: sampled
+and labelled now; async: sampled during the step before), b. the DPO update, c. logging, evaluation, checkpoints;
+7. model/ and done.json.
+
 Usage:
     python dpo.py tiny-tldr                   # after `python -m benchmark.run tiny-tldr` (SFT and RM)
     python dpo.py tiny-tldr-online --judge gold --async
@@ -61,42 +68,54 @@ Usage:
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import os
 import re
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 import tyro
-from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import set_seed
 from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import chat_messages, end_with_eos, left_pad, template_fields, whole_field_messages
+from clean_rlhf_utils.data import (
+    chat_messages,
+    collate_preference_pairs,
+    left_pad,
+    template_fields,
+    tokenize_preference_pairs,
+    whole_field_messages,
+)
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
     backward_share,
+    cache_reference_logprobs,
     configure_deepspeed,
-    cpu_threads,
     global_count,
     make_accelerator,
+    mean_over_processes,
     peak_mem_gb,
     prepare_frozen,
-    shard_length,
+    split_cpu_threads,
     zero3,
 )
-from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
-from clean_rlhf_utils.runs import Run, check_args
+from clean_rlhf_utils.evaluation import evaluate_dpo
+from clean_rlhf_utils.generation import done_future, sampled_pairs_from_json
+from clean_rlhf_utils.loading import check_pad_token_in_embedding, ensure_pad_token, load_split, require_hub
+from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
+from clean_rlhf_utils.runs import Run, check_dpo_args, check_dpo_steps, dpo_loop_state, stop_dpo_non_finite
 
 
 @dataclass
@@ -359,9 +378,9 @@ PRESETS = {
 }
 
 
-# --------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # The DPO math: small pure functions, each checked against hand-computed values in tests/test_dpo.py
-# --------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 
 
 def dpo_loss(
@@ -398,6 +417,21 @@ def sequence_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, loss_mask: 
     """Sum over the response tokens (loss_mask = 1) of log p(token | prefix): logits at t predict token t+1."""
     logps = torch.gather(logits[:, :-1].float().log_softmax(-1), 2, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return (logps * loss_mask[:, 1:]).sum(-1)
+
+
+def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chosen, rejected) sequence logprobs of a pair batch whose first half of rows are the chosen responses, or of
+    a packed batch (`packing.pack_pairs_for_logprobs`, speed work: the logits at the positions that predict each
+    response token, the same numbers). Position ids follow the attention mask, so the side of the padding does not
+    change the result."""
+    if "allowed" in batch:
+        logits = packed_response_logits(model, batch)
+        logps = torch.gather(logits.float().log_softmax(-1), 2, batch["targets"].unsqueeze(-1)).squeeze(-1)
+        return (logps * batch["mask"]).sum(-1).chunk(2)
+    mask = batch["attention_mask"]
+    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=position_ids).logits
+    return sequence_logprobs(logits, batch["input_ids"], batch["loss_mask"]).chunk(2)
 
 
 def response_lengths(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -454,6 +488,107 @@ def micro_batch_loss(policy, ref_policy, batch: dict, args: Args, autocast=nullc
     return (losses * pair_weights(batch)).sum(), stats
 
 
+def micro_batch_statistics(loss_sum: torch.Tensor, share: float, out: dict) -> dict:
+    """What `main` logs of one micro-batch, by name: its loss's share of the batch mean (loss_sum * share, averaged over
+    the micro-batches and processes, is the batch mean of the gradient), the implicit rewards, their accuracy and
+    margin, the sequence logprobs, and (online) the mean of log pi - log pi_ref over the sampled responses (k1, per
+    response)."""
+    r_c, r_r, chosen, rejected = out["r_chosen"], out["r_rejected"], out["chosen"], out["rejected"]
+    return {
+        "train/loss": loss_sum.detach() * share,
+        "rewards/chosen": r_c.mean(),
+        "rewards/rejected": r_r.mean(),
+        "rewards/accuracies": implicit_accuracy(r_c, r_r).mean(),
+        "rewards/margins": (r_c - r_r).mean(),
+        "logps/chosen": chosen.mean(),
+        "logps/rejected": rejected.mean(),
+        "objective/kl": ((chosen - out["ref_chosen"]) + (rejected - out["ref_rejected"])).mean() / 2,
+    }
+
+
+@torch.no_grad()
+def sample_pairs(
+    gen_policy,
+    ref_policy,
+    reward_model,
+    tokenizer,
+    rows: list[dict],
+    args: Args,
+    device,
+    version: int,
+    num_threads: int | None = None,
+    synced: bool = False,
+    autocast=nullcontext,
+) -> dict:
+    """Online DPO data for one step: two samples per prompt from `gen_policy`, truncated after EOS, scored by
+    the judge; the higher-scored one is `chosen`. Returns the pairs as token lists (the offline pairs' format) with
+    their reference logprobs, which pairs tie, the policy version that generated them, and rollout statistics. Runs
+    in the generator thread with --async. `synced` (ZeRO-3): `generate` keeps stepping until every process is done.
+    `autocast`: the training precision's context (accelerator.autocast), for the frozen models' forward passes."""
+    if num_threads:  # a new thread starts with the default OpenMP pool; give it its share of the cores
+        torch.set_num_threads(num_threads)
+    t0 = time.time()
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    queries, qmask = left_pad([r["prompt_ids"] for r in rows for _ in range(2)], pad)  # rows 2i and 2i+1: prompt i
+    queries, qmask = queries.to(device), qmask.to(device)
+    out = gen_policy.generate(
+        input_ids=queries,
+        attention_mask=qmask,
+        max_new_tokens=args.response_length,
+        do_sample=True,
+        temperature=args.temperature + 1e-7,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        synced_gpus=synced,
+    )
+    responses = truncate_response(out[:, queries.shape[1] :], eos, pad)
+    if (responses[:, 0] == pad).any():
+        raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
+    contain_eos = (responses == eos).any(1)
+    if args.judge == "gold":
+        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+        scores = torch.tensor([gold_judge(t, rows[i // 2]["facts"]) for i, t in enumerate(texts)], device=device)
+    else:
+        seqs = torch.cat([queries, responses], 1)
+        with autocast():
+            scores = outcome_reward(reward_model, seqs.masked_fill(seqs == pad, 0), (seqs != pad).long()).float()
+    if args.non_eos_penalty:
+        scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
+    first_wins = scores[0::2] >= scores[1::2]
+    chosen = torch.where(first_wins[:, None], responses[0::2], responses[1::2])
+    rejected = torch.where(first_wins[:, None], responses[1::2], responses[0::2])
+    # the pairs as token lists, pad tokens dropped (the padded forward masks them out), like the offline pairs
+    real = lambda t: t[t != pad].tolist()  # noqa: E731
+    pairs = [
+        {"prompt_ids": real(queries[2 * i]), "chosen": real(chosen[i]), "rejected": real(rejected[i])}
+        for i in range(len(rows))
+    ]
+    batch = {k: v.to(device) for k, v in collate_preference_pairs(pairs, pad, args.pack_pairs).items()}
+    with autocast():
+        ref_logprobs = forward_logprobs(ref_policy, batch)
+    for it, ref_c, ref_r in zip(pairs, *ref_logprobs):
+        it["ref_chosen"], it["ref_rejected"] = ref_c.item(), ref_r.item()
+    high, low = scores.view(-1, 2).max(1).values, scores.view(-1, 2).min(1).values
+    stats = {
+        "objective/reward": scores.mean(),
+        "objective/score_margin": (high - low).mean(),
+        "objective/tie_rate": (high == low).float().mean(),
+        "objective/eos_rate": contain_eos.float().mean(),
+        "objective/completion_length": (responses != pad).sum(1).float().mean(),
+    }
+    return {"pairs": pairs, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
+
+
+def disable_dropout(model) -> None:
+    """Dropout off (N+), in every model `main` loads, so the logprobs of training, of the reference and of sampling
+    agree: the policy trains in train mode."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 def lr_lambda(schedule: str, warmup: int, total: int):
     def f(step: int) -> float:
         if step < warmup:
@@ -466,84 +601,57 @@ def lr_lambda(schedule: str, warmup: int, total: int):
     return f
 
 
-# --------------------------------------------------------------------------------------------------
-# main: the training loop, as numbered steps
-# --------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
+# main: the training loop, as numbered steps (the module docstring says what each does)
+# ----------------------------------------------------------------------------------------------------
 
 
 def main(args: Args) -> dict:
-    # the batches come from an endless `while True: yield from loader`: the loader's end is no optimizer-step boundary
+    # ---- 1. processes and CPU threads, the checks, the run directory, the seed ----
+    # the batches come from an endless loader: the loader's end is no optimizer-step boundary
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
-    threads = args.num_threads or cpu_threads(accelerator.num_processes)
-    gen_threads = None
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        if args.mode == "online" and args.async_generation:  # learner and generator thread split the process's share
-            gen_threads = args.generation_threads or max(1, threads // 2)
-            threads = max(1, threads - gen_threads)
-        torch.set_num_threads(threads)
+    online, asynchronous = args.mode == "online", args.mode == "online" and args.async_generation
+    threads, gen_threads = split_cpu_threads(accelerator, args.num_threads, args.generation_threads, asynchronous)
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_dpo_args(args)
+    synced = zero3(accelerator)  # every forward pass is a collective: `generate` must step until every process is done
+    check_dpo_args(args, synced)
     run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
     device = accelerator.device
-    online = args.mode == "online"
-    synced = zero3(accelerator)  # every forward pass is a collective: `generate` must step until every process is done
-    if online and args.async_generation and synced:
-        raise SystemExit(
-            "error: --async copies the policy's weights into a generator thread, but ZeRO-3 shards them "
-            "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)"
-        )
 
-    # ---- models: the policy (trained), the reference and the reward model (frozen) ----
+    # ---- 2. models: the policy (trained), the reference and the reward model (frozen), each with dropout off ----
     tokenizer = load_tokenizer(args)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    if tokenizer.pad_token_id >= policy.config.vocab_size:  # padding goes through the embedding: it needs a row
-        raise SystemExit(
-            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
-            f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
-            "(sft.py --add-pad-token)"
-        )
+    disable_dropout(policy)
+    check_pad_token_in_embedding(tokenizer, policy, args.sft_model_path)
     ref_policy = None  # with LoRA: the policy with its adapters disabled (after `prepare`), not a second copy
     if not args.lora_r:
         ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+        disable_dropout(ref_policy)
         ref_policy = ref_policy.eval().requires_grad_(False)
-    if args.pack_pairs and policy.config._attn_implementation not in ("eager", "sdpa"):
-        raise SystemExit(
-            f"error: --pack-pairs hands the attention a 4D mask, which {policy.config._attn_implementation} attention "
-            "does not "
-            "take; pass --no-pack-pairs (or use sdpa / eager attention)"
-        )
+    check_packing_attention(policy, args.pack_pairs)
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy = add_lora(policy, args)
     reward_model = None
     if args.reward_model_path and (args.judge == "rm" or not online):
         reward_model = load_reward_model(args, tokenizer)
+        disable_dropout(reward_model)
 
-    # ---- data: every field training and evaluation use is checked now, before the first update ----
+    # ---- 3. data: every field training and evaluation use is checked now, before the first update ----
     pad, positions = tokenizer.pad_token_id, model_positions(policy)
-    eval_rows = []
+    eval_rows, eval_pairs = [], []
     if args.num_eval_examples > 0:
-        eval_ds = load_split(
-            args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config, "--prompt-dataset-name-or-path"
-        )
-        eval_rows = prepare_prompts(
-            eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))),
-            tokenizer,
-            args,
-            args.eval_split,
-            positions,
-            evaluation=True,
-        )
-    eval_pairs = []
+        flag = "--prompt-dataset-name-or-path"
+        ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config, flag)
+        ds = ds.select(range(min(args.num_eval_examples, len(ds))))
+        eval_rows = prepare_prompts(ds, tokenizer, args, args.eval_split, positions, evaluation=True)
     if args.num_eval_pairs > 0:
         ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-        eval_pairs = tokenize_pairs(
-            ds.select(range(min(args.num_eval_pairs, len(ds)))), tokenizer, args, args.eval_split, positions
-        )
+        ds = ds.select(range(min(args.num_eval_pairs, len(ds))))
+        eval_pairs = tokenize_pairs(ds, tokenizer, args, args.eval_split, positions)
     if online:
-        ds = load_split(
-            args.prompt_dataset_name_or_path, args.train_split, args.dataset_config, "--prompt-dataset-name-or-path"
-        )
+        flag = "--prompt-dataset-name-or-path"
+        ds = load_split(args.prompt_dataset_name_or_path, args.train_split, args.dataset_config, flag)
     else:
         ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
     if args.max_train_samples:
@@ -553,24 +661,22 @@ def main(args: Args) -> dict:
     else:
         train = tokenize_pairs(ds, tokenizer, args, args.train_split, positions)
 
-    # ---- batch arithmetic and optimiser ----
-    step_pairs = (
-        args.per_device_train_batch_size * args.gradient_accumulation_steps
-    )  # pairs per process per optimizer step
+    # ---- 4. batches and optimizer; offline, the reference logprobs of every pair, computed once ----
+    step_pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps  # per process and step
     batch_pairs = step_pairs * accelerator.num_processes
     generator = torch.Generator().manual_seed(args.seed)  # same shuffle on every process; accelerate shards it
-    if online:  # one item per optimizer step: the prompts of a whole step, generated together
+    if online:  # one item per optimizer step: the prompt indices of a whole step, generated together
         loader = torch.utils.data.DataLoader(
             list(range(len(train))), batch_size=step_pairs, shuffle=True, drop_last=True, generator=generator
         )
-    else:
+    else:  # one item per micro-batch: its collated pairs
         loader = torch.utils.data.DataLoader(
             train,
             batch_size=args.per_device_train_batch_size,
             shuffle=True,
             drop_last=True,
             generator=generator,
-            collate_fn=lambda b: collate_pairs(b, pad, args.pack_pairs),
+            collate_fn=partial(collate_preference_pairs, pad_id=pad, pack=args.pack_pairs),
         )
     trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
@@ -581,24 +687,18 @@ def main(args: Args) -> dict:
         total_steps = args.total_episodes // batch_pairs
     else:
         total_steps = len(loader) // args.gradient_accumulation_steps * args.num_train_epochs
-    if online and len(loader) == 0:  # the endless loader below would never yield a batch
-        raise SystemExit(
-            f"error: split '{args.train_split}' of --prompt-dataset-name-or-path has {len(train)} usable "
-            f"prompts, fewer than one step's {batch_pairs} (--per-device-train-batch-size x "
-            "--gradient-accumulation-steps x processes)"
-        )
-    if total_steps == 0:
-        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
+    check_dpo_steps(args, total_steps, len(loader), len(train), batch_pairs)
     ref_policy, reward_model = prepare_frozen(ref_policy, accelerator), prepare_frozen(reward_model, accelerator)
     if args.lora_r:  # the unwrapped policy itself, its adapters disabled for each reference forward pass
         ref_policy = LoraReference(accelerator.unwrap_model(policy))
     if not online and args.precompute_ref_logprobs:  # the loader's collate reads the cached values from the pairs
         # on --resume they are computed again, to the same values (the same frozen model, batches and precision)
         t0 = time.time()
-        cache_ref_logprobs(ref_policy, train, pad, args, accelerator)
-        cache_ref_logprobs(ref_policy, eval_pairs, pad, args, accelerator)
-        n = len(train) + len(eval_pairs)
-        accelerator.print(f"cached reference logprobs of {n} pairs in {time.time() - t0:.1f}s")
+        cache_reference_logprobs(ref_policy, train, pad, args, accelerator, forward_logprobs)
+        cache_reference_logprobs(ref_policy, eval_pairs, pad, args, accelerator, forward_logprobs)
+        accelerator.print(
+            f"cached reference logprobs of {len(train) + len(eval_pairs)} pairs in {time.time() - t0:.1f}s"
+        )
         if not args.eval_kl:  # every pair now carries its reference logprobs: free the model
             ref_policy = None
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -612,168 +712,81 @@ def main(args: Args) -> dict:
         f"{batch_pairs} pairs"
         + (
             f", async generation ({gen_threads or 'default'} generator threads, {threads} learner threads)"
-            if online and args.async_generation
+            if asynchronous
             else ""
         )
     )
+    # the evaluations take this script's logprobs, losses, truncation, judges and KL estimate, by name
+    pieces = dict(forward_logprobs=forward_logprobs, pair_losses=pair_losses, implicit_accuracy=implicit_accuracy)
+    pieces.update(truncate_response=truncate_response, outcome_reward=outcome_reward, gold_judge=gold_judge)
+    pieces.update(sampled_kl=sampled_kl)
+    models = (unwrapped, ref_policy, reward_model, tokenizer)
 
-    def run_eval(step: int) -> dict:
-        metrics = {}
-        if eval_pairs:
-            metrics.update(evaluate_pairs(unwrapped, ref_policy, eval_pairs, pad, args, accelerator))
-        if eval_rows:
-            gen_metrics, records = evaluate(
-                unwrapped, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy
-            )
-            metrics.update(gen_metrics)
-            run.log_samples(records[:8], step)
-        if metrics:  # --num-eval-pairs 0 and --num-eval-examples 0: nothing evaluated, nothing logged
-            run.log(metrics, step, step * batch_pairs)
-            accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-        return metrics
-
-    def batches():
-        while True:
-            yield from loader
-
-    def draw():  # the next batch of the endless loader (online: prompt indices), counted for the replay on resume
-        nonlocal drawn
-        drawn += 1
-        return next(iterator)
-
-    def loop_state(step: int, n_drawn: int, pending: dict | None) -> dict:
-        """The loop's state after `step` optimizer steps: the batches drawn so far (replayed on resume), the last
-        evaluation, and online the batch already sampled for the next step (`pending`, every process's own, with its
-        labels and reference logprobs), which the resumed run trains on as the uninterrupted run would."""
-        return {
-            "step": step,
-            "episode": step * batch_pairs,
-            "drawn": n_drawn,
-            "metrics": metrics,
-            "pending": gather_object([portable(pending)]) if online else None,
-        }
-
-    def failed(step: int, data: dict | None, what: str) -> None:
-        """A non-finite value in step `step`: a checkpoint of the state before it (online: with its batch), and out."""
-        if executor and pending is not None:
-            pending.result()  # the generator thread has drawn and is sampling the next batch: let it finish
-        # not replayed: offline this step's micro-batches; async the next step's prompts, drawn already
-        ahead = int(executor is not None and pending is not None)
-        before = drawn - (ahead if online else args.gradient_accumulation_steps)
-        run.stop(
-            loop_state(step - 1, before, data),
-            f"non-finite {what} at step {step}: lower --learning-rate (now {args.learning_rate:g}) or check the data",
-        )
-
-    iterator, drawn, start, pending = batches(), 0, 0, None
+    # ---- 5. resume (the batches drawn so far replayed, online the batch sampled for the next step), or evaluate ----
+    batches, drawn, start, pending = itertools.chain.from_iterable(itertools.repeat(loader)), 0, 0, None
     if state := run.resume():  # weights, optimizer, scheduler and every process's RNG; the loop's counters below
-        start, metrics = state["step"], state["metrics"]
-        for _ in range(state["drawn"]):  # the batches the finished steps drew (the loader's own generator, no compute)
-            draw()
+        start, metrics, drawn = state["step"], state["metrics"], state["drawn"]
+        for _ in range(drawn):  # the batches the finished steps drew (the loader's own generator, no compute)
+            next(batches)
         if online and state["pending"][accelerator.process_index] is not None:
-            pending = restored(state["pending"][accelerator.process_index], device)
+            pending = sampled_pairs_from_json(state["pending"][accelerator.process_index], device)
     else:
-        metrics = run_eval(0)
-    gen_policy, executor, rows_of = unwrapped, None, None
-    if online:
-        rows_of = lambda idx: [train[i] for i in idx.tolist()]  # noqa: E731
-        if args.async_generation:  # the generator samples with its own copy of the weights, synced after each step
-            gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
-            # LoRA: the thread's reference is its copy with the adapters disabled; disabling the learner's adapters
-            # from the thread would switch them off under the learner's own forward pass
-            gen_ref = LoraReference(gen_policy) if args.lora_r else ref_policy
-            executor = ThreadPoolExecutor(max_workers=1)
-            if pending is None:  # the first batch, sampled by the initial policy
-                pending = executor.submit(
-                    sample_pairs,
-                    gen_policy,
-                    gen_ref,
-                    reward_model,
-                    tokenizer,
-                    rows_of(draw()),
-                    args,
-                    device,
-                    0,
-                    gen_threads,
-                    synced,
-                    accelerator.autocast,
-                )
-            else:  # a resumed run: the batch sampled before the checkpoint
-                pending = done_future(pending)
+        metrics = evaluate_dpo(run, 0, models, eval_pairs, eval_rows, args, accelerator, pieces)
+    gen_policy, gen_ref, executor = unwrapped, ref_policy, None
+    if asynchronous:  # the generator samples with its own copy of the weights, synced after each step
+        gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
+        # LoRA: the thread's reference is its copy with the adapters disabled; disabling the learner's adapters
+        # from the thread would switch them off under the learner's own forward pass
+        gen_ref = LoraReference(gen_policy) if args.lora_r else ref_policy
+        executor = ThreadPoolExecutor(max_workers=1)
+        pending = None if pending is None else done_future(pending)  # resumed: the batch sampled before the checkpoint
 
-    start_time, episode, grad_norm = time.time(), start * batch_pairs, None
-    progress = tqdm(
-        range(start + 1, total_steps + 1),
-        initial=start,
-        total=total_steps,
-        disable=not accelerator.is_main_process,
-        desc=f"{args.mode} dpo",
-    )
+    # ---- 6. the loop: this step's pairs, then one DPO update on them ----
+    start_time, grad_norm, stats = time.time(), None, {}
+    steps, main_process = range(start + 1, total_steps + 1), accelerator.is_main_process
+    progress = tqdm(steps, initial=start, total=total_steps, disable=not main_process, desc=f"{args.mode} dpo")
     for step in progress:
-        wait_start = time.time()
-        stats, data = {}, None
-        if online:
-            if executor:
-                data = pending.result()
-                wait = time.time() - wait_start
-                pending = None
-                if step < total_steps:  # the generator's copy synced to the current weights (step - 1) samples the next
-                    gen_policy.load_state_dict(unwrapped.state_dict())
-                    pending = executor.submit(
-                        sample_pairs,
-                        gen_policy,
-                        gen_ref,
-                        reward_model,
-                        tokenizer,
-                        rows_of(draw()),
-                        args,
-                        device,
-                        step - 1,
-                        gen_threads,
-                        synced,
-                        accelerator.autocast,
-                    )
-            else:  # synchronous: this step's batch, sampled now by the current weights (or restored by --resume)
-                data = (
-                    pending
-                    if pending is not None
-                    else sample_pairs(
-                        gen_policy,
-                        ref_policy,
-                        reward_model,
-                        tokenizer,
-                        rows_of(draw()),
-                        args,
-                        device,
-                        step - 1,
-                        gen_threads,
-                        synced,
-                        accelerator.autocast,
-                    )
-                )
-                pending, wait = None, time.time() - wait_start
-            micro = []
-            n_pairs = len(data["pairs"])
-            for i in range(args.gradient_accumulation_steps):
-                sel = list(range(i, n_pairs, args.gradient_accumulation_steps))
-                mb = {
-                    k: v.to(device)
-                    for k, v in collate_pairs([data["pairs"][j] for j in sel], pad, args.pack_pairs).items()
-                }
-                mb["valid"] = data["valid"][sel]
-                micro.append(mb)
-            stats = {k: float(v) for k, v in data["stats"].items()}
-            stats.update(
-                {
-                    "async/policy_lag": (step - 1) - data["version"],
-                    "perf/generation_wait_sec": wait,
-                    "perf/generation_sec": data["gen_time"],
-                }
-            )
+        # ---- 6a. the pairs. Offline: the next micro-batches of the preference data. Online: two responses to each
+        # prompt of the step, sampled by the current weights, labelled by the judge (a resumed run first trains on the
+        # batch sampled before its checkpoint). Asynchronous online: the generator thread sampled this step's batch
+        # while the learner trained the step before (a new run's first: sampled now, by the initial weights); once it
+        # is taken, the thread's copy, synced to the current weights (step - 1), samples the next step's ----
+        wait_start, data = time.time(), None
+        if not online:
+            micro = [next(batches) for _ in range(args.gradient_accumulation_steps)]
+            drawn += args.gradient_accumulation_steps
+        elif not args.async_generation:
+            if pending is None:
+                rows, drawn = [train[i] for i in next(batches).tolist()], drawn + 1
+                pending = sample_pairs(
+                    unwrapped, ref_policy, reward_model, tokenizer, rows, args, device, step - 1, gen_threads, synced,
+                    accelerator.autocast,
+                )  # fmt: skip
+            data, pending = pending, None
         else:
-            micro = [draw() for _ in range(args.gradient_accumulation_steps)]
+            while data is None or (pending is None and step < total_steps):  # until this step's taken, next in flight
+                if pending is None:
+                    if data is not None:
+                        gen_policy.load_state_dict(unwrapped.state_dict())
+                    rows, drawn = [train[i] for i in next(batches).tolist()], drawn + 1
+                    pending = executor.submit(
+                        sample_pairs, gen_policy, gen_ref, reward_model, tokenizer, rows, args, device, step - 1,
+                        gen_threads, synced, accelerator.autocast,
+                    )  # fmt: skip
+                if data is None:
+                    data, pending = pending.result(), None
+        if online:  # the rollout statistics by name; micro-batch i takes pairs i, i + accumulation steps, ...
+            stats = {k: float(v) for k, v in data["stats"].items()}
+            stats["async/policy_lag"] = (step - 1) - data["version"]
+            stats["perf/generation_wait_sec"] = time.time() - wait_start
+            stats["perf/generation_sec"] = data["gen_time"]
+            micro = []
+            for i in range(args.gradient_accumulation_steps):
+                sel = list(range(i, len(data["pairs"]), args.gradient_accumulation_steps))
+                mb = collate_preference_pairs([data["pairs"][j] for j in sel], pad, args.pack_pairs)
+                micro.append({**{k: v.to(device) for k, v in mb.items()}, "valid": data["valid"][sel]})  # 0: a tie
 
-        # ---- DPO update: the mean over the (untied) pairs of the whole batch, all micro-batches and processes ----
+        # ---- 6b. DPO update: the mean over the (untied) pairs of the whole batch, all micro-batches and processes ----
         train_start, running = time.time(), []
         total = global_count(sum(pair_weights(mb).sum().item() for mb in micro), accelerator)
         share = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
@@ -781,209 +794,59 @@ def main(args: Args) -> dict:
             with accelerator.accumulate(policy):
                 loss_sum, out = micro_batch_loss(policy, ref_policy, mb, args, accelerator.autocast)
                 if not run.all_finite(loss_sum):
-                    failed(step, data, "DPO loss")
+                    stop_dpo_non_finite(run, "DPO loss", step, drawn, metrics, data, pending, args)
                 backward_share(accelerator, loss_sum, total)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                     if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                        failed(step, data, "gradient norm")
+                        stop_dpo_non_finite(run, "gradient norm", step, drawn, metrics, data, pending, args)
                 optimizer.step()
                 optimizer.zero_grad()
-            r_c, r_r, chosen, rejected = out["r_chosen"], out["r_rejected"], out["chosen"], out["rejected"]
-            # loss_sum * share, averaged over the micro-batches and processes below, is the batch mean of the gradient
-            running.append(
-                {
-                    "train/loss": loss_sum.detach() * share,
-                    "rewards/chosen": r_c.mean(),
-                    "rewards/rejected": r_r.mean(),
-                    "rewards/accuracies": implicit_accuracy(r_c, r_r).mean(),
-                    "rewards/margins": (r_c - r_r).mean(),
-                    "logps/chosen": chosen.mean(),
-                    "logps/rejected": rejected.mean(),
-                    # online: the mean of log pi - log pi_ref over the sampled responses (k1, per response)
-                    "objective/kl": ((chosen - out["ref_chosen"]) + (rejected - out["ref_rejected"])).mean() / 2,
-                }
-            )
+            running.append(micro_batch_statistics(loss_sum, share, out))
         scheduler.step()
         train_sec = time.time() - train_start  # the update only (not the sampling)
         episode = step * batch_pairs
 
-        # ---- logging ----
+        # ---- 6c. logging, evaluation, checkpoints ----
         if step % args.log_every == 0 or step == total_steps:
-            names = list(running[0])  # every process's micro-batch means, by name, averaged over all of them
-            means = torch.stack([torch.stack([r[k] for k in names]) for r in running]).mean(0)
-            logged = dict(zip(names, accelerator.gather(means[None]).mean(0).tolist()))
+            logged = mean_over_processes(running, accelerator)  # every micro-batch mean, by name, of every process
             if online:
                 logged.update(stats)
             else:
                 del logged["objective/kl"]  # offline pairs are not the policy's samples
-            logged.update(
-                {
-                    "train/grad_norm": float("nan") if grad_norm is None else float(grad_norm),  # DeepSpeed
-                    "lr": scheduler.get_last_lr()[0],
-                    "perf/train_sec": train_sec,
-                    "perf/episodes_per_sec": (episode - start * batch_pairs) / (time.time() - start_time),
-                    "perf/peak_mem_gb": peak_mem_gb(device),
-                }
-            )
+            logged["train/grad_norm"] = float("nan") if grad_norm is None else float(grad_norm)  # DeepSpeed: None
+            logged["lr"] = scheduler.get_last_lr()[0]
+            logged["perf/train_sec"] = train_sec
+            logged["perf/episodes_per_sec"] = (episode - start * batch_pairs) / (time.time() - start_time)
+            logged["perf/peak_mem_gb"] = peak_mem_gb(device)
             run.log(logged, step, episode)
             progress.set_postfix(loss=f"{logged['train/loss']:.3f}", acc=f"{logged['rewards/accuracies']:.2f}")
         if step % args.eval_every == 0 or step == total_steps:
-            if executor and pending is not None:
+            if pending is not None:
                 pending.result()  # the generator thread shares the reward and reference models: let it finish first
-            metrics = run_eval(step)
+            metrics = evaluate_dpo(run, step, models, eval_pairs, eval_rows, args, accelerator, pieces)
         stop = run.stop_requested()
         if stop or (args.save_every and step % args.save_every == 0 and step < total_steps):
             # async: the next batch, sampled, is part of the state; waiting for it leaves the RNG where the thread does
-            now = loop_state(step, drawn, pending.result() if executor and pending is not None else None)
-            if stop:
-                run.stop(now)
-            else:
-                run.checkpoint(now)
+            ahead = None if pending is None else pending.result()
+            state = dpo_loop_state(step, drawn, metrics, ahead, args, accelerator)
+            run.stop(state) if stop else run.checkpoint(state)
     progress.close()
     if executor:
         executor.shutdown(wait=True)
 
+    # ---- 7. the trained policy (model/) and done.json ----
     episodes = total_steps * batch_pairs
-    run.finish(
-        policy,
-        tokenizer,
-        {"step": total_steps, "episode": episodes, "total_steps": total_steps, "total_episodes": episodes},
-    )
+    budget = {"step": total_steps, "episode": episodes, "total_steps": total_steps, "total_episodes": episodes}
+    run.finish(policy, tokenizer, budget)
     accelerator.end_training()
     return metrics
 
 
-# --------------------------------------------------------------------------------------------------
-# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
-# across scripts by tests/test_conventions.py)
-# --------------------------------------------------------------------------------------------------
-
-
 # ----------------------------------------------------------------------------------------------------
-# Offline-first loading (same helpers as every script of this repository)
+# Truncation, the judges (reward model, tiny world's gold judge) and evaluation's KL estimate: algorithmic
+# pieces copied between scripts, kept equal by tests/test_conventions.py
 # ----------------------------------------------------------------------------------------------------
-
-
-def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
-    local = os.path.isdir(path)
-    if not local:
-        require_hub(path, "model", flag)
-    try:
-        model = cls.from_pretrained(
-            path,
-            trust_remote_code=args.trust_remote_code,
-            local_files_only=local,
-            dtype=getattr(torch, args.dtype),
-            **kwargs,
-        )
-    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
-    for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model
-
-
-def load_tokenizer(args: Args):
-    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
-    local = os.path.isdir(args.sft_model_path)
-    if not local:
-        require_hub(args.sft_model_path, "model", "--sft-model-path")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
-            f"load (is it a model saved with save_pretrained?): {reason}"
-        ) from None
-    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
-
-
-def load_reward_model(args: Args, tokenizer):
-    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
-    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
-    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
-    causal LM) loads with a random head: a warning."""
-    path, flag = args.reward_model_path, "--reward-model-path"
-    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
-    kind = getattr(model.config, "reward_type", "outcome")
-    if kind != "outcome":
-        raise SystemExit(
-            f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
-            "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
-        )
-    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
-        print(
-            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
-            "head is untrained, so the rewards are noise",
-            file=sys.stderr,
-        )
-    try:
-        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
-    except (OSError, ValueError, KeyError, TypeError):
-        rm_vocab = None  # no tokenizer saved with it: nothing to compare
-    if rm_vocab is not None:
-        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
-        if differ:
-            raise SystemExit(
-                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
-            )
-    model.config.pad_token_id = tokenizer.pad_token_id  # its own forward refuses batches without a pad id
-    return model.eval().requires_grad_(False)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch` (helpers copied
-# verbatim between scripts), and the tokenizer checks
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Padding, reward-model scores, tiny-world judge (copied from sft.py / ppo_rlhf.py / benchmark/tiny_world.py)
-# ----------------------------------------------------------------------------------------------------
-
-
-def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
-    for name in template_fields(template, flag):
-        value = row.get(name)
-        if name not in row:
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                f"({flag} {template!r}); its fields are {sorted(row)}"
-            )
-        if value is None:
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is missing or null; fill it in or drop the row"
-            )
-        if chat_messages(value):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                "tokenizer's chat template"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
-            )
-    try:
-        text = template.format(**row)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
-    return text
 
 
 def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
@@ -1063,31 +926,155 @@ def gold_judge(summary: str, facts: list[str]) -> float:
     return covered - 0.5 * invented - 0.1 * too_long
 
 
-# ----------------------------------------------------------------------------------------------------
-# Metrics and the learning-rate schedule
-# ----------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
+    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
+    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
+    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
+    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
+    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(queries.sum()))
+        out = policy.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=response_length,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            synced_gpus=synced,
+        )
+    responses = out[:, queries.shape[1] :]
+    ended = (responses == eos_id).long()
+    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
+    valid = (ended.cumsum(1) - ended == 0).long()
+    mask = torch.cat([qmask, valid], 1)
+    inputs = {
+        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
+    }
+    kl = torch.zeros(len(queries), device=queries.device)
+    for model, sign in ((policy, 1.0), (reference, -1.0)):
+        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
+        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
+        kl += sign * (logprobs * valid).sum(1)
+    return kl.tolist()
 
 
 # ----------------------------------------------------------------------------------------------------
-# The DPO math: small pure functions, each checked against hand-computed values in tests/test_dpo.py
+# Plumbing: loading, prompts and evaluation bookkeeping specific to this script (the rest is in clean_rlhf_utils/)
 # ----------------------------------------------------------------------------------------------------
 
 
-def forward_logprobs(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) sequence logprobs of a pair batch whose first half of rows are the chosen responses, or of
-    a `pack_pairs` batch. Position ids follow the attention mask, so the side of the padding does not change the
-    result."""
-    if "allowed" in batch:
-        return packed_logprobs(model, batch)
-    mask = batch["attention_mask"]
-    position_ids = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    logits = model(input_ids=batch["input_ids"], attention_mask=mask, position_ids=position_ids).logits
-    return sequence_logprobs(logits, batch["input_ids"], batch["loss_mask"]).chunk(2)
+def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    try:
+        model = cls.from_pretrained(
+            path,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=local,
+            dtype=getattr(torch, args.dtype),
+            **kwargs,
+        )
+    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
+    return model
 
 
-# ----------------------------------------------------------------------------------------------------
-# Data
-# ----------------------------------------------------------------------------------------------------
+def load_tokenizer(args: Args):
+    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
+    local = os.path.isdir(args.sft_model_path)
+    if not local:
+        require_hub(args.sft_model_path, "model", "--sft-model-path")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(
+            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
+            f"load (is it a model saved with save_pretrained?): {reason}"
+        ) from None
+    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
+
+
+def load_reward_model(args: Args, tokenizer):
+    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
+    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
+    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
+    causal LM) loads with a random head: a warning."""
+    path, flag = args.reward_model_path, "--reward-model-path"
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
+    kind = getattr(model.config, "reward_type", "outcome")
+    if kind != "outcome":
+        raise SystemExit(
+            f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
+            "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
+        )
+    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
+        print(
+            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
+            "head is untrained, so the rewards are noise",
+            file=sys.stderr,
+        )
+    try:
+        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
+    except (OSError, ValueError, KeyError, TypeError):
+        rm_vocab = None  # no tokenizer saved with it: nothing to compare
+    if rm_vocab is not None:
+        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
+        if differ:
+            raise SystemExit(
+                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
+            )
+    model.config.pad_token_id = tokenizer.pad_token_id  # its own forward refuses batches without a pad id
+    return model.eval().requires_grad_(False)
+
+
+def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
+    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
+    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
+    for name in template_fields(template, flag):
+        value = row.get(name)
+        if name not in row:
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
+                f"({flag} {template!r}); its fields are {sorted(row)}"
+            )
+        if value is None:
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                f"{template!r}) is missing or null; fill it in or drop the row"
+            )
+        if chat_messages(value):
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
+                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
+                "tokenizer's chat template"
+            )
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
+            )
+    try:
+        text = template.format(**row)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(
+            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
+        ) from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
+    return text
 
 
 def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
@@ -1137,40 +1124,6 @@ def reference_text(row: dict, index: int, split: str, args: Args) -> str:
     return text
 
 
-def response_text(row: dict, index: int, split: str, field: str, flag: str) -> str:
-    """The chosen or rejected response of a row: the field's text, or the assistant turn of TRL's conversational
-    preference format ({"prompt": [user messages], "chosen": [{"role": "assistant", "content": ...}], ...}). A missing,
-    null, empty or non-text field, or a whole conversation (TRL's implicit-prompt format, the prompt repeated in both
-    responses), is a one-line error naming the row, the field and the flag."""
-    if field not in row:
-        raise SystemExit(
-            f"error: row {index} of split '{split}' has no field '{field}' ({flag}); its fields are {sorted(row)}"
-        )
-    value = row[field]
-    if value is None:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': field '{field}' ({flag}) is missing or null; fill it "
-            "in or drop the row"
-        )
-    if chat_messages(value):
-        if any(m["role"] != "assistant" for m in value):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{field}' ({flag}) holds a whole "
-                f"conversation (roles {[m['role'] for m in value]}), TRL's implicit-prompt format; give "
-                "the prompt's messages in their own field (--prompt-template '{prompt}') and only the "
-                "assistant's turn in chosen and rejected (TRL's prompt/chosen/rejected format)"
-            )
-        value = "\n".join(m["content"] for m in value)
-    elif not isinstance(value, str):
-        raise SystemExit(
-            f"error: row {index} of split '{split}': field '{field}' ({flag}) is a "
-            f"{type(value).__name__}, not text: {str(value)[:60]!r}"
-        )
-    if not value.strip():
-        raise SystemExit(f"error: row {index} of split '{split}': field '{field}' ({flag}) is empty")
-    return value
-
-
 def model_positions(model) -> int | None:
     """The longest sequence the model's position embeddings cover (None when its config does not say)."""
     config = model.config
@@ -1178,89 +1131,9 @@ def model_positions(model) -> int | None:
 
 
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None = None) -> list[dict]:
-    """Prompt ids and chosen / rejected response ids, each ending in exactly one EOS (the N+ responses already end
-    with the text `<|endoftext|>`), every field checked now (`prompt_token_ids`, `response_text`). A pair longer than
-    `--max-prompt-length` / `--max-response-length`, or than the model's positions, is an error (or dropped with
-    `--drop-overlong`); so is a split whose every pair has chosen = rejected (no preference to learn)."""
-    out, dropped, same = [], 0, 0
-    for i, row in enumerate(ds):
-        item = {}
-        for key, name, flag in (
-            ("chosen", args.chosen_field, "--chosen-field"),
-            ("rejected", args.rejected_field, "--rejected-field"),
-        ):
-            ids = tokenizer(response_text(row, i, split, name, flag), add_special_tokens=False)["input_ids"]
-            item[key] = end_with_eos(ids, tokenizer.eos_token_id)
-        # the prompt after the responses: TRL's implicit-prompt rows get the message about their format
-        prompt_ids = item["prompt_ids"] = prompt_token_ids(row, i, split, tokenizer, args)
-        longest = max(len(item["chosen"]), len(item["rejected"]))
-        too_long = len(prompt_ids) > args.max_prompt_length or longest > args.max_response_length
-        no_room = max_positions is not None and len(prompt_ids) + longest > max_positions
-        if too_long or no_room:
-            if args.drop_overlong:
-                dropped += 1
-                continue
-            if too_long:
-                raise SystemExit(
-                    f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a "
-                    f"{longest}-token response (EOS included); the limits are --max-prompt-length "
-                    f"{args.max_prompt_length} and --max-response-length {args.max_response_length}. "
-                    "Raise them or pass --drop-overlong."
-                )
-            raise SystemExit(
-                f"error: row {i} of split '{split}' has a {len(prompt_ids)}-token prompt and a {longest}-"
-                f"token response, {len(prompt_ids) + longest} tokens, more than the {max_positions} "
-                f"positions of --sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
-                f"{args.max_prompt_length}) or --max-response-length, with --drop-overlong"
-            )
-        same += item["chosen"] == item["rejected"]
-        out.append(item)
-    if dropped:
-        print(
-            f"dropped {dropped} of {len(ds)} pairs of '{split}' longer than --max-prompt-length / "
-            "--max-response-length or than the model's positions"
-        )
-    if not out:
-        raise SystemExit(f"error: no usable pairs in split '{split}'")
-    if same == len(out):
-        raise SystemExit(
-            f"error: every pair of split '{split}' has the same chosen and rejected response "
-            f"(--chosen-field '{args.chosen_field}', --rejected-field '{args.rejected_field}'): there is "
-            "no preference to learn; check the two fields"
-        )
-    if same:
-        print(
-            f"warning: {same} of {len(out)} pairs of '{split}' have the same chosen and rejected response: they "
-            "count in the loss's mean but carry no preference",
-            file=sys.stderr,
-        )
-    return out
-
-
-def collate_pairs(items: list[dict], pad_id: int, pack: bool = False) -> dict[str, torch.Tensor]:
-    """Chosen rows first, then rejected rows, right-padded (one forward pass for both); the loss mask marks
-    the response tokens and EOS. With `pack`, the `pack_pairs` batch instead. Cached reference logprobs travel
-    with the pairs when present."""
-    if pack:
-        batch = pack_pairs(items, pad_id)
-        if "ref_chosen" in items[0]:
-            batch["ref_chosen"] = torch.tensor([it["ref_chosen"] for it in items])
-            batch["ref_rejected"] = torch.tensor([it["ref_rejected"] for it in items])
-        return batch
-    seqs = [(it["prompt_ids"], it[key]) for key in ("chosen", "rejected") for it in items]
-    width = max(len(p) + len(r) for p, r in seqs)
-    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (p, r) in enumerate(seqs):
-        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        attention_mask[i, : len(p) + len(r)] = 1
-        loss_mask[i, len(p) : len(p) + len(r)] = 1
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
-    if "ref_chosen" in items[0]:
-        batch["ref_chosen"] = torch.tensor([it["ref_chosen"] for it in items])
-        batch["ref_rejected"] = torch.tensor([it["ref_rejected"] for it in items])
-    return batch
+    """The preference pairs of a split, checked and tokenized (`data.tokenize_preference_pairs`, this script's
+    prompts)."""
+    return tokenize_preference_pairs(ds, tokenizer, args, split, max_positions, prompt_token_ids)
 
 
 def prepare_prompts(
@@ -1314,413 +1187,6 @@ def prepare_prompts(
     if not rows:
         raise SystemExit(f"error: no usable prompts in split '{split}'")
     return rows
-
-
-# ----------------------------------------------------------------------------------------------------
-# Reference logprobs, online pairs, evaluation
-# ----------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def cache_ref_logprobs(ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> None:
-    """Reference logprobs of every pair, computed once (each process takes a shard, all get the union; under ZeRO-3 the
-    shards are padded to equal size, every forward pass being a collective, and a padded duplicate rewrites a value)."""
-    out = []
-    with accelerator.split_between_processes(list(range(len(items))), apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            idx = shard[start : start + args.per_device_eval_batch_size]
-            batch = {
-                k: v.to(accelerator.device)
-                for k, v in collate_pairs([items[i] for i in idx], pad_id, args.pack_pairs).items()
-            }
-            with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
-                chosen, rejected = forward_logprobs(ref_policy, batch)
-            out.extend(zip(idx, chosen.tolist(), rejected.tolist()))
-    for i, c, r in gather_object(out):
-        items[i]["ref_chosen"], items[i]["ref_rejected"] = c, r
-
-
-@torch.no_grad()
-def sample_pairs(
-    gen_policy,
-    ref_policy,
-    reward_model,
-    tokenizer,
-    rows: list[dict],
-    args: Args,
-    device,
-    version: int,
-    num_threads: int | None = None,
-    synced: bool = False,
-    autocast=nullcontext,
-) -> dict:
-    """Online DPO data for one step: two samples per prompt from `gen_policy`, truncated after EOS, scored by
-    the judge; the higher-scored one is `chosen`. Returns the pairs as token lists (the offline pairs' format) with
-    their reference logprobs, which pairs tie, the policy version that generated them, and rollout statistics. Runs
-    in the generator thread with --async. `synced` (ZeRO-3): `generate` keeps stepping until every process is done.
-    `autocast`: the training precision's context (accelerator.autocast), for the frozen models' forward passes."""
-    if num_threads:  # a new thread starts with the default OpenMP pool; give it its share of the cores
-        torch.set_num_threads(num_threads)
-    t0 = time.time()
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    queries, qmask = left_pad([r["prompt_ids"] for r in rows for _ in range(2)], pad)  # rows 2i and 2i+1: prompt i
-    queries, qmask = queries.to(device), qmask.to(device)
-    out = gen_policy.generate(
-        input_ids=queries,
-        attention_mask=qmask,
-        max_new_tokens=args.response_length,
-        do_sample=True,
-        temperature=args.temperature + 1e-7,
-        top_k=0,
-        top_p=1.0,
-        pad_token_id=pad,
-        eos_token_id=eos,
-        synced_gpus=synced,
-    )
-    responses = truncate_response(out[:, queries.shape[1] :], eos, pad)
-    if (responses[:, 0] == pad).any():
-        raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
-    contain_eos = (responses == eos).any(1)
-    if args.judge == "gold":
-        texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-        scores = torch.tensor([gold_judge(t, rows[i // 2]["facts"]) for i, t in enumerate(texts)], device=device)
-    else:
-        seqs = torch.cat([queries, responses], 1)
-        with autocast():
-            scores = outcome_reward(reward_model, seqs.masked_fill(seqs == pad, 0), (seqs != pad).long()).float()
-    if args.non_eos_penalty:
-        scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
-    first_wins = scores[0::2] >= scores[1::2]
-    chosen = torch.where(first_wins[:, None], responses[0::2], responses[1::2])
-    rejected = torch.where(first_wins[:, None], responses[1::2], responses[0::2])
-    # the pairs as token lists, pad tokens dropped (the padded forward masks them out), like the offline pairs
-    real = lambda t: t[t != pad].tolist()  # noqa: E731
-    pairs = [
-        {"prompt_ids": real(queries[2 * i]), "chosen": real(chosen[i]), "rejected": real(rejected[i])}
-        for i in range(len(rows))
-    ]
-    batch = {k: v.to(device) for k, v in collate_pairs(pairs, pad, args.pack_pairs).items()}
-    with autocast():
-        ref_logprobs = forward_logprobs(ref_policy, batch)
-    for it, ref_c, ref_r in zip(pairs, *ref_logprobs):
-        it["ref_chosen"], it["ref_rejected"] = ref_c.item(), ref_r.item()
-    high, low = scores.view(-1, 2).max(1).values, scores.view(-1, 2).min(1).values
-    stats = {
-        "objective/reward": scores.mean(),
-        "objective/score_margin": (high - low).mean(),
-        "objective/tie_rate": (high == low).float().mean(),
-        "objective/eos_rate": contain_eos.float().mean(),
-        "objective/completion_length": (responses != pad).sum(1).float().mean(),
-    }
-    return {"pairs": pairs, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
-
-
-def portable(data: dict | None) -> dict | None:
-    """`sample_pairs`'s batch as JSON (token lists, floats, booleans), for a checkpoint's state."""
-    if data is None:
-        return None
-    return {
-        "pairs": data["pairs"],
-        "valid": data["valid"].tolist(),
-        "version": data["version"],
-        "stats": {k: float(v) for k, v in data["stats"].items()},
-        "gen_time": data["gen_time"],
-    }
-
-
-def restored(data: dict, device) -> dict:
-    """The batch of `portable` back in `sample_pairs`'s form (the floats are the float32 values, so exact)."""
-    return {**data, "valid": torch.tensor(data["valid"], dtype=torch.bool, device=device)}
-
-
-def done_future(result) -> Future:
-    """A future that already holds `result` (a resumed async run's first batch, sampled before the checkpoint)."""
-    future = Future()
-    future.set_result(result)
-    return future
-
-
-@torch.no_grad()
-def evaluate_pairs(policy, ref_policy, items: list[dict], pad_id: int, args: Args, accelerator: Accelerator) -> dict:
-    """DPO loss and implicit-reward accuracy on held-out preference pairs (under ZeRO-3, shards padded to equal size
-    and the padded duplicates dropped after)."""
-    policy.eval()
-    records = []
-    with accelerator.split_between_processes(items, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            batch = {
-                k: v.to(accelerator.device)
-                for k, v in collate_pairs(
-                    shard[start : start + args.per_device_eval_batch_size], pad_id, args.pack_pairs
-                ).items()
-            }
-            with accelerator.autocast():
-                chosen, rejected = forward_logprobs(policy, batch)
-                if "ref_chosen" in batch:
-                    ref_c, ref_r = batch["ref_chosen"], batch["ref_rejected"]
-                else:
-                    ref_c, ref_r = forward_logprobs(ref_policy, batch)
-            losses, rc, rr = pair_losses(batch, chosen, rejected, ref_c, ref_r, args)
-            records.extend(zip(losses.tolist(), rc.tolist(), rr.tolist(), implicit_accuracy(rc, rr).tolist()))
-    records = gather_object(records[: shard_length(len(items), accelerator)])  # without the padded rows
-    policy.train()
-    n = len(records)
-    return {
-        "eval/loss": sum(r[0] for r in records) / n,
-        "eval/accuracy": sum(r[3] for r in records) / n,
-        "eval/reward_chosen": sum(r[1] for r in records) / n,
-        "eval/reward_rejected": sum(r[2] for r in records) / n,
-        "eval/reward_margin": sum(r[1] - r[2] for r in records) / n,
-    }
-
-
-@torch.no_grad()
-def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
-    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
-    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
-    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
-    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
-    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(queries.sum()))
-        out = policy.generate(
-            input_ids=queries,
-            attention_mask=qmask,
-            max_new_tokens=response_length,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            synced_gpus=synced,
-        )
-    responses = out[:, queries.shape[1] :]
-    ended = (responses == eos_id).long()
-    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
-    valid = (ended.cumsum(1) - ended == 0).long()
-    mask = torch.cat([qmask, valid], 1)
-    inputs = {
-        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
-    }
-    kl = torch.zeros(len(queries), device=queries.device)
-    for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
-        kl += sign * (logprobs * valid).sum(1)
-    return kl.tolist()
-
-
-@torch.no_grad()
-def evaluate(
-    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
-) -> tuple[dict, list[dict]]:
-    """Greedy responses to the evaluation prompts, scored by the gold judge (tiny-tldr) and the reward model if any.
-    Under ZeRO-3 the shards are padded to equal size and `generate` synced (every forward pass is a collective)."""
-    policy.eval()
-    records = []
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            batch = shard[start : start + args.per_device_eval_batch_size]
-            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
-            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            out = policy.generate(
-                input_ids=queries,
-                attention_mask=qmask,
-                max_new_tokens=args.response_length,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                synced_gpus=zero3(accelerator),
-            )
-            responses = truncate_response(out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
-            scores = [None] * len(batch)
-            if reward_model is not None:
-                seqs = torch.cat([queries, responses], 1)
-                with accelerator.autocast():
-                    scores = outcome_reward(
-                        reward_model,
-                        seqs.masked_fill(seqs == tokenizer.pad_token_id, 0),
-                        (seqs != tokenizer.pad_token_id).long(),
-                    ).tolist()
-            kls = [None] * len(batch)
-            if args.eval_kl and reference is not None:
-                kls = sampled_kl(
-                    policy,
-                    reference,
-                    queries,
-                    qmask,
-                    args.response_length,
-                    tokenizer.pad_token_id,
-                    tokenizer.eos_token_id,
-                    zero3(accelerator),
-                )
-            for r, resp, score, kl in zip(batch, responses, scores, kls):
-                text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {
-                    "response": text,
-                    "score": score,
-                    "kl": kl,
-                    "length": int((resp != tokenizer.pad_token_id).sum()),
-                    "eos": bool((resp == tokenizer.eos_token_id).any()),
-                }
-                if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = (
-                        gold_judge(text, r["facts"]),
-                        gold_judge(r["reference"], r["facts"]),
-                    )
-                records.append(rec)
-    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    policy.train()
-    n = len(records)
-    metrics = {
-        "eval/completion_length": sum(r["length"] for r in records) / n,
-        "eval/eos_rate": sum(r["eos"] for r in records) / n,
-    }
-    if reward_model is not None:
-        metrics["eval/score"] = sum(r["score"] for r in records) / n
-    if args.eval_kl and reference is not None:
-        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
-    if args.eval_task == "tldr":
-        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = (
-            sum(
-                1.0
-                if r["gold_reward"] > r["reference_gold_reward"]
-                else 0.5
-                if r["gold_reward"] == r["reference_gold_reward"]
-                else 0.0
-                for r in records
-            )
-            / n
-        )
-    return metrics, records
-
-
-# ----------------------------------------------------------------------------------------------------
-# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
-# argument checks (copied verbatim between scripts; tests/test_faults.py)
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# The script's own argument checks and loop state
-# ----------------------------------------------------------------------------------------------------
-
-
-def check_dpo_args(args: Args) -> None:
-    """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares)."""
-    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation
-    for flag, value in (("--num-eval-examples", args.num_eval_examples), ("--num-eval-pairs", args.num_eval_pairs)):
-        if value < 0:
-            raise SystemExit(f"error: {flag} is {value}; 0 skips that evaluation")
-    if not args.beta > 0:
-        raise SystemExit(f"error: --beta is {args.beta}; the KL strength must be above 0")
-    if not 0 <= args.label_smoothing < 0.5:
-        raise SystemExit(
-            f"error: --label-smoothing is {args.label_smoothing}; the probability that a label is flipped "
-            "must be in [0, 0.5)"
-        )
-    if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
-        raise SystemExit(
-            "error: online DPO with --judge rm labels its pairs with a reward model: pass "
-            "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
-        )
-
-
-# --------------------------------------------------------------------------------------------------
-# Speed work (skippable on a first reading): the same results, faster
-# --------------------------------------------------------------------------------------------------
-
-
-def pack_pairs(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """A padding-free batch of preference pairs for one forward pass. Why: in a right-padded batch of prompt + response
-    rows about a quarter of the tokens are padding, and chosen and rejected repeat the same prompt, most of the tokens
-    in TL;DR; the matmuls, most of a step's time, scale with the tokens. A causal model computes the same hidden states
-    for a shared prefix whatever follows it, so each pair is laid out once as [common prefix, rest of chosen, rest of
-    rejected] (the prefix is the prompt plus any first response tokens both share, capped so both rests keep at least
-    one token). The rest of rejected sees the prefix and itself but not the chosen tokens, and its position ids
-    continue from the prefix, so every token sees exactly what it sees in its own padded row. Pairs are laid end to end
-    in rows of at most `capacity` tokens (first-fit, longest first; twice the longest sequence packed best on CPU: the
-    attention and mask cost grow with the row length). `allowed` (rows, W, W) says which key each query may attend to
-    (block-diagonal per pair, causal, rejected not seeing chosen). `rows`, `cols` (2N, C) locate the positions whose
-    logits predict each response token (C: the longest response), chosen sequences first, then rejected ones, as in
-    the padded batch; `targets` are those tokens and `mask` marks the real ones."""
-    n = len(items)
-    prompts = [it["prompt_ids"] for it in items]
-    chosen = [it["prompt_ids"] + it["chosen"] for it in items]
-    rejected = [it["prompt_ids"] + it["rejected"] for it in items]
-    shared = [
-        min(next((k for k, (a, b) in enumerate(zip(c, r)) if a != b), min(len(c), len(r))), min(len(c), len(r)) - 1)
-        for c, r in zip(chosen, rejected)
-    ]
-    units = [len(c) + len(r) - s for c, r, s in zip(chosen, rejected, shared)]
-    capacity = max(2 * max(len(s) for s in chosen + rejected), max(units))
-    members, free = [], []
-    for i in sorted(range(n), key=lambda i: -units[i]):
-        row = next((r for r in range(len(members)) if free[r] >= units[i]), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= units[i]
-    width, C = capacity - min(free), max(len(it[k]) for it in items for k in ("chosen", "rejected"))
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    pair = torch.full((len(members), width), -1, dtype=torch.long)  # which pair of the row a token belongs to
-    part = torch.zeros(
-        (len(members), width), dtype=torch.long
-    )  # 0: shared prefix or padding, 1: rest of chosen, 2: rest of rejected
-    rows, cols = torch.zeros((2 * n, C), dtype=torch.long), torch.zeros((2 * n, C), dtype=torch.long)
-    targets, mask = torch.full((2 * n, C), pad_id, dtype=torch.long), torch.zeros((2 * n, C), dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            c, rej, s, P = chosen[i], rejected[i], shared[i], len(prompts[i])
-            input_ids[r, offset : offset + units[i]] = torch.tensor(c + rej[s:])
-            position_ids[r, offset : offset + len(c)] = torch.arange(len(c))
-            position_ids[r, offset + len(c) : offset + units[i]] = torch.arange(s, len(rej))
-            pair[r, offset : offset + units[i]] = i
-            part[r, offset + s : offset + len(c)], part[r, offset + len(c) : offset + units[i]] = 1, 2
-            # token t of a sequence is predicted by the logits at token t - 1; rejected token t - 1 sits in the prefix
-            # while t - 1 < s, and after the whole chosen sequence from then on
-            before_c, before_r = torch.arange(P - 1, len(c) - 1), torch.arange(P - 1, len(rej) - 1)
-            rows[i, : len(before_c)], cols[i, : len(before_c)] = r, offset + before_c
-            rows[n + i, : len(before_r)] = r
-            cols[n + i, : len(before_r)] = torch.where(before_r < s, offset + before_r, offset + len(c) + before_r - s)
-            targets[i, : len(before_c)], mask[i, : len(before_c)] = torch.tensor(c[P:]), 1
-            targets[n + i, : len(before_r)], mask[n + i, : len(before_r)] = torch.tensor(rej[P:]), 1
-            offset += units[i]
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail sees only itself; it is never read
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    allowed = (pair[:, :, None] == pair[:, None, :]) & causal & ~((part[:, :, None] == 2) & (part[:, None, :] == 1))
-    return {
-        "input_ids": input_ids,
-        "position_ids": position_ids,
-        "allowed": allowed,
-        "rows": rows,
-        "cols": cols,
-        "targets": targets,
-        "mask": mask,
-    }
-
-
-def packed_logprobs(model, packed: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """(chosen, rejected) sequence logprobs of a `pack_pairs` batch. The mask goes in as a 4D additive mask, which
-    transformers hands to the attention as is (eager and sdpa attention; flash-attention kernels take no such mask).
-    use_cache=False: no KV cache is needed here. Only the logits that predict response tokens go through log_softmax."""
-    dtype = next(model.parameters()).dtype
-    mask = torch.zeros(packed["allowed"].shape, dtype=dtype, device=packed["allowed"].device)
-    mask = mask.masked_fill(~packed["allowed"], torch.finfo(dtype).min)[:, None]
-    logits = model(
-        input_ids=packed["input_ids"], attention_mask=mask, position_ids=packed["position_ids"], use_cache=False
-    ).logits
-    logps = torch.gather(
-        logits[packed["rows"], packed["cols"]].float().log_softmax(-1), 2, packed["targets"].unsqueeze(-1)
-    ).squeeze(-1)
-    return (logps * packed["mask"]).sum(-1).chunk(2)
 
 
 if __name__ == "__main__":

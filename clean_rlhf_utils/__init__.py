@@ -7,10 +7,11 @@ loop stay in the scripts. This package never imports a script.
 
 Modules, by job:
   args      the flags every script shares (run, model, LoRA, data, optimizer): the base classes of each `Args`
-  loading   hub checks, datasets, configs, tokenizers, causal LMs: offline first, one-line errors
-  data      prompt templates and padding
+  loading   hub checks, datasets, configs, tokenizers, models: offline first, one-line errors
+  data      prompt templates, padding, tokenized rows and preference pairs, math questions
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
-  runs      the run directory, checkpoints and resume, signals, done.json, the shared argument checks, loop state
-  evaluation  harnesses (SFT samples, reward-model accuracies, reference rewards) and the tiny-world judges
+  runs      the run directory, checkpoints and resume, signals, done.json, the argument checks, loop state
+  evaluation  harnesses that take the script's scoring as arguments, and the tiny-world judges
+  generation  the samplers (KV cache, vLLM), the asynchronous sampling thread
   packing   padding-free batches that give the padded numbers faster (speed work)
 """

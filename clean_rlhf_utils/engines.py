@@ -12,7 +12,9 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object
+
+from clean_rlhf_utils.data import collate_preference_pairs
 
 
 def cpu_threads(processes: int) -> int:
@@ -178,3 +180,49 @@ def peak_mem_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+@torch.no_grad()
+def cache_reference_logprobs(
+    ref_policy, items: list[dict], pad_id: int, args, accelerator: Accelerator, forward_logprobs
+) -> None:
+    """Reference logprobs of every preference pair (the script's `forward_logprobs(model, batch)`), computed once and
+    stored in the pairs as `ref_chosen` / `ref_rejected` (each process takes a shard, all get the union; under ZeRO-3
+    the shards are padded to equal size, every forward pass being a collective, and a padded duplicate rewrites a
+    value)."""
+    out = []
+    with accelerator.split_between_processes(list(range(len(items))), apply_padding=zero3(accelerator)) as shard:
+        for start in range(0, len(shard), args.per_device_eval_batch_size):
+            idx = shard[start : start + args.per_device_eval_batch_size]
+            batch = {
+                k: v.to(accelerator.device)
+                for k, v in collate_preference_pairs([items[i] for i in idx], pad_id, args.pack_pairs).items()
+            }
+            with accelerator.autocast():  # the training precision (bf16 mixed precision: as the policy computes)
+                chosen, rejected = forward_logprobs(ref_policy, batch)
+            out.extend(zip(idx, chosen.tolist(), rejected.tolist()))
+    for i, c, r in gather_object(out):
+        items[i]["ref_chosen"], items[i]["ref_rejected"] = c, r
+
+
+def split_cpu_threads(
+    accelerator: Accelerator, num_threads: int | None, generation_threads: int | None, generator_thread: bool
+) -> tuple[int, int | None]:
+    """On CPU, this process's torch threads (one BLAS pool per process, or the processes fight over cores); with a
+    `generator_thread` (asynchronous sampling), the learner and the generator thread split the process's share (the
+    generator's count is returned for that thread to set). Returns (learner threads, generator threads or None)."""
+    threads = num_threads or cpu_threads(accelerator.num_processes)
+    gen_threads = None
+    if accelerator.device.type == "cpu":
+        if generator_thread:
+            gen_threads = generation_threads or max(1, threads // 2)
+            threads = max(1, threads - gen_threads)
+        torch.set_num_threads(threads)
+    return threads, gen_threads
+
+
+def mean_over_processes(records: list[dict], accelerator: Accelerator) -> dict[str, float]:
+    """Scalar tensors by name, one dict per micro-batch: each name's mean over the micro-batches and processes."""
+    names = list(records[0])
+    means = torch.stack([torch.stack([r[k] for k in names]) for r in records]).mean(0)
+    return dict(zip(names, accelerator.gather(means[None]).mean(0).tolist()))

@@ -248,3 +248,13 @@ def load_scorer(path: str, args, flag: str, reward_type: str, tokenizer):
             "tokenizer"
         )
     return model.eval().requires_grad_(False)
+
+
+def check_pad_token_in_embedding(tokenizer, model, path: str) -> None:
+    """Padding goes through the embedding, so the pad token needs a row of it: a one-line error otherwise."""
+    if tokenizer.pad_token_id >= model.config.vocab_size:
+        raise SystemExit(
+            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+            f"{path} ({model.config.vocab_size} rows); add the pad token at the SFT stage "
+            "(sft.py --add-pad-token)"
+        )

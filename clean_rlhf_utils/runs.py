@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, peak_mem_gb, save_model
+from clean_rlhf_utils.generation import sampled_pairs_to_json
 
 
 def replace_dir(tmp: Path, final: Path) -> None:
@@ -353,3 +354,68 @@ class StepSums:
 
     def max(self, name: str) -> float:
         return self.accelerator.reduce(torch.stack(self.entries[name]).max().to(self.accelerator.device), "max").item()
+
+
+def check_dpo_args(args, sharded_weights: bool) -> None:
+    """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares);
+    `sharded_weights`: DeepSpeed ZeRO-3, which --async cannot copy into its generator thread."""
+    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation
+    for flag, value in (("--num-eval-examples", args.num_eval_examples), ("--num-eval-pairs", args.num_eval_pairs)):
+        if value < 0:
+            raise SystemExit(f"error: {flag} is {value}; 0 skips that evaluation")
+    if not args.beta > 0:
+        raise SystemExit(f"error: --beta is {args.beta}; the KL strength must be above 0")
+    if not 0 <= args.label_smoothing < 0.5:
+        raise SystemExit(
+            f"error: --label-smoothing is {args.label_smoothing}; the probability that a label is flipped "
+            "must be in [0, 0.5)"
+        )
+    if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
+        raise SystemExit(
+            "error: online DPO with --judge rm labels its pairs with a reward model: pass "
+            "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
+        )
+    if args.mode == "online" and args.async_generation and sharded_weights:
+        raise SystemExit(
+            "error: --async copies the policy's weights into a generator thread, but ZeRO-3 shards them "
+            "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)"
+        )
+
+
+def check_dpo_steps(args, total_steps: int, loader_batches: int, usable: int, batch_pairs: int) -> None:
+    """dpo.py's data must make at least one optimizer step: online, the (endless) prompt loader at least one batch."""
+    if args.mode == "online" and loader_batches == 0:  # the endless loader would never yield a batch
+        raise SystemExit(
+            f"error: split '{args.train_split}' of --prompt-dataset-name-or-path has {usable} usable "
+            f"prompts, fewer than one step's {batch_pairs} (--per-device-train-batch-size x "
+            "--gradient-accumulation-steps x processes)"
+        )
+    if total_steps == 0:
+        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
+
+
+def dpo_loop_state(step: int, drawn: int, metrics: dict, pending: dict | None, args, accelerator: Accelerator) -> dict:
+    """dpo.py's loop state after `step` optimizer steps: the batches drawn so far (replayed on resume), the last
+    evaluation, and online the batch already sampled for the next step (`pending`, every process's own, with its
+    labels and reference logprobs), which the resumed run trains on as the uninterrupted run would."""
+    batch_pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    return {
+        "step": step,
+        "episode": step * batch_pairs,
+        "drawn": drawn,
+        "metrics": metrics,
+        "pending": gather_object([sampled_pairs_to_json(pending)]) if args.mode == "online" else None,
+    }
+
+
+def stop_dpo_non_finite(run: Run, what: str, step: int, drawn: int, metrics: dict, data, pending, args) -> None:
+    """A non-finite value in dpo.py's step `step`: a checkpoint of the state before it (online: with this step's batch
+    `data`, which the resumed run trains on; `pending`: the async generator's next batch, in flight), and out."""
+    if pending is not None:
+        pending.result()  # the generator thread has drawn and is sampling the next batch: let it finish
+    # not replayed: offline this step's micro-batches; async the next step's prompts, drawn already
+    before = drawn - (int(pending is not None) if args.mode == "online" else args.gradient_accumulation_steps)
+    run.stop(
+        dpo_loop_state(step - 1, before, metrics, data, args, run.accelerator),
+        f"non-finite {what} at step {step}: lower --learning-rate (now {args.learning_rate:g}) or check the data",
+    )

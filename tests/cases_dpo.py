@@ -53,9 +53,8 @@ def _pairs(seed: int, valid: list[bool] | None = None, cached: bool = False) -> 
     out = []
     for p, c, r in [(3, 2, 6), (5, 7, 1), (2, 3, 3), (4, 1, 8), (6, 5, 2), (1, 4, 4)]:  # uneven lengths
         item = {"prompt_ids": ids(p), "chosen": ids(c), "rejected": ids(r)}
-        if (
-            cached
-        ):  # summed reference logprobs travel with the pair, as `cache_ref_logprobs` / `sample_pairs` store them
+        # summed reference logprobs travel with the pair, as `cache_reference_logprobs` and `sample_pairs` store them
+        if cached:
             with torch.no_grad():
                 item["ref_chosen"] = seq_logprob(REF, item["prompt_ids"], item["chosen"], False).item()
                 item["ref_rejected"] = seq_logprob(REF, item["prompt_ids"], item["rejected"], False).item()
@@ -89,7 +88,7 @@ def _case(name: str, loss_type: str, items: list[dict], pack: bool) -> Case:
         return total / n
 
     def collate(batch: list[dict]) -> dict:
-        mb = dpo.collate_pairs(batch, PAD, pack)
+        mb = dpo.collate_preference_pairs(batch, PAD, pack)
         if "valid" in batch[0]:  # as `main` attaches the online pairs' tie flags to each micro-batch
             mb["valid"] = torch.tensor([it["valid"] for it in batch])
         return mb

@@ -95,7 +95,7 @@ def test_ipo_average_divides_live_and_cached_reference_logprobs_alike(assets):
     len_c = torch.tensor([float(len(it["chosen"])) for it in items])
     len_r = torch.tensor([float(len(it["rejected"])) for it in items])
     for pack in (False, True):
-        batch = dpo.collate_pairs(items, tok.pad_token_id, pack)
+        batch = dpo.collate_preference_pairs(items, tok.pad_token_id, pack)
         with torch.no_grad():
             pc, pr = dpo.forward_logprobs(policy, batch)
             rc, rr = dpo.forward_logprobs(ref, batch)
@@ -106,7 +106,7 @@ def test_ipo_average_divides_live_and_cached_reference_logprobs_alike(assets):
                 {**it, "ref_chosen": c, "ref_rejected": r} for it, c, r in zip(items, rc.tolist(), rr.tolist())
             ]
             cached, _ = dpo.micro_batch_loss(
-                policy, None, dpo.collate_pairs(cached_items, tok.pad_token_id, pack), args
+                policy, None, dpo.collate_preference_pairs(cached_items, tok.pad_token_id, pack), args
             )
         assert live.item() == pytest.approx(expected.item(), rel=1e-5)
         assert cached.item() == pytest.approx(expected.item(), rel=1e-5)
@@ -153,7 +153,7 @@ def test_at_initialisation_loss_is_log2_and_accuracy_is_one_half(assets):
     path = assets / "models" / "tiny-neox"
     tok = AutoTokenizer.from_pretrained(path)
     policy, ref = AutoModelForCausalLM.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
-    batch = dpo.collate_pairs(_pair_items(tok), tok.pad_token_id)
+    batch = dpo.collate_preference_pairs(_pair_items(tok), tok.pad_token_id)
     chosen, rejected = dpo.forward_logprobs(policy, batch)
     with torch.no_grad():
         ref_c, ref_r = dpo.forward_logprobs(ref, batch)
@@ -171,7 +171,7 @@ def test_sequence_logprobs_do_not_depend_on_padding_side(assets):
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path).eval()
     items = _pair_items(tok)
-    right = dpo.collate_pairs(items, tok.pad_token_id)
+    right = dpo.collate_preference_pairs(items, tok.pad_token_id)
     # the same sequences left-padded, with the loss mask moved along
     ids, mask, loss_mask = right["input_ids"], right["attention_mask"], right["loss_mask"]
     left = {k: torch.zeros_like(v) for k, v in right.items()}
@@ -184,7 +184,7 @@ def test_sequence_logprobs_do_not_depend_on_padding_side(assets):
         right_c, right_r = dpo.forward_logprobs(model, right)
         left_c, left_r = dpo.forward_logprobs(model, left)
         # and each sequence alone, without any padding
-        alone = [dpo.forward_logprobs(model, dpo.collate_pairs([it], tok.pad_token_id)) for it in items]
+        alone = [dpo.forward_logprobs(model, dpo.collate_preference_pairs([it], tok.pad_token_id)) for it in items]
     torch.testing.assert_close(left_c, right_c, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(left_r, right_r, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(right_c, torch.cat([a[0] for a in alone]), atol=1e-4, rtol=1e-5)
@@ -214,7 +214,10 @@ def test_packed_pairs_give_the_padded_logprobs_loss_and_gradients(assets, model_
         },
         {"prompt_ids": items[2]["prompt_ids"], "chosen": [eos], "rejected": items[2]["rejected"]},
     ]
-    padded, packed = dpo.collate_pairs(items, tok.pad_token_id), dpo.collate_pairs(items, tok.pad_token_id, pack=True)
+    padded, packed = (
+        dpo.collate_preference_pairs(items, tok.pad_token_id),
+        dpo.collate_preference_pairs(items, tok.pad_token_id, pack=True),
+    )
     assert packed["input_ids"].numel() < padded["input_ids"].numel()  # no padding, and each prompt once
     for lengths in (
         dpo.response_lengths(padded),
@@ -279,7 +282,7 @@ def test_online_pairs_put_the_higher_gold_score_first(assets):
         assert bool(data["valid"][i]) == (gold_c != gold_r)
     # the reference logprobs that come with the pairs are the reference model's on the padded batch
     with torch.no_grad():
-        ref_c, ref_r = dpo.forward_logprobs(ref, dpo.collate_pairs(pairs, tok.pad_token_id, pack=False))
+        ref_c, ref_r = dpo.forward_logprobs(ref, dpo.collate_preference_pairs(pairs, tok.pad_token_id, pack=False))
     torch.testing.assert_close(torch.tensor([p["ref_chosen"] for p in pairs]), ref_c, atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(torch.tensor([p["ref_rejected"] for p in pairs]), ref_r, atol=1e-4, rtol=1e-5)
 

@@ -441,6 +441,14 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return torch.exp(-log_ratio) - 1 + log_ratio
 
 
+def response_masks(sequence_lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(padding_mask, padding_mask_p1) of `width` response columns: logprobs are masked past the last real token (the
+    EOS, at `sequence_lengths`), values from two positions after it (N+): the value at EOS+1, where the score is, is
+    trained, the ones after are not."""
+    response_idxs = torch.arange(width, device=sequence_lengths.device).repeat(sequence_lengths.shape[0], 1)
+    return response_idxs > sequence_lengths.unsqueeze(1), response_idxs > (sequence_lengths + 1).unsqueeze(1)
+
+
 def per_token_rewards(
     kl: torch.Tensor, scores: torch.Tensor, sequence_lengths: torch.Tensor, kl_coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -582,9 +590,9 @@ class AdaptiveKLController:
         self.value *= 1 + proportional_error * n_steps / self.horizon
 
 
-def disable_dropout(model) -> None:
-    """N+: dropout off in every model, so that the rollout's logprobs and the training's agree."""
-    for module in model.modules():
+def disable_dropout(*models) -> None:
+    """N+: dropout off in every model (None: none), so that the rollout's logprobs and the training's agree."""
+    for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
@@ -595,41 +603,29 @@ def disable_dropout(model) -> None:
 
 
 def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    check_ppo_args(args)
-    run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed)
+    accelerator, run = start_run(args)  # the flags checked, the run directory claimed, the seed set
     device = accelerator.device
     mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward = batch_sizes(args, accelerator)
 
     # ---- models: policy + value (trained), reference + reward model (frozen), all with dropout off (N+: rollout and
-    # training logprobs agree); data: every field training and evaluation use is checked now ----
+    # training logprobs agree); data: every field that training and evaluation use is checked now ----
     tokenizer = load_tokenizer(args)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    disable_dropout(policy)
     check_pad_embedding(pad_id, policy, args)
-    # --lora-r: adapters on the policy only; the value model is trained in full (TRL's PPOTrainer with a peft_config)
-    policy = add_lora(policy, args)
+    policy = add_lora(policy, args)  # --lora-r: on the policy only; the value model is trained in full (as TRL)
     train_rows, eval_rows = load_prompts(args, tokenizer, policy.config)
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
         ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
-        disable_dropout(ref_policy)
         ref_policy.eval().requires_grad_(False)
     reward_model, prm = None, None
     if args.reward_source == "model":
         reward_model = load_reward_model(args, tokenizer, args.reward_model_path, "--reward-model-path", "outcome")
-        disable_dropout(reward_model)
     if args.prm_path:
         prm = load_reward_model(args, tokenizer, args.prm_path, "--prm-path", "process")
-        disable_dropout(prm)
     value_model = load_value_model(args, tokenizer)
-    disable_dropout(value_model)
+    disable_dropout(policy, ref_policy, value_model, reward_model, prm)  # before any forward pass
     set_pad_token_id(pad_id, generators=(policy, ref_policy), scorers=(value_model, reward_model, prm))
     for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows
         use_packed_attention(m)
@@ -637,10 +633,8 @@ def main(args: Args) -> dict:
     loader = prompt_loader(len(train_rows), args)  # shuffled by its own generator, seeded
     model = PolicyAndValue(policy, value_model)
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
-    # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
-    optimizer = torch.optim.AdamW(
-        trainable, lr=args.learning_rate, eps=args.adam_eps, fused=device.type in ("cpu", "cuda")
-    )
+    fused = device.type in ("cpu", "cuda")  # one kernel updates every parameter, not a dozen small ops per tensor
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, fused=fused)
     configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
@@ -651,6 +645,7 @@ def main(args: Args) -> dict:
     check_one_row_packing(unwrapped.policy)
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
     synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
     run.begin()
 
     def loop_state(update: int) -> dict:  # a checkpoint's state beside the weights, optimizer and RNGs
@@ -672,15 +667,13 @@ def main(args: Args) -> dict:
                 group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
         kl_coef = kl_ctl.value if kl_ctl else args.kl_coef
         rows = [train_rows[i] for i in next(iterator).tolist()]
+        prompts = [r["prompt_ids"] for r in rows]
 
         with torch.no_grad():
             # ---- 1. rollout: sample `response_length` tokens at `temperature`, truncate after EOS ----
-            queries, qmask = left_pad([r["prompt_ids"] for r in rows], pad_id)
+            queries, qmask = left_pad(prompts, pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back (R); they are kept as they
-            # are (not padded back to the full length), so no tensor below spends time on all-pad columns.
-            # --stop-token none: an EOS id no token has, so every row decodes response_length tokens (N+:
-            # min_new_tokens)
+            # R <= response_length columns (fewer when all stop early); --stop-token none: an id no token has (N+)
             with padded_attention(unwrapped.policy):
                 responses, sampled_logprobs, sampled_entropy = nan_if_sampling_fails(
                     sample_responses,
@@ -696,8 +689,7 @@ def main(args: Args) -> dict:
             stop_unless_finite(
                 run,
                 loop_state(update - 1),
-                f"non-finite policy logits while sampling at update {update}: lower --learning-rate (now "
-                f"{args.learning_rate:g}) or check --sft-model-path",
+                f"non-finite policy logits while sampling at update {update}: {lower_lr} or check --sft-model-path",
                 sampled_logprobs,
             )
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
@@ -719,29 +711,24 @@ def main(args: Args) -> dict:
             R, C = responses.shape[1], packed["targets"].shape[1] - 1
             W = min(R + 1, args.response_length)
             width = min(W, C + 1)  # the columns the forward passes give: up to the last token of the longest response
-            logits, packed_values = model(
-                **{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=not use_sampler_logprobs
-            )
+            inputs = {k: packed[k] for k in ("input_ids", "position_ids", "index")}
+            logits, packed_values = model(**inputs, with_policy=not use_sampler_logprobs)
             logprobs, entropy = F.pad(sampled_logprobs, (0, W - R)), F.pad(sampled_entropy, (0, W - R))
             values, ref_logprobs = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
             values[:, :width] = packed_values[:, :width].float()
             if not use_sampler_logprobs:
                 logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
-                probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
-                entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(
-                    -1
-                )
-                del logits, probs_logits
+                entropy[:, :width] = logits_entropy(logits[:, :width], args.temperature)
+                del logits
             ref_logits = reference_logits(ref_policy, packed)
             ref_logprobs[:, :width] = response_logprobs(ref_logits, packed["targets"], args.temperature)[:, :width]
             del ref_logits
 
             # ---- 3. score the truncated responses; penalise responses that never end (N+) ----
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
-            if args.reward_source == "model":  # as outcome_reward: the score head at the last token, plus the bias
-                scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
-                scores = scores + getattr(reward_model.config, "reward_bias", 0.0)
-            else:
+            if args.reward_source == "model":
+                scores = packed_outcome_reward(reward_model, packed)
+            else:  # verifiable: 1 if the final answer is right
                 scores = torch.tensor(
                     [success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=device
                 )
@@ -750,16 +737,10 @@ def main(args: Args) -> dict:
                 scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
             step_rewards, n_steps = None, None
             if prm is not None:
-                step_rewards, n_steps = process_rewards(
-                    prm, tokenizer, [r["prompt_ids"] for r in rows], postprocessed.cpu(), args
-                )
+                step_rewards, n_steps = process_rewards(prm, tokenizer, prompts, postprocessed.cpu(), args)
                 step_rewards = step_rewards.to(device)
 
-            # masks: logprobs past the last real token (the EOS); values from two positions after it (N+'s
-            # padding_mask_p1): the value at EOS+1, where the score is, is trained, the ones after are not
-            response_idxs = torch.arange(W, device=device).repeat(responses.shape[0], 1)
-            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
-            padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
+            padding_mask, padding_mask_p1 = response_masks(sequence_lengths, W)
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             values = values.masked_fill(padding_mask_p1, 0)
@@ -817,8 +798,7 @@ def main(args: Args) -> dict:
                             run,
                             loop_state(update - 1),
                             f"non-finite PPO loss at update {update} (policy {mb_stats['pg_loss'].item():g}, value "
-                            f"{mb_stats['vf_loss'].item():g}): lower --learning-rate (now {args.learning_rate:g}) or "
-                            "check the rewards",
+                            f"{mb_stats['vf_loss'].item():g}): {lower_lr} or check the rewards",
                             mb_stats["pg_loss"],
                             mb_stats["vf_loss"],
                         )
@@ -827,8 +807,7 @@ def main(args: Args) -> dict:
                             stop_unless_finite(  # before the optimizer writes it into the weights
                                 run,
                                 loop_state(update - 1),
-                                f"non-finite gradient norm at update {update}: lower --learning-rate (now "
-                                f"{args.learning_rate:g})",
+                                f"non-finite gradient norm at update {update}: {lower_lr}",
                                 grad_norm,
                             )
                         optimizer.step()
@@ -837,13 +816,12 @@ def main(args: Args) -> dict:
 
         # ---- 8. adapt the KL coefficient; log, evaluate, checkpoint ----
         episode = update * batch_size
-        mean_kl = kl.sum(1).mean()
         if kl_ctl:
-            kl_ctl.update(accelerator.gather(mean_kl[None]).mean().item(), batch_size)
+            kl_ctl.update(accelerator.gather(kl.sum(1).mean()[None]).mean().item(), batch_size)
         if update % args.log_every == 0 or update == num_updates:
             per_row = {  # means over the rows of every process
                 "objective/reward": scores,
-                "objective/kl": mean_kl,
+                "objective/kl": kl.sum(1),
                 "objective/entropy": (entropy * ~padding_mask).sum(1),
                 "objective/non_score_reward": non_score_reward.sum(1),
                 "objective/rlhf_reward": scores + non_score_reward.sum(1),
@@ -862,17 +840,16 @@ def main(args: Args) -> dict:
         if update % args.eval_every == 0 or update == num_updates:
             metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
             log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
-            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
+            run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
             run.stop(loop_state(update))
         if args.save_every and update % args.save_every == 0 and update < num_updates:
             run.checkpoint(loop_state(update))
     progress.close()
 
-    # the policy only (prefix), on every rank: under ZeRO-3 the weights are gathered from all of them
     episodes = num_updates * batch_size
     budget = {"step": num_updates, "episode": episodes, "total_steps": num_updates, "total_episodes": episodes}
-    run.finish(model, tokenizer, budget, prefix="policy.")
+    run.finish(model, tokenizer, budget, prefix="policy.")  # the policy only, on every rank (ZeRO-3 gathers it)
     accelerator.end_training()
     return metrics
 
@@ -908,6 +885,12 @@ class PolicyAndValue(nn.Module):
             hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         bias = getattr(self.value_model.config, "reward_bias", 0.0)
         return logits, self.value_model.score(hidden[0, index]).squeeze(-1) + bias
+
+
+def packed_outcome_reward(reward_model, packed: dict) -> torch.Tensor:
+    """`outcome_reward` on a packed row: the score head at each sequence's last token, plus the stored bias."""
+    scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
+    return scores + getattr(reward_model.config, "reward_bias", 0.0)
 
 
 def reference_logits(ref_policy, packed: dict) -> torch.Tensor:
@@ -995,6 +978,12 @@ def sample_responses(
                 use_cache=True,
             ).logits[:, -1]
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
+
+
+def logits_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position (a statistic, as the sampler's)."""
+    probs_logits = logits.float() / (temperature + 1e-7)
+    return torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
 
 
 def response_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -1103,6 +1092,20 @@ def process_rewards(
 # Plumbing: PPO's own setup, checks and bookkeeping; data and loading; the tiny world's judge (the loading, engines,
 # runs, evaluation and packing it shares live in clean_rlhf_utils/)
 # --------------------------------------------------------------------------------------------------
+
+
+def start_run(args: Args) -> tuple[Accelerator, Run]:
+    """The accelerator (one CPU thread pool per process), the flags checked, the run directory claimed (a used one is
+    refused before anything loads) and the seed set."""
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    check_ppo_args(args)
+    run = Run(args, accelerator, PRESETS)
+    set_seed(args.seed)
+    return accelerator, run
 
 
 def check_ppo_args(args: Args) -> None:

@@ -44,6 +44,17 @@ BETWEEN_SCRIPTS = {
     "check_finite_weights": ["rloo", "remax"],
     # `eval/kl`, the x-axis of the benchmark's KL frontier: one estimator for every algorithm (tests/test_frontier.py)
     "sampled_kl": RL,
+    # which tokens count, KL, whitening and the reward model's score: the same in the scripts that copy them
+    "first_true_indices": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "truncate_response": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "masked_mean": ["ppo_rlhf", "rloo"],
+    "masked_var": ["ppo_rlhf", "rloo"],
+    "masked_whiten": ["ppo_rlhf", "rloo"],
+    "kl_penalty": ["ppo_rlhf", "rloo", "remax"],
+    "padded_inputs": ["ppo_rlhf", "rloo", "remax"],
+    "token_scores": ["reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"],
+    "outcome_reward": ["reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"],
+    "process_rewards": ["ppo_rlhf", "grpo_math"],
 }
 
 

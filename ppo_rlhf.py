@@ -740,12 +740,11 @@ def main(args: Args) -> dict:
                 step_rewards, n_steps = process_rewards(prm, tokenizer, prompts, postprocessed.cpu(), args)
                 step_rewards = step_rewards.to(device)
 
+            # ---- 4. per-token rewards: the KL penalty on every token up to EOS, the score one past it ----
             padding_mask, padding_mask_p1 = response_masks(sequence_lengths, W)
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             values = values.masked_fill(padding_mask_p1, 0)
-
-            # ---- 4. per-token rewards: the KL penalty on every token, the score one past EOS ----
             kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
             rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
             if step_rewards is not None:

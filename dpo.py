@@ -80,6 +80,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, left_pad, template_fields, whole_field_messages
 from clean_rlhf_utils.engines import (
     LoraReference,
@@ -99,53 +100,21 @@ from clean_rlhf_utils.runs import Run, check_args
 
 
 @dataclass
-class Args:
+class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "dpo"
     """name of this experiment; the run name starts with it"""
-    seed: int = 1
-    """seed of the experiment (data order, sampling)"""
-    run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
-    see `resume` and `overwrite`)"""
-    output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
-    resume: bool = False
-    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
-    overwrite: bool = False
-    """delete `runs/<run_name>` if it holds a run, and start over"""
-    track: bool = False
-    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
-    wandb_project: str = "clean-rlhf"
-    """wandb project name"""
-    wandb_entity: str | None = None
-    """wandb entity (team); None uses your default"""
-    num_threads: int | None = None
-    """CPU threads per process; default: the machine's cores divided by the number of processes"""
 
     # ---- models ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model: initial policy and frozen reference (hub name or local directory)"""
     reward_model_path: str | None = None
     """reward model (reward_model.py format): labels online pairs with `judge=rm`; if set, evaluation logs its score"""
-    trust_remote_code: bool = False
-    """allow custom modelling code from the hub; off unless you trust the repository"""
-    add_pad_token: bool = False
-    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
-    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the models"""
-
-    # ---- LoRA (peft) ----
-    lora_r: int | None = None
-    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
-    lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
-    lora_target_modules: list[str] | None = None
-    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
     # ---- data ----
     mode: Literal["offline", "online"] = "offline"
@@ -161,10 +130,6 @@ class Args:
     """split to train on (pairs offline, prompts online)"""
     eval_split: str = "validation"
     """split to evaluate on (pairs and prompts)"""
-    prompt_template: str = "{query}"
-    """Python format string building the prompt from a row's fields"""
-    use_chat_template: bool = False
-    """wrap the prompt as a user message with the tokenizer's chat template"""
     chosen_field: str = "chosen"
     """field of the preferred response"""
     rejected_field: str = "rejected"
@@ -221,10 +186,6 @@ class Args:
     """decay after warm-up (N+ DPO: cosine)"""
     warmup_ratio: float = 0.0
     """share of the optimizer steps spent warming the learning rate up linearly from 0"""
-    adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
     num_train_epochs: int = 1
     """(offline) passes over the preference pairs (N+: 1)"""
     per_device_train_batch_size: int = 8
@@ -248,8 +209,6 @@ class Args:
     """prompts or pairs per device at evaluation"""
     log_every: int = 1
     """log training metrics every N optimizer steps"""
-    save_model: bool = True
-    """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16

@@ -110,6 +110,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import (
     LoraReference,
@@ -128,51 +129,23 @@ from clean_rlhf_utils.runs import Run, check_args
 
 
 @dataclass
-class Args:
+class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "grpo"
     """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (question order, sampling)"""
-    run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
-    see `resume` and `overwrite`)"""
-    output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
-    resume: bool = False
-    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
-    overwrite: bool = False
-    """delete `runs/<run_name>` if it holds a run, and start over"""
-    track: bool = False
-    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
-    wandb_project: str = "clean-rlhf"
-    """wandb project name"""
-    wandb_entity: str | None = None
-    """wandb entity (team); None uses your default"""
-    num_threads: int | None = None
-    """CPU threads per process; default: the machine's cores divided by the number of processes"""
 
     # ---- model ----
     model_name_or_path: str = "Qwen/Qwen2.5-0.5B-Instruct"
     """initial policy, also the frozen reference: a hub name or a local directory saved with `save_pretrained`"""
     revision: str | None = None
     """hub revision (branch, tag or commit) of the policy"""
-    trust_remote_code: bool = False
-    """allow custom modelling code from the hub; off unless you trust the repository"""
-    add_pad_token: bool = False
-    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
-    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the policy, the reference and the reward models"""
-    lora_r: int | None = None
-    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
-    lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
-    lora_target_modules: list[str] | None = None
-    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     sampler_logprobs: bool | None = None
     """take the old policy's logprobs from the sampler instead of a forward pass after sampling; default: on when
     sampling with the policy itself in float32 without mixed precision (the two agree to 1e-5), off with vLLM, half
@@ -204,8 +177,6 @@ class Args:
     """split to evaluate on"""
     prompt_template: str = "{question}"
     """Python format string building the prompt from a row's fields"""
-    use_chat_template: bool = False
-    """wrap the prompt as a user message with the tokenizer's chat template"""
     reference_template: str = "{answer}"
     """format string of the reference solution, from which the gold final answer is extracted"""
     answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
@@ -303,8 +274,6 @@ class Args:
     """optimizer steps of linear learning-rate warm-up (DAPO: 20 rollout steps)"""
     adam_eps: float = 1e-8
     """AdamW epsilon"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
     generation_batch_size: int = 256
     """(model.generate) completions sampled at once per process"""
     async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False
@@ -326,8 +295,6 @@ class Args:
     skips"""
     log_every: int = 1
     """log training metrics every N steps"""
-    save_model: bool = True
-    """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16

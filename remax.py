@@ -57,6 +57,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, left_pad, template_fields, whole_field_messages
 from clean_rlhf_utils.engines import (
     LoraReference,
@@ -78,42 +79,17 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args:
+class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "remax"
     """name of this experiment; the run name starts with it"""
-    seed: int = 1
-    """seed of the experiment (data order, sampling)"""
-    run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
-    see `resume` and `overwrite`)"""
-    output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
-    save_every: int = 0
-    """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
-    resume: bool = False
-    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
-    overwrite: bool = False
-    """delete `runs/<run_name>` if it holds a run, and start over"""
-    track: bool = False
-    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
-    wandb_project: str = "clean-rlhf"
-    """wandb project name"""
-    wandb_entity: str | None = None
-    """wandb entity (team); None uses your default"""
-    num_threads: int | None = None
-    """CPU threads per process; default: the machine's cores divided by the number of processes"""
 
     # ---- models ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model: initial policy and frozen reference (hub name or local directory)"""
     reward_model_path: str | None = "vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr"
     """the outcome reward model (saved by reward_model.py); None with `reward_source=math`"""
-    trust_remote_code: bool = False
-    """allow custom modelling code from the hub; off unless you trust the repository"""
-    add_pad_token: bool = False
-    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
-    tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype the policy, reference and reward model are loaded in; the real presets load float32 and get bf16 from
     the accelerate config's mixed precision"""
@@ -122,15 +98,6 @@ class Args:
     without mixed precision (the two agree to 1e-5), off in half precision or bf16 mixed precision, where the
     KV-cache and full-sequence kernels differ enough to matter (the N+ reason to recompute them)"""
 
-    # ---- LoRA (peft) ----
-    lora_r: int | None = None
-    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
-    lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
-    lora_target_modules: list[str] | None = None
-    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
-
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """prompts: hub dataset, `save_to_disk` folder, folder of `{split}.jsonl|json|parquet`, or one such file"""
@@ -138,18 +105,10 @@ class Args:
     """dataset configuration name on the hub (e.g. `main` for openai/gsm8k)"""
     train_split: str = "train"
     """split to sample prompts from"""
-    eval_split: str = "validation"
-    """split to evaluate on"""
-    prompt_template: str = "{query}"
-    """Python format string building the prompt from a row's fields"""
-    use_chat_template: bool = False
-    """wrap the prompt as a user message with the tokenizer's chat template"""
     reference_template: str = "{reference_response}"
     """format string of the reference response (win rate on tiny-tldr, gold answer on math)"""
     max_prompt_length: int = 512
     """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong`"""
-    drop_overlong: bool = False
-    """drop (and count) overlong prompts instead of failing"""
 
     # ---- reward ----
     reward_source: Literal["model", "math"] = "model"
@@ -176,10 +135,6 @@ class Args:
     """AdamW learning rate (N+: 3e-6)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
-    adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
     response_length: int = 53
     """tokens sampled per response (N+: 53)"""
     temperature: float = 0.7
@@ -203,10 +158,6 @@ class Args:
     estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     per_device_eval_batch_size: int = 32
     """prompts per device at evaluation"""
-    log_every: int = 1
-    """log training metrics every N updates"""
-    save_model: bool = True
-    """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16

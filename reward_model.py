@@ -65,6 +65,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from clean_rlhf_utils.args import DataArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
 from clean_rlhf_utils.engines import (
     backward_share,
@@ -81,44 +82,21 @@ from clean_rlhf_utils.runs import Run, check_args
 
 
 @dataclass
-class Args:
+class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "reward_model"
     """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (head init, data order)"""
-    run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
-    see `resume` and `overwrite`)"""
-    output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
-    resume: bool = False
-    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
-    overwrite: bool = False
-    """delete `runs/<run_name>` if it holds a run, and start over"""
-    track: bool = False
-    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
-    wandb_project: str = "clean-rlhf"
-    """wandb project name"""
-    wandb_entity: str | None = None
-    """wandb entity (team); None uses your default"""
-    num_threads: int | None = None
-    """CPU threads per process; default: the machine's cores divided by the number of processes"""
 
     # ---- model ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model the reward model starts from: a hub name or a local directory"""
     revision: str | None = None
     """hub revision of the SFT model"""
-    trust_remote_code: bool = False
-    """allow custom modelling code from the hub; off unless you trust the repository"""
-    add_pad_token: bool = False
-    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
-    tokenizers set PAD = EOS)"""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
     objective: Literal["outcome", "process"] = "outcome"
     """`outcome`: Bradley-Terry on preference pairs; `process`: per-step binary labels (PRM)"""
 
@@ -126,17 +104,11 @@ class Args:
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_oai_preprocessing_1706381144"
     """preference pairs (outcome) or stepwise labels (process): hub name, `save_to_disk` folder, folder of
     `{split}.jsonl|json|parquet`, or one such file"""
-    train_split: str = "train"
-    """split to train on"""
-    eval_split: str = "validation"
-    """split to evaluate on"""
     prompt_template: str = "{query}"
     """Python format string building the prompt from a row's fields (each must be text: a missing, null or list field
     is an error). A template that is one field alone (`{prompt}`) holding chat messages, TRL's conversational
     format [{"role": "user", "content": ...}], is rendered with the tokenizer's chat template, ready for the
     assistant's turn"""
-    use_chat_template: bool = False
-    """wrap the prompt as a user message with the tokenizer's chat template"""
     chosen_field: str = "chosen"
     """(outcome) field of the preferred response: text, or TRL's conversational [{"role": "assistant", "content": ...}]
     (with the prompt's messages in their own field); TRL's implicit-prompt format, the whole conversation in chosen and
@@ -189,10 +161,6 @@ class Args:
     """share of the optimizer steps spent warming the learning rate up linearly from 0"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
-    adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
     center_rewards_coef: float = 0.0
     """(outcome) weight of (r_chosen + r_rejected)^2, which keeps rewards centred at 0; 0 disables it"""
     num_train_epochs: int = 1

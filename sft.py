@@ -54,6 +54,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, left_pad, template_fields, whole_field_messages
 from clean_rlhf_utils.engines import (
     add_lora,
@@ -71,61 +72,30 @@ from clean_rlhf_utils.runs import Run, check_args
 
 
 @dataclass
-class Args:
+class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "sft"
     """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (model init of added tokens, data order, sampling)"""
-    run_name: str | None = None
-    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
-    see `resume` and `overwrite`)"""
-    output_dir: str = "runs"
-    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
-    resume: bool = False
-    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
-    overwrite: bool = False
-    """delete `runs/<run_name>` if it holds a run, and start over"""
-    track: bool = False
-    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
-    wandb_project: str = "clean-rlhf"
-    """wandb project name"""
-    wandb_entity: str | None = None
-    """wandb entity (team); None uses your default"""
-    num_threads: int | None = None
-    """CPU threads per process; default: the machine's cores divided by the number of processes"""
 
     # ---- model ----
     model_name_or_path: str = "EleutherAI/pythia-1b-deduped"
     """base model: a hub name or a local directory saved with `save_pretrained`"""
     revision: str | None = None
     """hub revision (branch, tag or commit) of the model"""
-    trust_remote_code: bool = False
-    """allow custom modelling code from the hub; off unless you trust the repository"""
-    add_pad_token: bool = False
-    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
-    tokenizers set PAD = EOS)"""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
 
     # ---- LoRA (peft) ----
     lora_r: int | None = None
     """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
     weight (`pip install -e '.[peft]'`); `model/` is saved as the plain model, the adapters merged into its weights"""
-    lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
-    lora_target_modules: list[str] | None = None
-    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
     """a hub dataset, a `save_to_disk` folder, a folder of `{split}.jsonl|json|parquet` files, or one such file"""
-    train_split: str = "train"
-    """split to train on"""
-    eval_split: str = "validation"
-    """split to evaluate on"""
     prompt_template: str = "{query}"
     """Python format string building the prompt from a row's fields (each must be text: a missing, null or list field
     is an error). Conversational data is rendered with the tokenizer's chat template when the template is one field
@@ -136,8 +106,6 @@ class Args:
     """Python format string building the response from a row's fields (EOS is appended unless it already ends
     with the EOS token); a field alone holding chat messages gives the content of their last turn, an assistant turn
     (`{messages}`, or TRL's conversational `{completion}`)"""
-    use_chat_template: bool = False
-    """wrap the prompt as a user message with the tokenizer's chat template"""
     max_prompt_length: int = 512
     """longest prompt in tokens (N+: 512 for TL;DR); longer prompts are an error unless `drop_overlong`"""
     max_response_length: int = 53
@@ -156,10 +124,6 @@ class Args:
     """share of the optimizer steps spent warming the learning rate up linearly from 0"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
-    adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
     num_train_epochs: int = 1
     """passes over the training split"""
     per_device_train_batch_size: int = 16

@@ -6,6 +6,7 @@ how, which tokens count, rewards, KL, logprobs, advantages, losses and their nor
 loop stay in the scripts. This package never imports a script.
 
 Modules, by job:
+  args      the flags every script shares (run, model, LoRA, data, optimizer): the base classes of each `Args`
   loading   hub checks, datasets, tokenizers: offline first, one-line errors
   data      prompt templates and padding
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes

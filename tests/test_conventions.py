@@ -164,17 +164,24 @@ def test_helpers_copied_between_scripts_agree(name):
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_args_fields_are_documented_and_presets_exist(script):
+    """Every field of `Args` and of the shared base classes it inherits (clean_rlhf_utils/args.py) has a docstring."""
     tree = ast.parse(script.read_text())
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     assert "Args" in classes
-    body = classes["Args"].body
-    for i, node in enumerate(body):
-        if isinstance(node, ast.AnnAssign):
-            nxt = body[i + 1] if i + 1 < len(body) else None
-            documented = (
-                isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
-            )
-            assert documented, f"Args.{node.target.id} has no docstring"
+    shared = {n.name: n for n in ast.parse((PACKAGE / "args.py").read_text()).body if isinstance(n, ast.ClassDef)}
+    bases = [base.id for base in classes["Args"].bases]
+    assert set(bases) <= set(shared), f"Args inherits {set(bases) - set(shared)}, not from clean_rlhf_utils/args.py"
+    for name, cls in [("Args", classes["Args"]), *((base, shared[base]) for base in bases)]:
+        body = cls.body
+        for i, node in enumerate(body):
+            if isinstance(node, ast.AnnAssign):
+                nxt = body[i + 1] if i + 1 < len(body) else None
+                documented = (
+                    isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)
+                )
+                assert documented, f"{name}.{node.target.id} has no docstring"
     presets = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "PRESETS")
     keys = [k.value for k in presets.value.keys]
     assert any(k.startswith("tiny") for k in keys) and any(not k.startswith("tiny") for k in keys)

@@ -1,0 +1,93 @@
+"""Whether two sets of runs computed the same numbers: `python -m benchmark.identical RUNS_A RUNS_B`.
+
+For a change that should change no number (a refactor, a speed-up): run the same suite before and after it on one
+machine, then compare the two `runs/` folders. Every run directory present in both (one holding `metrics.jsonl`) must
+have the same `metrics.jsonl` rows (wall-clock and speed fields aside: `time` and `perf/*`), the same `config.json`
+contents (key order aside) and bit-identical tensors in `model/*.safetensors`. Prints one line a run, `same` or what
+differs first, and exits 1 when any run differs or is missing from one side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+SPEED = ("time",)  # and every `perf/` key: wall-clock and throughput differ between any two runs
+
+
+def metric_rows(run: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if k not in SPEED and not k.startswith("perf/")} for r in rows]
+
+
+def tensor_digests(run: Path) -> dict[str, str]:
+    """name -> dtype, shape and sha256 of the bytes of every tensor of every `model/*.safetensors` file."""
+    out = {}
+    for path in sorted((run / "model").glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                raw = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                out[name] = f"{t.dtype}{tuple(t.shape)}:{hashlib.sha256(raw).hexdigest()}"
+    return out
+
+
+def first_difference(a: Path, b: Path) -> str | None:
+    """None when the two runs computed the same numbers, else what differs first."""
+    rows_a, rows_b = metric_rows(a), metric_rows(b)
+    for i, (x, y) in enumerate(zip(rows_a, rows_b)):
+        if x != y:
+            key = next((k for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), "?")
+            return f"metrics.jsonl row {i + 1} (step {x.get('step')}): {key} {x.get(key)!r} != {y.get(key)!r}"
+    if len(rows_a) != len(rows_b):
+        return f"metrics.jsonl has {len(rows_a)} rows against {len(rows_b)}"
+    configs = [json.loads((r / "config.json").read_text()) if (r / "config.json").exists() else None for r in (a, b)]
+    if configs[0] != configs[1]:
+        keys = sorted(set(configs[0] or {}) | set(configs[1] or {}))
+        key = next(k for k in keys if (configs[0] or {}).get(k) != (configs[1] or {}).get(k))
+        return f"config.json: {key} {(configs[0] or {}).get(key)!r} != {(configs[1] or {}).get(key)!r}"
+    weights_a, weights_b = tensor_digests(a), tensor_digests(b)
+    if weights_a != weights_b:
+        names = sorted(n for n in set(weights_a) | set(weights_b) if weights_a.get(n) != weights_b.get(n))
+        return f"model/: {len(names)} tensors differ, e.g. {names[0]}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("before", type=Path, help="a runs/ folder (or one run directory)")
+    parser.add_argument("after", type=Path, help="the runs/ folder to compare it with")
+    a = parser.parse_args(argv)
+    for root in (a.before, a.after):
+        if not root.is_dir():
+            raise SystemExit(f"error: {root} is not a directory")
+
+    def runs(root: Path) -> dict[str, Path]:
+        if (root / "metrics.jsonl").exists():
+            return {root.name: root}
+        return {p.name: p for p in sorted(root.iterdir()) if (p / "metrics.jsonl").exists()}
+
+    before, after = runs(a.before), runs(a.after)
+    if not before:
+        raise SystemExit(f"error: {a.before} holds no run directory (none has a metrics.jsonl)")
+    bad = 0
+    for name in sorted(set(before) | set(after)):
+        if name not in before or name not in after:
+            print(f"missing {name}: only in {a.before if name in before else a.after}")
+            bad += 1
+            continue
+        difference = first_difference(before[name], after[name])
+        print(f"same    {name}" if difference is None else f"differs {name}: {difference}")
+        bad += difference is not None
+    print(f"{len(set(before) | set(after)) - bad} of {len(set(before) | set(after))} runs the same")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

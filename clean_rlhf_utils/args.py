@@ -1,0 +1,101 @@
+"""The flags every script shares, declared once: the run directory, checkpoints and logging (`RunArgs`), how the
+models load (`ModelArgs`), LoRA (`LoraArgs`), the data (`DataArgs`) and the optimizer settings that are the same
+everywhere (`OptimArgs`). Each script's `Args` inherits the ones it uses and lists its algorithm's own fields.
+
+A script redeclares a shared field whose default or documentation is its own (`exp_name` and `dataset_name_or_path`
+always: they have no default here); a redeclared field keeps the place of the shared one, so the flags, their
+defaults and `config.json` are what the script declares. Each field's docstring is its `--help` text (tyro)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class RunArgs:
+    """The run: its name and directory, checkpoints and resume, Weights & Biases, CPU threads, logging, the saved
+    model (clean_rlhf_utils/runs.py)."""
+
+    exp_name: str
+    """name of this experiment; the run name starts with it"""
+    seed: int = 1
+    """seed of the experiment (data order, sampling)"""
+    run_name: str | None = None
+    """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
+    see `resume` and `overwrite`)"""
+    output_dir: str = "runs"
+    """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
+    save_every: int = 0
+    """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    resume: bool = False
+    """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
+    overwrite: bool = False
+    """delete `runs/<run_name>` if it holds a run, and start over"""
+    track: bool = False
+    """log to Weights & Biases too (set WANDB_MODE=offline to log without network)"""
+    wandb_project: str = "clean-rlhf"
+    """wandb project name"""
+    wandb_entity: str | None = None
+    """wandb entity (team); None uses your default"""
+    num_threads: int | None = None
+    """CPU threads per process; default: the machine's cores divided by the number of processes"""
+    log_every: int = 1
+    """log training metrics every N updates"""
+    save_model: bool = True
+    """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
+
+
+@dataclass
+class ModelArgs:
+    """How the models and the tokenizer load (clean_rlhf_utils/loading.py)."""
+
+    trust_remote_code: bool = False
+    """allow custom modelling code from the hub; off unless you trust the repository"""
+    add_pad_token: bool = False
+    """add `[PAD]` when the tokenizer has no pad token or uses EOS as pad (N+ does this for Pythia; base Qwen2.5
+    tokenizers set PAD = EOS)"""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
+
+
+@dataclass
+class LoraArgs:
+    """LoRA through peft (clean_rlhf_utils/engines.py `add_lora`)."""
+
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
+
+
+@dataclass
+class DataArgs:
+    """Where the rows come from and how a prompt is built from them (clean_rlhf_utils/loading.py `load_split`,
+    clean_rlhf_utils/data.py)."""
+
+    dataset_name_or_path: str
+    """a hub dataset, a `save_to_disk` folder, a folder of `{split}.jsonl|json|parquet` files, or one such file"""
+    train_split: str = "train"
+    """split to train on"""
+    eval_split: str = "validation"
+    """split to evaluate on"""
+    prompt_template: str = "{query}"
+    """Python format string building the prompt from a row's fields"""
+    use_chat_template: bool = False
+    """wrap the prompt as a user message with the tokenizer's chat template"""
+    drop_overlong: bool = False
+    """drop (and count) overlong prompts instead of failing"""
+
+
+@dataclass
+class OptimArgs:
+    """The AdamW epsilon and the gradient clipping norm (also DeepSpeed's `gradient_clipping`)."""
+
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""

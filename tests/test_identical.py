@@ -1,0 +1,45 @@
+"""benchmark/identical.py: the check that a refactor changed no number (issue 40)."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import save_file
+
+from benchmark import identical
+
+
+def make_run(root, name, rows, weight, config=None):
+    run = root / name
+    (run / "model").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.json").write_text(json.dumps(config or {"seed": 1, "learning_rate": 1e-3}))
+    save_file({"w": weight}, str(run / "model" / "model.safetensors"))
+    return run
+
+
+def test_same_numbers_pass_and_each_kind_of_difference_is_named(tmp_path, capsys):
+    rows = [{"step": 0, "episode": 0, "time": 1.0, "loss": 0.5, "perf/episodes_per_sec": 3.0}]
+    w = torch.tensor([1.0, 2.0, 3.0])
+    make_run(tmp_path / "a", "r", rows, w, {"seed": 1, "learning_rate": 1e-3})
+    # wall-clock and speed fields and config key order may differ
+    make_run(tmp_path / "b", "r", [{**rows[0], "time": 9.0, "perf/episodes_per_sec": 7.0}], w.clone(),
+             {"learning_rate": 1e-3, "seed": 1})  # fmt: skip
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+
+    make_run(tmp_path / "c", "r", [{**rows[0], "loss": 0.5000001}], w)
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "c")]) == 1
+    assert "loss 0.5 != 0.5000001" in capsys.readouterr().out
+
+    make_run(tmp_path / "d", "r", rows, torch.tensor([1.0, 2.0, 3.0000002]))
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "d")]) == 1
+    assert "1 tensors differ, e.g. w" in capsys.readouterr().out
+
+    make_run(tmp_path / "e", "r", rows, w, {"seed": 2, "learning_rate": 1e-3})
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "e")]) == 1
+    assert "config.json: seed 1 != 2" in capsys.readouterr().out
+
+    make_run(tmp_path / "f", "other", rows, w)
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "f")]) == 1
+    assert "missing other" in capsys.readouterr().out

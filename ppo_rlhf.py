@@ -8,22 +8,27 @@ reward model's per-step rewards refined by Clip and Delta from "On Designing Eff
 Time for LLM Reasoning" (Gao et al. 2024, arXiv:2410.15115).
 
 Four models: the policy (from the SFT model), the value model (from the reward model; N+), and, frozen, the
-reference policy (the SFT model) and the reward model. One update:
-  1. Rollout. Left-padded queries; sample `response_length` tokens at `temperature`. Logprobs are recomputed
-     with a forward pass (not taken from `generate`), with the logits divided by the same temperature, so that
-     rollout and training logprobs agree (N+ detail); in float32, where our sampling loop's logprobs equal the
-     forward pass's to 1e-5 (tested), they are kept from the sampler (`--sampler-logprobs`). Sampling stops at EOS
-     and responses are truncated after it (`--stop-token none`: every response is `response_length` tokens, kept whole).
-  2. Reward. score = reward model (head + its normalisation bias) at the last non-pad token of query + truncated
-     response; responses without EOS get `penalty_reward_value` instead (N+: -1). Per-token reward: `-kl_coef *
-     (logp - ref_logp)` on every response token, plus the score one position after the EOS (N+; at the last token
-     when there is no room: EOS at the last of `response_length` columns, or no EOS). Values are trained up to and
-     including that position and masked from two after EOS (N+'s `padding_mask_p1`). The value there is read from
-     the EOS token's hidden state, the state the reward model scored, and the value model starts as the reward model
-     with its bias, so it starts out predicting the score: delta at EOS+1 = score - V(EOS+1).
-  3. Advantages. GAE (gamma 1, lambda 0.95) on the per-token rewards; advantages whitened over the valid tokens.
-  4. Optimise. `num_ppo_epochs` passes over shuffled minibatches: clipped policy loss and clipped value loss
+reference policy (the SFT model) and the reward model, all with dropout off. One update (the steps of `main`):
+  1. Rollout. Left-padded queries; sample `response_length` tokens at `temperature`. Sampling stops at EOS and
+     responses are truncated after it (`--stop-token none`: every response is `response_length` tokens, kept whole).
+  2. Logprobs and values. Logprobs are recomputed with a forward pass (not taken from `generate`), with the logits
+     divided by the same temperature, so that rollout and training logprobs agree (N+ detail); in float32, where our
+     sampling loop's logprobs equal the forward pass's to 1e-5 (tested), they are kept from the sampler
+     (`--sampler-logprobs`). The reference logprobs and the values come from forward passes on the same tokens.
+  3. Score. score = reward model (head + its normalisation bias) at the last non-pad token of query + truncated
+     response; responses without EOS get `penalty_reward_value` instead (N+: -1).
+  4. Rewards. Per-token reward: `-kl_coef * (logp - ref_logp)` on every response token, plus the score one position
+     after the EOS (N+; at the last token when there is no room: EOS at the last of `response_length` columns, or no
+     EOS). Values are trained up to and including that position and masked from two after EOS (N+'s
+     `padding_mask_p1`). The value there is read from the EOS token's hidden state, the state the reward model scored,
+     and the value model starts as the reward model with its bias, so it starts out predicting the score: delta at
+     EOS+1 = score - V(EOS+1).
+  5. Whiten rewards (off in N+; `--whiten-rewards`).
+  6. Advantages and returns. GAE (gamma 1, lambda 0.95) on the per-token rewards; advantages whitened over the valid
+     tokens.
+  7. Optimise. `num_ppo_epochs` passes over shuffled minibatches: clipped policy loss and clipped value loss
      (`vf_coef` 0.1), one AdamW optimizer over policy and value, learning rate annealed linearly to 0.
+  8. Log, evaluate, checkpoint.
 `--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) on the policy through peft, the value model in full
 (as TRL's PPOTrainer with a peft_config); the reference policy is then the policy with its adapters disabled.
 
@@ -31,8 +36,8 @@ N+ hyperparameters (Pythia 1B/2.8B/6.9B, TL;DR): lr 3e-6, 1M episodes, batch 512
 vf_coef 0.1, kl_coef 0.05, gamma 1, lambda 0.95, response length 53, temperature 0.7, penalty -1 without EOS.
 
 Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch, and the
-forward passes run on packed query + response sequences (`pack`: all in one row, no padding; `packed_sdpa_attention`
-attends within each sequence), with the LM and value heads, and the last layer's MLP, on the response positions only.
+forward passes run on packed query + response sequences (`clean_rlhf_utils/packing.py`: all in one row, no padding,
+attention within each sequence), with the LM and value heads, and the last layer's MLP, on the response positions only.
 
 Usage:
     python ppo_rlhf.py tiny-tldr          # after `python -m benchmark.run tiny-tldr` (SFT and reward model)
@@ -43,7 +48,6 @@ Usage:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import time
@@ -55,16 +59,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object, set_seed
+from accelerate.utils import DistributedType, set_seed
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import (
-    AttentionInterface,
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    DynamicCache,
-)
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, left_pad, template_fields, whole_field_messages
@@ -78,10 +76,19 @@ from clean_rlhf_utils.engines import (
     make_accelerator,
     peak_mem_gb,
     prepare_frozen,
-    shard_length,
     zero3,
 )
+from clean_rlhf_utils.evaluation import evaluate_greedy_responses
 from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
+from clean_rlhf_utils.packing import (
+    body_of,
+    check_one_row_packing,
+    last_mlp_only_at,
+    pack_one_row,
+    packed_hidden,
+    padded_attention,
+    use_packed_attention,
+)
 from clean_rlhf_utils.runs import Run, check_args
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
@@ -387,6 +394,14 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     return torch.exp(-log_ratio) - 1 + log_ratio
 
 
+def response_masks(sequence_lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(padding_mask, padding_mask_p1) of `width` response columns: logprobs are masked past the last real token (the
+    EOS, at `sequence_lengths`), values from two positions after it (N+): the value at EOS+1, where the score is, is
+    trained, the ones after are not."""
+    response_idxs = torch.arange(width, device=sequence_lengths.device).repeat(sequence_lengths.shape[0], 1)
+    return response_idxs > sequence_lengths.unsqueeze(1), response_idxs > (sequence_lengths + 1).unsqueeze(1)
+
+
 def per_token_rewards(
     kl: torch.Tensor, scores: torch.Tensor, sequence_lengths: torch.Tensor, kl_coef: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -467,7 +482,7 @@ def ppo_micro_batch(
     into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
     when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
     then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
-    packed = {k: v.to(accelerator.device) for k, v in pack(queries, responses, pad_id).items()}
+    packed = {k: v.to(accelerator.device) for k, v in pack_one_row(queries, responses, pad_id).items()}
     # the longest response of this micro-batch + 1 (the value one past EOS is trained); every later position is masked
     width = min(rollout["values"].shape[1], packed["targets"].shape[1])
     mask, mask_p1 = rollout["padding_mask"][:, :width], rollout["padding_mask_p1"][:, :width]
@@ -528,309 +543,184 @@ class AdaptiveKLController:
         self.value *= 1 + proportional_error * n_steps / self.horizon
 
 
+def disable_dropout(*models) -> None:
+    """N+: dropout off in every model (None: none), so that the rollout's logprobs and the training's agree."""
+    for module in (m for model in models if model is not None for m in model.modules()):
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 # --------------------------------------------------------------------------------------------------
-# main: the training loop, as numbered steps
+# main: the training loop, as numbered steps (the module docstring's)
 # --------------------------------------------------------------------------------------------------
 
 
 def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    check_ppo_args(args)
-    run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed)
+    accelerator, run = start_run(args)  # the flags checked, the run directory claimed, the seed set
     device = accelerator.device
+    mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward = batch_sizes(args, accelerator)
 
-    # ---- batch arithmetic ----
-    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
-    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
-    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
-        raise SystemExit(
-            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
-            f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
-            f"{args.gradient_accumulation_steps} equal micro-batches"
-        )
-    batch_size = args.per_device_batch_size * accelerator.num_processes
-    separate_backward = (
-        args.separate_backward
-        if args.separate_backward is not None
-        else accelerator.distributed_type == DistributedType.NO
-    )
-    if separate_backward and accelerator.distributed_type != DistributedType.NO:
-        raise SystemExit(
-            f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
-            "policy and value model are one engine that takes one backward pass per step (leave --separate-backward "
-            "unset)"
-        )
-    num_updates = args.total_episodes // batch_size
-    if num_updates == 0:
-        raise SystemExit(
-            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
-            f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
-            "processes)"
-        )
-
-    # ---- models: policy + value (trained), reference + reward model (frozen) ----
+    # ---- models: policy + value (trained), reference + reward model (frozen), all with dropout off (N+: rollout and
+    # training logprobs agree); data: every field that training and evaluation use is checked now ----
     tokenizer = load_tokenizer(args)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
-        raise SystemExit(
-            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
-            f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
-            "(sft.py --add-pad-token)"
-        )
-    # --lora-r: adapters on the policy only; the value model is trained in full (TRL's PPOTrainer with a peft_config)
-    policy = add_lora(policy, args)
-
-    # ---- data: every field training and evaluation use is checked now, before the first update ----
-    max_positions = getattr(policy.config, "max_position_embeddings", None) or getattr(
-        policy.config, "n_positions", None
-    )
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_rows = prepare_prompts(
-        eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))),
-        tokenizer,
-        args,
-        args.eval_split,
-        max_positions,
-        evaluation=True,
-    )
-    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
-        raise SystemExit(
-            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
-            f"batch of --per-device-batch-size {args.per_device_batch_size}"
-        )
-
+    check_pad_embedding(pad_id, policy, args)
+    policy = add_lora(policy, args)  # --lora-r: on the policy only; the value model is trained in full (as TRL)
+    train_rows, eval_rows = load_prompts(args, tokenizer, policy.config)
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
-        ref_policy = (
-            load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
-            .eval()
-            .requires_grad_(False)
-        )
+        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+        ref_policy.eval().requires_grad_(False)
     reward_model, prm = None, None
     if args.reward_source == "model":
         reward_model = load_reward_model(args, tokenizer, args.reward_model_path, "--reward-model-path", "outcome")
     if args.prm_path:
         prm = load_reward_model(args, tokenizer, args.prm_path, "--prm-path", "process")
-    value_path = args.value_model_path or args.reward_model_path or args.sft_model_path
-    value_flag = (
-        "--value-model-path"
-        if args.value_model_path
-        else "--reward-model-path"
-        if args.reward_model_path
-        else "--sft-model-path"
-    )
-    value_model = load_pretrained(
-        AutoModelForSequenceClassification, value_path, args, "value model", value_flag, num_labels=1
-    )
-    if len(tokenizer) > value_model.config.vocab_size:
-        raise SystemExit(
-            f"error: the value model ({value_flag} {value_path}) has {value_model.config.vocab_size} "
-            f"embedding rows, fewer than the policy's {len(tokenizer)} tokens; start it from the same SFT "
-            "model"
-        )
-    value_model.config.pad_token_id = tokenizer.pad_token_id
-    for m in (policy, ref_policy):
-        if m is not None:
-            m.generation_config.pad_token_id = tokenizer.pad_token_id
-    for m in (reward_model, prm):  # their own forward refuses batches without a pad id (the score is read by position)
-        if m is not None:
-            m.config.pad_token_id = tokenizer.pad_token_id
-    for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows (`pack`)
+    value_model = load_value_model(args, tokenizer)
+    disable_dropout(policy, ref_policy, value_model, reward_model, prm)  # before any forward pass
+    set_pad_token_id(pad_id, generators=(policy, ref_policy), scorers=(value_model, reward_model, prm))
+    for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows
         use_packed_attention(m)
 
-    loader = torch.utils.data.DataLoader(
-        list(range(len(train_rows))),
-        batch_size=args.per_device_batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-
+    loader = prompt_loader(len(train_rows), args)  # shuffled by its own generator, seeded
     model = PolicyAndValue(policy, value_model)
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
-    # fused: one kernel updates every parameter, instead of a dozen small ops per tensor
-    optimizer = torch.optim.AdamW(
-        trainable, lr=args.learning_rate, eps=args.adam_eps, fused=device.type in ("cpu", "cuda")
-    )
+    fused = device.type in ("cpu", "cuda")  # one kernel updates every parameter, not a dozen small ops per tensor
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, fused=fused)
     configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
     if args.lora_r:
         ref_policy = LoraReference(accelerator.unwrap_model(model).policy)
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
-
-    def batches():
-        while True:
-            yield from loader
-
     unwrapped = accelerator.unwrap_model(model)
-    check_packing(unwrapped.policy)
-    use_sampler_logprobs = (
-        args.sampler_logprobs
-        if args.sampler_logprobs is not None
-        else args.dtype == "float32" and accelerator.mixed_precision == "no"
-    )
+    check_one_row_packing(unwrapped.policy)
+    use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
     synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
     run.begin()
 
-    def loop_state(update: int) -> dict:
-        """The loop's state after `update` updates: the counters, the adaptive KL coefficient and the last evaluation
-        (the learning rate follows from `update`; the data position is replayed from it on resume)."""
-        return {
-            "step": update,
-            "episode": update * batch_size,
-            "kl_coef": kl_ctl.value if kl_ctl else None,
-            "metrics": metrics,
-        }
+    def loop_state(update: int) -> dict:  # a checkpoint's state beside the weights, optimizer and RNGs
+        kl_coef = kl_ctl.value if kl_ctl else None
+        return {"step": update, "episode": update * batch_size, "kl_coef": kl_coef, "metrics": metrics}
 
-    iterator, start = batches(), 0
-    if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
-        start, metrics = state["step"], state["metrics"]
-        if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
-            kl_ctl.value = state["kl_coef"]
-        for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
-            next(iterator)
-    else:  # before training (on resume it is in metrics.jsonl already)
+    iterator = endless(loader)
+    start, metrics = resume(run, kl_ctl, iterator)  # on resume: the weights, optimizer, RNGs and the loop's counters
+    if metrics is None:  # before training (on resume it is in metrics.jsonl already)
         metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
-        run.log(metrics, 0, 0)
-        accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
-        range(start + 1, num_updates + 1),
-        initial=start,
-        total=num_updates,
-        disable=not accelerator.is_main_process,
-        desc="ppo",
+        range(start + 1, num_updates + 1), initial=start, total=num_updates, desc="ppo", disable=not run.main
     )
     for update in progress:
         if args.anneal_lr:
             for group in optimizer.param_groups:
                 group["lr"] = (1.0 - (update - 1.0) / num_updates) * args.learning_rate
         kl_coef = kl_ctl.value if kl_ctl else args.kl_coef
-        indices = next(iterator).tolist()
-        rows = [train_rows[i] for i in indices]
+        rows = [train_rows[i] for i in next(iterator).tolist()]
+        prompts = [r["prompt_ids"] for r in rows]
 
-        # ---- 1. rollout: sample; then (step 2) recompute logprobs, reference logprobs and values with forward passes
-        # ----
         with torch.no_grad():
-            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
+            # ---- 1. rollout: sample `response_length` tokens at `temperature`, truncate after EOS ----
+            queries, qmask = left_pad(prompts, pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back (R); they are kept as they
-            # are (not padded back to the full length), so no tensor below spends time on all-pad columns.
-            # --stop-token none: an EOS id no token has, so every row decodes response_length tokens (N+:
-            # min_new_tokens)
-            sampled = None
-            try:
-                with padded_attention(unwrapped.policy):
-                    sampled = sample_responses(
-                        unwrapped.policy,
-                        queries,
-                        qmask,
-                        tokenizer.eos_token_id if args.stop_token == "eos" else -1,
-                        tokenizer.pad_token_id,
-                        args.response_length,
-                        args.temperature,
-                        synced=synced,
-                    )
-            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
-                if "probability tensor" not in str(e):
-                    raise
-            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
-                run.stop(
-                    loop_state(update - 1),
-                    f"non-finite policy logits while sampling at update {update}: lower "
-                    f"--learning-rate (now {args.learning_rate:g}) or check --sft-model-path",
+            # R <= response_length columns (fewer when all stop early); --stop-token none: an id no token has (N+)
+            with padded_attention(unwrapped.policy):
+                responses, sampled_logprobs, sampled_entropy = nan_if_sampling_fails(
+                    sample_responses,
+                    unwrapped.policy,
+                    queries,
+                    qmask,
+                    eos_id if args.stop_token == "eos" else -1,
+                    pad_id,
+                    args.response_length,
+                    args.temperature,
+                    synced=synced,
                 )
-            responses, sampled_logprobs, sampled_entropy = sampled
-            postprocessed = (
-                truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id)
-                if args.stop_token == "eos"
-                else responses
+            stop_unless_finite(
+                run,
+                loop_state(update - 1),
+                f"non-finite policy logits while sampling at update {update}: {lower_lr} or check --sft-model-path",
+                sampled_logprobs,
             )
-            sequence_lengths = (
-                first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
-            )  # index of the last real token
+            postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
+            sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
             if run.any_process(bool((sequence_lengths < 0).any())):
                 run.stop(
                     loop_state(update - 1),
                     f"a response sampled at update {update} is empty (its first token is "
-                    f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path",
+                    f"the pad token {pad_id}): the policy samples PAD; check --sft-model-path",
                 )
 
-            # ---- 2. forward passes on the `pack`ed query + truncated response token lists (no padding), then the
-            # reward: score the truncated response, penalise responses that never end ----
+            # ---- 2. logprobs, reference logprobs and values: forward passes on the packed query + truncated
+            # response token lists (`pack_one_row`: no padding) ----
             query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
             response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
-            packed = {k: v.to(device) for k, v in pack(query_tokens, response_tokens, tokenizer.pad_token_id).items()}
+            packed = {k: v.to(device) for k, v in pack_one_row(query_tokens, response_tokens, pad_id).items()}
             # W: rewards, values and masks get one column more than the longest response when there is room in
             # response_length, so that the score lands one past EOS (`per_token_rewards`) as in N+'s full-width tensors
             R, C = responses.shape[1], packed["targets"].shape[1] - 1
             W = min(R + 1, args.response_length)
             width = min(W, C + 1)  # the columns the forward passes give: up to the last token of the longest response
-            logits, packed_values = model(
-                **{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=not use_sampler_logprobs
-            )
+            inputs = {k: packed[k] for k in ("input_ids", "position_ids", "index")}
+            logits, packed_values = model(**inputs, with_policy=not use_sampler_logprobs)
             logprobs, entropy = F.pad(sampled_logprobs, (0, W - R)), F.pad(sampled_entropy, (0, W - R))
             values, ref_logprobs = torch.zeros_like(logprobs), torch.zeros_like(logprobs)
             values[:, :width] = packed_values[:, :width].float()
             if not use_sampler_logprobs:
                 logprobs[:, :width] = response_logprobs(logits, packed["targets"], args.temperature)[:, :width]
-                probs_logits = logits[:, :width].float() / (args.temperature + 1e-7)
-                entropy[:, :width] = torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(
-                    -1
-                )
-                del logits, probs_logits
+                entropy[:, :width] = logits_entropy(logits[:, :width], args.temperature)
+                del logits
             ref_logits = reference_logits(ref_policy, packed)
             ref_logprobs[:, :width] = response_logprobs(ref_logits, packed["targets"], args.temperature)[:, :width]
             del ref_logits
+
+            # ---- 3. score the truncated responses; penalise responses that never end (N+) ----
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
-            if (
-                args.reward_source == "model"
-            ):  # as outcome_reward: the score head at the last token, plus the stored bias
-                scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
-                scores = scores + getattr(reward_model.config, "reward_bias", 0.0)
-            else:
+            if args.reward_source == "model":
+                scores = packed_outcome_reward(reward_model, packed)
+            else:  # verifiable: 1 if the final answer is right
                 scores = torch.tensor(
                     [success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=device
                 )
-            contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
+            contain_eos = (postprocessed == eos_id).any(dim=1)
             if args.non_eos_penalty:
                 scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
             step_rewards, n_steps = None, None
             if prm is not None:
-                step_rewards, n_steps = process_rewards(
-                    prm, tokenizer, [r["prompt_ids"] for r in rows], postprocessed.cpu(), args
-                )
+                step_rewards, n_steps = process_rewards(prm, tokenizer, prompts, postprocessed.cpu(), args)
                 step_rewards = step_rewards.to(device)
 
-            # masks: logprobs past the last real token (the EOS); values from two positions after it (N+'s
-            # padding_mask_p1): the value at EOS+1, where the score is, is trained, the ones after are not
-            response_idxs = torch.arange(W, device=device).repeat(responses.shape[0], 1)
-            padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
-            padding_mask_p1 = response_idxs > (sequence_lengths + 1).unsqueeze(1)
+            # ---- 4. per-token rewards: the KL penalty on every token up to EOS, the score one past it ----
+            padding_mask, padding_mask_p1 = response_masks(sequence_lengths, W)
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             values = values.masked_fill(padding_mask_p1, 0)
-
-            # ---- 3. per-token rewards and GAE ----
             kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
             rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
             if step_rewards is not None:
                 rewards = rewards + F.pad(step_rewards, (0, W - R)).masked_fill(padding_mask, 0)
+
+            # ---- 5. whiten rewards (off in N+) ----
             if args.whiten_rewards:
                 rewards = masked_whiten(rewards, ~padding_mask_p1, shift_mean=False).masked_fill(padding_mask_p1, 0)
+
+            # ---- 6. compute advantages and returns ----
             advantages, returns = compute_gae(rewards, values, args.gamma, args.lam)
             advantages = masked_whiten(advantages, ~padding_mask).masked_fill(padding_mask, 0)
 
-        # ---- 4. PPO epochs over minibatches ----
-        stats = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "vf_loss", "vf_clipfrac", "ratio")}
+        # ---- 7. PPO epochs over shuffled minibatches ----
+        rollout = {
+            "logprobs": logprobs,
+            "values": values,
+            "returns": returns,
+            "advantages": advantages,
+            "padding_mask": padding_mask,
+            "padding_mask_p1": padding_mask_p1,
+        }
+        stats = []
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.per_device_batch_size, device=device)
             for mb_start in range(0, args.per_device_batch_size, mini_batch_size):
@@ -843,266 +733,82 @@ def main(args: Args) -> dict:
                 for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
                     with accelerator.accumulate(model):
                         mb = order[micro_start : micro_start + micro_batch_size]
-                        mb_list = mb.tolist()
-                        rollout = {
-                            "logprobs": logprobs[mb],
-                            "values": values[mb],
-                            "returns": returns[mb],
-                            "advantages": advantages[mb],
-                            "padding_mask": padding_mask[mb],
-                            "padding_mask_p1": padding_mask_p1[mb],
-                        }
                         mb_stats = ppo_micro_batch(
                             model,
                             accelerator,
-                            [query_tokens[i] for i in mb_list],
-                            [response_tokens[i] for i in mb_list],
-                            rollout,
+                            [query_tokens[i] for i in mb.tolist()],
+                            [response_tokens[i] for i in mb.tolist()],
+                            {k: v[mb] for k, v in rollout.items()},
                             counts,
                             args,
                             separate_backward,
-                            tokenizer.pad_token_id,
+                            pad_id,
                         )
                         # before the optimizer step, so this micro-batch moves no parameter (the checkpoint holds the
                         # weights after the minibatches of this update that were finite, and resumes the update)
-                        if not run.all_finite(mb_stats["pg_loss"], mb_stats["vf_loss"]):
-                            run.stop(
-                                loop_state(update - 1),
-                                f"non-finite PPO loss at update {update} (policy "
-                                f"{mb_stats['pg_loss'].item():g}, value {mb_stats['vf_loss'].item():g}): lower "
-                                f"--learning-rate (now {args.learning_rate:g}) or check the rewards",
-                            )
+                        stop_unless_finite(
+                            run,
+                            loop_state(update - 1),
+                            f"non-finite PPO loss at update {update} (policy {mb_stats['pg_loss'].item():g}, value "
+                            f"{mb_stats['vf_loss'].item():g}): {lower_lr} or check the rewards",
+                            mb_stats["pg_loss"],
+                            mb_stats["vf_loss"],
+                        )
                         if accelerator.sync_gradients:
                             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                            if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                                run.stop(
-                                    loop_state(update - 1),
-                                    f"non-finite gradient norm at update {update}: lower "
-                                    f"--learning-rate (now {args.learning_rate:g})",
-                                )
+                            stop_unless_finite(  # before the optimizer writes it into the weights
+                                run,
+                                loop_state(update - 1),
+                                f"non-finite gradient norm at update {update}: {lower_lr}",
+                                grad_norm,
+                            )
                         optimizer.step()
                         optimizer.zero_grad()
-                    for k in stats:
-                        stats[k].append(mb_stats[k])
+                    stats.append(mb_stats)
 
-        # ---- logging ----
+        # ---- 8. adapt the KL coefficient; log, evaluate, checkpoint ----
         episode = update * batch_size
-        mean_kl = kl.sum(1).mean()
         if kl_ctl:
-            kl_ctl.update(accelerator.gather(mean_kl[None]).mean().item(), batch_size)
+            kl_ctl.update(accelerator.gather(kl.sum(1).mean()[None]).mean().item(), batch_size)
         if update % args.log_every == 0 or update == num_updates:
-            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
-            logged = {
-                "objective/reward": g(scores),
-                "objective/kl": g(mean_kl),
-                "objective/entropy": g((entropy * ~padding_mask).sum(1)),
-                "objective/non_score_reward": g(non_score_reward.sum(1)),
-                "objective/rlhf_reward": g(scores + non_score_reward.sum(1)),
-                "objective/completion_length": g((sequence_lengths + 1).float()),
-                "objective/eos_rate": g(contain_eos.float()),
-                "policy/approxkl_avg": g(torch.stack(stats["approxkl"])),
-                "policy/clipfrac_avg": g(torch.stack(stats["clipfrac"])),
-                "loss/policy_avg": g(torch.stack(stats["pg_loss"])),
-                "loss/value_avg": g(torch.stack(stats["vf_loss"])),
-                "val/clipfrac_avg": g(torch.stack(stats["vf_clipfrac"])),
-                "val/ratio": g(torch.stack(stats["ratio"])),
-                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()),
+            per_row = {  # means over the rows of every process
+                "objective/reward": scores,
+                "objective/kl": kl.sum(1),
+                "objective/entropy": (entropy * ~padding_mask).sum(1),
+                "objective/non_score_reward": non_score_reward.sum(1),
+                "objective/rlhf_reward": scores + non_score_reward.sum(1),
+                "objective/completion_length": (sequence_lengths + 1).float(),
+                "objective/eos_rate": contain_eos.float(),
+                "val/num_eos_tokens": (responses == eos_id).sum(1).float(),
+            }
+            logged = update_metrics(accelerator, per_row, stats, step_rewards, n_steps) | {
                 "objective/kl_coef": kl_coef,
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": peak_mem_gb(device),
             }
-            if step_rewards is not None:
-                logged["objective/process_reward"] = g(step_rewards.sum(1))
-                logged["objective/num_steps"] = g(torch.tensor(n_steps, dtype=torch.float, device=device))
             run.log(logged, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
-            run.log(metrics, update, episode)
-            accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-            run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
+            log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
+            run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
             run.stop(loop_state(update))
         if args.save_every and update % args.save_every == 0 and update < num_updates:
             run.checkpoint(loop_state(update))
     progress.close()
 
-    # the policy only (prefix), on every rank: under ZeRO-3 the weights are gathered from all of them
-    run.finish(
-        model,
-        tokenizer,
-        {
-            "step": num_updates,
-            "episode": num_updates * batch_size,
-            "total_steps": num_updates,
-            "total_episodes": num_updates * batch_size,
-        },
-        prefix="policy.",
-    )
+    episodes = num_updates * batch_size
+    budget = {"step": num_updates, "episode": episodes, "total_steps": num_updates, "total_episodes": episodes}
+    run.finish(model, tokenizer, budget, prefix="policy.")  # the policy only, on every rank (ZeRO-3 gathers it)
     accelerator.end_training()
     return metrics
 
 
 # --------------------------------------------------------------------------------------------------
-# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
-# across scripts by tests/test_conventions.py)
+# The rollout's pieces: forward passes on packed rows, logprobs, sampling, rewards
 # --------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Offline-first loading: a local path never touches the network; a hub name that cannot be reached
-# fails in milliseconds with a message that says what to do, instead of a minute of HTTP retries.
-# ----------------------------------------------------------------------------------------------------
-
-
-def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
-    for name in template_fields(template, flag):
-        value = row.get(name)
-        if name not in row:
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                f"({flag} {template!r}); its fields are {sorted(row)}"
-            )
-        if value is None:  # a JSON Lines row without the field reads as null too (datasets unites the columns)
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
-                f"{what} template ({flag} {template!r}); fill it in or drop the row"
-            )
-        if chat_messages(value):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                "tokenizer's chat template"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
-            )
-    try:
-        text = template.format(**row)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
-    return text
-
-
-def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
-    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
-    scores before pooling them at one position; a forward hook on the head captures them. Going through the
-    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
-    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
-    same scores for the real tokens."""
-    captured = {}
-    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
-    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
-    try:
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        handle.remove()
-    return captured["scores"].squeeze(-1).float()
-
-
-def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
-    the normalisation bias stored in the config."""
-    scores = token_scores(model, input_ids, attention_mask)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    last = (attention_mask * positions).argmax(dim=1)
-    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
-    return scores[torch.arange(len(scores), device=scores.device), last] + bias
-
-
-# ----------------------------------------------------------------------------------------------------
-# Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
-# ----------------------------------------------------------------------------------------------------
-
-
-TLDR_FACT_WORDS = {
-    "who": [
-        "roommate",
-        "boyfriend",
-        "girlfriend",
-        "boss",
-        "sister",
-        "brother",
-        "neighbor",
-        "friend",
-        "coworker",
-        "landlord",
-    ],
-    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
-    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
-}
-
-
-TLDR_MAX_WORDS = 12
-
-
-def gold_judge(summary: str, facts: list[str]) -> float:
-    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
-    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
-    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
-    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
-    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
-    words = re.findall(r"[a-z]+", summary.lower())
-    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
-    covered = sum(1 for f in facts if f in words) / len(facts)
-    invented = len({w for w in words if w in vocab and w not in facts})
-    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
-    return covered - 0.5 * invented - 0.1 * too_long
-
-
-def extract_gsm8k_answer(text: str) -> str | None:
-    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
-    removed; None when there is no `####` followed by a number."""
-    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
-    if not matches:
-        return None
-    return matches[-1].replace(",", "").rstrip(".")
-
-
-def extract_boxed_answer(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
-    None when there is none or its braces never close."""
-    start = text.rfind("\\boxed{")
-    if start == -1:
-        return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
-
-
-def numbers_equal(predicted: str | None, gold: str) -> bool:
-    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
-    non-numeric prediction, never an exception."""
-    if predicted is None:
-        return False
-    try:
-        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
-    except ValueError:
-        return False
-
-
-# ----------------------------------------------------------------------------------------------------
-# Metrics
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Forward passes
-# ----------------------------------------------------------------------------------------------------
 
 
 class PolicyAndValue(nn.Module):
@@ -1114,10 +820,10 @@ class PolicyAndValue(nn.Module):
 
     def forward(self, input_ids, position_ids, index, with_policy: bool = True, with_value: bool = True):
         """Logits (None without the policy) and values (None without the value model) at the positions `index` of a
-        `pack`ed row. The LM head and the value head run on those positions only (the response), not on the prompts;
-        so does the last layer's MLP (`last_mlp_only_at`); the rest of the bodies on every token. A value is the head's
-        output plus the config's `reward_bias` (0 for a fresh head): the critic starts as the reward model as it scores,
-        normalisation included (N+'s critic is the normalised reward model)."""
+        packed row (`pack_one_row`). The LM head and the value head run on those positions only (the response), not on
+        the prompts; so does the last layer's MLP (`last_mlp_only_at`); the rest of the bodies on every token. A value
+        is the head's output plus the config's `reward_bias` (0 for a fresh head): the critic starts as the reward model
+        as it scores, normalisation included (N+'s critic is the normalised reward model)."""
         logits, needed = None, index.unique()
         if with_policy:
             policy_body = body_of(self.policy)
@@ -1133,27 +839,15 @@ class PolicyAndValue(nn.Module):
         return logits, self.value_model.score(hidden[0, index]).squeeze(-1) + bias
 
 
-def body_of(model):
-    """The transformer body of a causal LM or sequence classifier, without its head; of a peft (LoRA) model, the body
-    of its base model, the adapters inside it (peft's own `base_model_prefix` would name the whole model)."""
-    model = model.get_base_model() if hasattr(model, "peft_config") else model
-    return getattr(model, model.base_model_prefix)
-
-
-def packed_hidden(model, packed: dict, at: torch.Tensor) -> torch.Tensor:
-    """Last hidden states of a frozen model's body at the positions `at` (any shape) of a `pack`ed row, for its
-    heads."""
-    body = body_of(model)
-    with last_mlp_only_at(body, at.unique()):
-        hidden = body(
-            input_ids=packed["input_ids"], position_ids=packed["position_ids"], use_cache=False
-        ).last_hidden_state
-    return hidden[0, at]
+def packed_outcome_reward(reward_model, packed: dict) -> torch.Tensor:
+    """`outcome_reward` on a packed row: the score head at each sequence's last token, plus the stored bias."""
+    scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
+    return scores + getattr(reward_model.config, "reward_bias", 0.0)
 
 
 def reference_logits(ref_policy, packed: dict) -> torch.Tensor:
-    """The reference policy's logits at the `index` positions of a `pack`ed row (no gradient: call it under no_grad).
-    A LoraReference is the policy itself, its body and head run with the adapters disabled."""
+    """The reference policy's logits at the `index` positions of a packed row (`pack_one_row`; no gradient: call it
+    under no_grad). A LoraReference is the policy itself, its body and head run with the adapters disabled."""
     if isinstance(ref_policy, LoraReference):
         with ref_policy.policy[0].disable_adapter():
             return reference_logits(ref_policy.policy[0], packed)
@@ -1238,15 +932,44 @@ def sample_responses(
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
+def logits_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) at every position (a statistic, as the sampler's)."""
+    probs_logits = logits.float() / (temperature + 1e-7)
+    return torch.logsumexp(probs_logits, -1) - (probs_logits.softmax(-1) * probs_logits).sum(-1)
+
+
 def response_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
     """Logprobs of the response tokens under logits scaled by the sampling temperature (N+ detail)."""
     logits = logits.float() / (temperature + 1e-7)
     return torch.gather(logits.log_softmax(-1), 2, targets.unsqueeze(-1)).squeeze(-1)
 
 
-# ----------------------------------------------------------------------------------------------------
-# Rewards
-# ----------------------------------------------------------------------------------------------------
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
 
 
 def math_verify_equal(gold: str, predicted: str | None) -> bool:
@@ -1317,9 +1040,346 @@ def process_rewards(
     return out, n_steps
 
 
+# --------------------------------------------------------------------------------------------------
+# Plumbing: PPO's own setup, checks and bookkeeping; data and loading; the tiny world's judge (the loading, engines,
+# runs, evaluation and packing it shares live in clean_rlhf_utils/)
+# --------------------------------------------------------------------------------------------------
+
+
+def start_run(args: Args) -> tuple[Accelerator, Run]:
+    """The accelerator (one CPU thread pool per process), the flags checked, the run directory claimed (a used one is
+    refused before anything loads) and the seed set."""
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
+    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
+        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    check_args(args)
+    check_ppo_args(args)
+    run = Run(args, accelerator, PRESETS)
+    set_seed(args.seed)
+    return accelerator, run
+
+
+def check_ppo_args(args: Args) -> None:
+    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones): a one-line error."""
+    for flag, value in (("--cliprange", args.cliprange), ("--cliprange-value", args.cliprange_value)):
+        if value <= 0:
+            raise SystemExit(f"error: {flag} is {value}; it must be above 0")
+    for flag, value in (("--gamma", args.gamma), ("--lam", args.lam)):
+        if not 0 <= value <= 1:
+            raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
+    if args.kl_coef < 0:
+        raise SystemExit(
+            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
+        )
+    if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
+        raise SystemExit(
+            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
+            f"{args.target_kl} and {args.kl_horizon})"
+        )
+    if args.reward_source == "model" and args.reward_model_path is None:
+        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
+    if args.prm_path is None and args.prm_refine != "none":
+        raise SystemExit(
+            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
+        )
+
+
+def batch_sizes(args: Args, accelerator: Accelerator) -> tuple[int, int, int, int, bool]:
+    """(minibatch, micro-batch, batch of all processes, updates, separate_backward), or a one-line error."""
+    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
+    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
+    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
+        raise SystemExit(
+            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
+            f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps} equal micro-batches"
+        )
+    batch_size = args.per_device_batch_size * accelerator.num_processes
+    separate_backward = (
+        args.separate_backward
+        if args.separate_backward is not None
+        else accelerator.distributed_type == DistributedType.NO
+    )
+    if separate_backward and accelerator.distributed_type != DistributedType.NO:
+        raise SystemExit(
+            f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
+            "policy and value model are one engine that takes one backward pass per step (leave --separate-backward "
+            "unset)"
+        )
+    num_updates = args.total_episodes // batch_size
+    if num_updates == 0:
+        raise SystemExit(
+            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
+            f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
+            "processes)"
+        )
+    return mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward
+
+
+def check_pad_embedding(pad_id: int, policy, args: Args) -> None:
+    """Prompts are left-padded with the pad token: it needs an embedding row."""
+    if pad_id >= policy.config.vocab_size:
+        raise SystemExit(
+            f"error: the pad token id {pad_id} is past the embedding of {args.sft_model_path} "
+            f"({policy.config.vocab_size} rows); add the pad token at the SFT stage (sft.py --add-pad-token)"
+        )
+
+
+def load_prompts(args: Args, tokenizer, config) -> tuple[list[dict], list[dict]]:
+    """The training and evaluation prompts (`prepare_prompts`), every field checked now, before the first update."""
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
+    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
+    eval_rows = prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, evaluation=True)
+    if len(train_rows) < args.per_device_batch_size:  # the endless loader would never yield a batch
+        raise SystemExit(
+            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
+            f"batch of --per-device-batch-size {args.per_device_batch_size}"
+        )
+    return train_rows, eval_rows
+
+
+def load_value_model(args: Args, tokenizer):
+    """The initial value model: `--value-model-path`, else the reward model (N+), else the SFT model with a fresh
+    head."""
+    value_path = args.value_model_path or args.reward_model_path or args.sft_model_path
+    value_flag = (
+        "--value-model-path"
+        if args.value_model_path
+        else "--reward-model-path"
+        if args.reward_model_path
+        else "--sft-model-path"
+    )
+    value_model = load_pretrained(
+        AutoModelForSequenceClassification, value_path, args, "value model", value_flag, num_labels=1
+    )
+    if len(tokenizer) > value_model.config.vocab_size:
+        raise SystemExit(
+            f"error: the value model ({value_flag} {value_path}) has {value_model.config.vocab_size} "
+            f"embedding rows, fewer than the policy's {len(tokenizer)} tokens; start it from the same SFT "
+            "model"
+        )
+    return value_model
+
+
+def set_pad_token_id(pad_id: int, generators: tuple, scorers: tuple) -> None:
+    """The pad id for `generate` (the policy and reference) and for the classifiers' own forward, which refuses batches
+    without one (the score is read by position)."""
+    for m in generators:
+        if m is not None:
+            m.generation_config.pad_token_id = pad_id
+    for m in scorers:
+        if m is not None:
+            m.config.pad_token_id = pad_id
+
+
+def prompt_loader(n: int, args: Args) -> torch.utils.data.DataLoader:
+    """Batches of prompt indices, reshuffled every pass by the loader's own seeded generator."""
+    return torch.utils.data.DataLoader(
+        list(range(n)),
+        batch_size=args.per_device_batch_size,
+        shuffle=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+
+
+def endless(loader):
+    while True:
+        yield from loader
+
+
+def keep_sampler_logprobs(args: Args, accelerator: Accelerator) -> bool:
+    """`--sampler-logprobs`; default: on in float32 without mixed precision, where they equal the forward pass's."""
+    if args.sampler_logprobs is not None:
+        return args.sampler_logprobs
+    return args.dtype == "float32" and accelerator.mixed_precision == "no"
+
+
+def resume(run: Run, kl_ctl: AdaptiveKLController | None, iterator) -> tuple[int, dict | None]:
+    """With `--resume`: the checkpoint's weights, optimizer and RNGs loaded (`Run.resume`), the adaptive KL coefficient
+    restored and the prompts the finished updates drew replayed; returns (updates done, last evaluation). A new run:
+    (0, None)."""
+    state = run.resume()
+    if not state:
+        return 0, None
+    if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
+        kl_ctl.value = state["kl_coef"]
+    for _ in range(state["step"]):  # the loader's own generator, no compute
+        next(iterator)
+    return state["step"], state["metrics"]
+
+
+def nan_if_sampling_fails(sample, *args, **kwargs) -> tuple:
+    """`sample(*args, **kwargs)`; when torch.multinomial refuses non-finite probabilities ("probability tensor contains
+    either inf, nan or element < 0"), logprobs of NaN instead, for `stop_unless_finite`."""
+    try:
+        return sample(*args, **kwargs)
+    except RuntimeError as e:
+        if "probability tensor" not in str(e):
+            raise
+    return None, torch.tensor(float("nan")), None
+
+
+def stop_unless_finite(run: Run, state: dict, message: str, *values) -> None:
+    """A collective (every process calls it): a value that is not finite on any process writes a checkpoint of `state`
+    and stops with a one-line error."""
+    if not run.all_finite(*values):
+        run.stop(state, message)
+
+
+STATISTICS = {  # `ppo_micro_batch`'s statistics, averaged over the micro-batches of every process
+    "approxkl": "policy/approxkl_avg",
+    "clipfrac": "policy/clipfrac_avg",
+    "pg_loss": "loss/policy_avg",
+    "vf_loss": "loss/value_avg",
+    "vf_clipfrac": "val/clipfrac_avg",
+    "ratio": "val/ratio",
+}
+
+
+def update_metrics(accelerator: Accelerator, per_row: dict, stats: list[dict], step_rewards, n_steps) -> dict:
+    """The means over every process of the rollout's `per_row` tensors, of the micro-batches' `stats` and of the
+    process rewards and steps, if any."""
+    g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
+    logged = {k: g(v) for k, v in per_row.items()}
+    logged |= {name: g(torch.stack([s[k] for s in stats])) for k, name in STATISTICS.items()}
+    if step_rewards is not None:
+        logged["objective/process_reward"] = g(step_rewards.sum(1))
+        logged["objective/num_steps"] = g(torch.tensor(n_steps, dtype=torch.float, device=step_rewards.device))
+    return logged
+
+
+def log_evaluation(run: Run, accelerator: Accelerator, metrics: dict, step: int, episode: int, when: str) -> None:
+    run.log(metrics, step, episode)
+    accelerator.print(f"{when}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+def evaluate(
+    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
+) -> dict:
+    """Greedy responses to the evaluation prompts, truncated after EOS, scored by the reward model if any and the
+    task's judge (`evaluation.evaluate_greedy_responses`); with `--eval-kl`, the sampled KL to the reference."""
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+
+    def score(queries, responses):  # the reward model at the last real token, plus its bias (`outcome_reward`)
+        inputs = padded_inputs(torch.cat([queries, responses], 1), pad_id)
+        return outcome_reward(reward_model, inputs["input_ids"], inputs["attention_mask"]).tolist()
+
+    def kl(queries, qmask):
+        return sampled_kl(policy, reference, queries, qmask, args.response_length, pad_id, eos_id, zero3(accelerator))
+
+    def judge(text: str, row: dict) -> dict:
+        if args.eval_task == "tldr":
+            gold, reference_gold = gold_judge(text, row["facts"]), gold_judge(row["reference"], row["facts"])
+            return {
+                "gold_reward": gold,
+                "win_rate": 1.0 if gold > reference_gold else 0.5 if gold == reference_gold else 0.0,
+            }
+        if args.eval_task in ("gsm8k", "boxed"):
+            return {"accuracy": success_reward(text, row["gold"], args.answer_format)}
+        return {}
+
+    with_kl = args.eval_kl and reference is not None
+    # (LoRA) the reference is the policy itself, whose attention is switched with it
+    frozen = reference.policy[0] if isinstance(reference, LoraReference) else reference
+    return evaluate_greedy_responses(
+        policy,
+        tokenizer,
+        rows,
+        accelerator,
+        args.per_device_eval_batch_size,
+        args.response_length,
+        truncate=lambda responses: truncate_response(responses, eos_id, pad_id),
+        judge=judge,
+        score=score if reward_model is not None else None,
+        kl=kl if with_kl else None,
+        frozen=(reward_model, frozen if with_kl else None),
+    )
+
+
+@torch.no_grad()
+def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
+    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
+    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
+    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
+    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
+    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(int(queries.sum()))
+        out = policy.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=response_length,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+            synced_gpus=synced,
+        )
+    responses = out[:, queries.shape[1] :]
+    ended = (responses == eos_id).long()
+    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
+    valid = (ended.cumsum(1) - ended == 0).long()
+    mask = torch.cat([qmask, valid], 1)
+    inputs = {
+        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
+        "attention_mask": mask,
+        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
+    }
+    kl = torch.zeros(len(queries), device=queries.device)
+    for model, sign in ((policy, 1.0), (reference, -1.0)):
+        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
+        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
+        kl += sign * (logprobs * valid).sum(1)
+    return kl.tolist()
+
+
 # ----------------------------------------------------------------------------------------------------
-# Data and evaluation
+# Data: prompts, references, gold answers, the tiny world's facts
 # ----------------------------------------------------------------------------------------------------
+
+
+def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
+    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
+    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
+    for name in template_fields(template, flag):
+        value = row.get(name)
+        if name not in row:
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
+                f"({flag} {template!r}); its fields are {sorted(row)}"
+            )
+        if value is None:  # a JSON Lines row without the field reads as null too (datasets unites the columns)
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
+                f"{what} template ({flag} {template!r}); fill it in or drop the row"
+            )
+        if chat_messages(value):
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
+                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
+                "tokenizer's chat template"
+            )
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise SystemExit(
+                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
+                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
+            )
+    try:
+        text = template.format(**row)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+        raise SystemExit(
+            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
+        ) from None
+    if not text.strip():
+        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
+    return text
 
 
 def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
@@ -1426,146 +1486,13 @@ def prepare_prompts(
     return rows
 
 
-@torch.no_grad()
-def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
-    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
-    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
-    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
-    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
-    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(queries.sum()))
-        out = policy.generate(
-            input_ids=queries,
-            attention_mask=qmask,
-            max_new_tokens=response_length,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            synced_gpus=synced,
-        )
-    responses = out[:, queries.shape[1] :]
-    ended = (responses == eos_id).long()
-    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
-    valid = (ended.cumsum(1) - ended == 0).long()
-    mask = torch.cat([qmask, valid], 1)
-    inputs = {
-        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
-    }
-    kl = torch.zeros(len(queries), device=queries.device)
-    for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
-        kl += sign * (logprobs * valid).sum(1)
-    return kl.tolist()
-
-
-@torch.no_grad()
-def evaluate(
-    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
-) -> dict:
-    """Greedy responses to the evaluation prompts, scored by the task's judge (and the reward model if any)."""
-    policy.eval()
-    records = []
-    # under ZeRO-3 every forward pass is a collective: every rank gets as many rows (the last one repeated), so as
-    # many batches, and `generate` keeps stepping until every rank is done
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            batch = shard[start : start + args.per_device_eval_batch_size]
-            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
-            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            with padded_attention(policy, reward_model):
-                out = policy.generate(
-                    input_ids=queries,
-                    attention_mask=qmask,
-                    max_new_tokens=args.response_length,
-                    do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                    synced_gpus=zero3(accelerator),
-                )
-                responses = truncate_response(
-                    out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id
-                )
-                scores = [None] * len(batch)
-                if reward_model is not None:
-                    scores = outcome_reward(
-                        reward_model,
-                        **{
-                            k: v
-                            for k, v in padded_inputs(
-                                torch.cat([queries, responses], 1), tokenizer.pad_token_id
-                            ).items()
-                            if k != "position_ids"
-                        },
-                    ).tolist()
-            kls = [None] * len(batch)
-            if args.eval_kl and reference is not None:
-                # (LoRA) the reference is the policy itself, whose attention is switched with it
-                frozen = reference.policy[0] if isinstance(reference, LoraReference) else reference
-                with padded_attention(policy, frozen):
-                    kls = sampled_kl(
-                        policy,
-                        reference,
-                        queries,
-                        qmask,
-                        args.response_length,
-                        tokenizer.pad_token_id,
-                        tokenizer.eos_token_id,
-                        zero3(accelerator),
-                    )
-            for r, resp, score, kl in zip(batch, responses, scores, kls):
-                text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {
-                    "score": score,
-                    "kl": kl,
-                    "length": int((resp != tokenizer.pad_token_id).sum()),
-                    "eos": bool((resp == tokenizer.eos_token_id).any()),
-                }
-                if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = (
-                        gold_judge(text, r["facts"]),
-                        gold_judge(r["reference"], r["facts"]),
-                    )
-                elif args.eval_task in ("gsm8k", "boxed"):
-                    rec["correct"] = success_reward(text, r["gold"], args.answer_format)
-                records.append(rec)
-    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    policy.train()
-    n = len(records)
-    metrics = {
-        "eval/completion_length": sum(r["length"] for r in records) / n,
-        "eval/eos_rate": sum(r["eos"] for r in records) / n,
-    }
-    if reward_model is not None:
-        metrics["eval/score"] = sum(r["score"] for r in records) / n
-    if args.eval_kl and reference is not None:
-        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
-    if args.eval_task == "tldr":
-        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = (
-            sum(
-                1.0
-                if r["gold_reward"] > r["reference_gold_reward"]
-                else 0.5
-                if r["gold_reward"] == r["reference_gold_reward"]
-                else 0.0
-                for r in records
-            )
-            / n
-        )
-    elif args.eval_task in ("gsm8k", "boxed"):
-        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
-    return metrics
+# ----------------------------------------------------------------------------------------------------
+# Loading: tokenizer, models, reward models, with one-line errors
+# ----------------------------------------------------------------------------------------------------
 
 
 def load_pretrained(cls, path: str, args: Args, what: str, flag: str, trained_head: bool = False, **kwargs):
-    """A model of `cls` from a local directory or the hub, dropout off, or a one-line error naming `flag`. With
+    """A model of `cls` from a local directory or the hub, or a one-line error naming `flag`. With
     `trained_head`, a checkpoint without the weights of the score head (a causal LM, a base model: transformers would
     give it a random head, and its rewards would be noise) is an error too."""
     local = os.path.isdir(path)
@@ -1589,9 +1516,6 @@ def load_pretrained(cls, path: str, args: Args, what: str, flag: str, trained_he
             f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
             "(it would score with a random one); give a model saved by reward_model.py"
         )
-    for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
     return model
 
 
@@ -1652,246 +1576,77 @@ def load_reward_model(args: Args, tokenizer, path: str, flag: str, kind: Literal
 
 
 # ----------------------------------------------------------------------------------------------------
-# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch`
+# Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
 # ----------------------------------------------------------------------------------------------------
 
 
-# ----------------------------------------------------------------------------------------------------
-# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
-# argument checks (copied verbatim between scripts; tests/test_faults.py)
-# ----------------------------------------------------------------------------------------------------
+TLDR_FACT_WORDS = {
+    "who": [
+        "roommate",
+        "boyfriend",
+        "girlfriend",
+        "boss",
+        "sister",
+        "brother",
+        "neighbor",
+        "friend",
+        "coworker",
+        "landlord",
+    ],
+    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
+    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
+}
 
 
-# ----------------------------------------------------------------------------------------------------
-# The script's own argument checks and loop state
-# ----------------------------------------------------------------------------------------------------
+TLDR_MAX_WORDS = 12
 
 
-def check_ppo_args(args: Args) -> None:
-    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones): a one-line error."""
-    for flag, value in (("--cliprange", args.cliprange), ("--cliprange-value", args.cliprange_value)):
-        if value <= 0:
-            raise SystemExit(f"error: {flag} is {value}; it must be above 0")
-    for flag, value in (("--gamma", args.gamma), ("--lam", args.lam)):
-        if not 0 <= value <= 1:
-            raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
-    if args.kl_coef < 0:
-        raise SystemExit(
-            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
-        )
-    if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
-        raise SystemExit(
-            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
-            f"{args.target_kl} and {args.kl_horizon})"
-        )
-    if args.reward_source == "model" and args.reward_model_path is None:
-        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
-    if args.prm_path is None and args.prm_refine != "none":
-        raise SystemExit(
-            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
-        )
+def gold_judge(summary: str, facts: list[str]) -> float:
+    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
+    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
+    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
+    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
+    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
+    words = re.findall(r"[a-z]+", summary.lower())
+    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
+    covered = sum(1 for f in facts if f in words) / len(facts)
+    invented = len({w for w in words if w in vocab and w not in facts})
+    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
+    return covered - 0.5 * invented - 0.1 * too_long
 
 
-# --------------------------------------------------------------------------------------------------
-# Speed work (skippable on a first reading): the same results, faster
-# --------------------------------------------------------------------------------------------------
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
+    removed; None when there is no `####` followed by a number."""
+    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
+    if not matches:
+        return None
+    return matches[-1].replace(",", "").rstrip(".")
 
 
-@contextlib.contextmanager
-def last_mlp_only_at(body, positions: torch.Tensor):
-    """Run the MLP of the body's last layer only at `positions` (sorted, unique) of a packed row; its output is zero
-    elsewhere. Why: every layer but the last must run on all tokens (the next layer's attention reads their keys and
-    values), but the last layer's output is read only where a head runs (the response positions, or the last token
-    for a reward), and its MLP, two thirds of a layer's matmuls, would otherwise run on every prompt token too. Exact:
-    outputs and gradients at `positions` are unchanged (tested), the other positions are never read. Done with
-    forward hooks on `layers[-1].mlp`, so checkpoints keep their parameter names; a body laid out otherwise runs in
-    full."""
-    layers = getattr(body, "layers", None)
-    mlp = getattr(layers[-1], "mlp", None) if isinstance(layers, nn.ModuleList) and len(layers) else None
-    if mlp is None:
-        yield
-        return
-    tokens = {}
+def extract_boxed_answer(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
+    None when there is none or its braces never close."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
 
-    def keep_positions(module, args):  # (1, T, hidden) -> (1, len(positions), hidden)
-        tokens["T"] = args[0].shape[1]
-        return (args[0].index_select(1, positions), *args[1:])
 
-    def put_back(module, args, out):  # (1, len(positions), hidden) -> (1, T, hidden), zeros elsewhere
-        x = out[0] if isinstance(out, tuple) else out
-        x = x.new_zeros(x.shape[0], tokens["T"], x.shape[2]).index_copy(1, positions, x)
-        return (x, *out[1:]) if isinstance(out, tuple) else x
-
-    handles = [mlp.register_forward_pre_hook(keep_positions), mlp.register_forward_hook(put_back)]
+def numbers_equal(predicted: str | None, gold: str) -> bool:
+    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
+    non-numeric prediction, never an exception."""
+    if predicted is None:
+        return False
     try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def packed_sdpa_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_ids=None, **kwargs
-):
-    """Padding-free attention over a `pack`ed row, registered with transformers below as the attention implementation
-    "packed_sdpa". query (1, heads, T, head_dim) and key / value (1, kv_heads, T, head_dim) hold sequences laid end to
-    end, each starting at position id 0; each sequence is attended causally by PyTorch's SDPA on its own tokens. Why:
-    the linear layers, most of the compute, then run on real tokens only, and attention costs the sum of the sequences'
-    squared lengths, not T^2 for a block-diagonal mask over the whole row (flash-attention does the same from the
-    position ids, as variable-length sequences; this is that for SDPA, which has no variable-length kernel). On CPU,
-    one SDPA call per sequence on slices (views) of the row: a third faster than gathering the sequences into a padded
-    batch, which copies every token in and out and pads each sequence to the longest (measured on the tiny preset).
-    On a GPU, one call per sequence would be one small kernel launch per sequence, so there `attend_gathered` does
-    the gather instead. transformers builds no mask for a custom implementation, so left-padded batches (sampling,
-    `generate`) switch back to SDPA with `padded_attention`."""
-    T = query.shape[2]
-    if position_ids is None or query.shape[0] != 1 or position_ids.numel() != T or key.shape[2] != T:
-        raise RuntimeError(
-            f"packed_sdpa attention takes one packed row, without KV cache, with the position ids passed to the "
-            f"attention layer ({type(module).__name__} got otherwise); padded batches run under `padded_attention`"
-        )
-    if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None:
-        raise RuntimeError(
-            f"{type(module).__name__} needs attention logit softcapping or a position bias, which packed_sdpa "
-            "does not implement; use flash attention"
-        )
-    pos = position_ids.reshape(-1)
-    starts = (pos == 0).nonzero().squeeze(1)
-    if len(starts) == 0 or starts[0] != 0:
-        raise RuntimeError(
-            "packed_sdpa attention: a packed row must start a sequence (position id 0) at its first token"
-        )
-    lengths = torch.diff(starts, append=starts.new_tensor([T]))
-    window = kwargs.get("sliding_window")
-    if window is not None and window < int(lengths.max()):
-        raise RuntimeError(
-            f"{type(module).__name__} attends within a sliding window of {window} < {int(lengths.max())} tokens, "
-            "which packed_sdpa does not implement; use flash attention"
-        )
-    sdpa = dict(scale=scaling, dropout_p=dropout if module.training else 0.0, enable_gqa=key.shape[1] != query.shape[1])
-    if query.device.type != "cpu":
-        return attend_gathered(query, key, value, starts, lengths, **sdpa), None
-    sizes = lengths.tolist()
-    # SDPA keeps its inputs for the backward pass. A value that is a view of a fused QKV projection's output (GPT-NeoX)
-    # would keep all of that output alive, though rotary embedding has already copied the query and key out of it;
-    # a copy of the value alone frees the other two thirds (docs/speed.md).
-    storage = value.untyped_storage()
-    if storage.nbytes() > value.nbytes and storage.data_ptr() not in (
-        query.untyped_storage().data_ptr(),
-        key.untyped_storage().data_ptr(),
-    ):
-        value = value.contiguous()
-    outs = [
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, **sdpa).transpose(1, 2)  # (1, length, heads, D)
-        for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2))
-    ]
-    return torch.cat(outs, 1), None  # (1, T, heads, D), as transformers' attention functions return
-
-
-def attend_gathered(query, key, value, starts, lengths, **sdpa) -> torch.Tensor:
-    """packed_sdpa's attention in one SDPA call (for GPUs): each sequence of the packed row is gathered into its own
-    row of a (sequences, heads, L, head_dim) batch (L: the longest), attended causally and scattered back, (1, T, heads,
-    D)."""
-    T, L = query.shape[2], int(lengths.max())
-    steps = torch.arange(L, device=query.device)
-    valid = steps[None, :] < lengths[:, None]  # (sequences, L): the real tokens of each gathered sequence
-    gather = (starts[:, None] + steps[None, :]).clamp(max=T - 1)  # past a sequence's end: tokens of the next, masked
-
-    def by_sequence(x):  # (1, heads, T, D) -> (sequences, heads, L, D)
-        return x[0].transpose(0, 1)[gather].transpose(1, 2)
-
-    # causal within each gathered row: a real token sees only its own sequence's earlier tokens (the gathered tokens
-    # after its end come later, so they are never seen; their outputs are dropped)
-    out = F.scaled_dot_product_attention(
-        by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, **sdpa
-    )
-    return out.transpose(1, 2)[valid][None]
-
-
-AttentionInterface.register("packed_sdpa", packed_sdpa_attention)
-
-
-def use_packed_attention(model):
-    """Every forward pass on `pack`ed rows goes through packed_sdpa (an SDPA model) or flash-attention, which reads
-    packed sequences from the position ids itself; any other implementation keeps its block-diagonal mask."""
-    if model is not None and model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation("packed_sdpa")
-    return model
-
-
-@contextlib.contextmanager
-def padded_attention(*models):
-    """Back to SDPA (masks from the attention mask) while sampling or `generate` run on left-padded batches."""
-    switched = [m for m in models if m is not None and m.config._attn_implementation == "packed_sdpa"]
-    for m in switched:
-        m.set_attn_implementation("sdpa")
-    try:
-        yield
-    finally:
-        for m in switched:
-            m.set_attn_implementation("packed_sdpa")
-
-
-def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int) -> dict:
-    """A padding-free batch for the forward passes: every query + response laid end to end in one row, position ids
-    restarting at 0 for every sequence and no attention mask (see `packed_sdpa_attention`). Why: prompts and responses
-    vary in length, so a padded batch is a quarter to a third padding, and the matmuls, most of a PPO update, scale
-    with the tokens. `index` (N, C + 1) holds, for a response of c tokens, the c positions whose logits predict them and
-    then its last token, whose value N+ still trains, and the reward model reads (C: the longest response; entries past
-    c repeat the last token and are masked out); `targets` are the response tokens; `last` the position of each
-    sequence's last token."""
-    C = max(len(r) for r in responses)
-    index = torch.zeros((len(queries), C + 1), dtype=torch.long)
-    targets = torch.full((len(queries), C + 1), pad_id, dtype=torch.long)
-    ids, positions, offset = [], [], 0
-    for i, (q, r) in enumerate(zip(queries, responses)):
-        n, c = len(q) + len(r), len(r)
-        ids += q + r
-        positions += range(n)
-        index[i] = torch.arange(offset + len(q) - 1, offset + len(q) + C).clamp(
-            max=offset + n - 1
-        )  # position t predicts token t + 1
-        targets[i, :c] = torch.tensor(r)
-        offset += n
-    return {
-        "input_ids": torch.tensor([ids]),
-        "position_ids": torch.tensor([positions]),
-        "index": index,
-        "targets": targets,
-        "last": index[torch.arange(len(responses)), torch.tensor([len(r) for r in responses])],
-    }
-
-
-def check_packing(model) -> None:
-    """Packing relies on the attention reading sequence boundaries from the position ids (packed_sdpa and
-    flash-attention do; transformers' eager attention builds a block-diagonal mask from them); with a model whose
-    attention ignores them, packed sequences would see each other and every number would be silently wrong, so fail
-    instead: two sequences in one row must score as each alone in a padded batch."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        together = (
-            model(
-                input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device),
-                position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                use_cache=False,
-            )
-            .logits[0]
-            .float()
-        )
-        with padded_attention(model):
-            alone = model(
-                input_ids=torch.tensor([[5, 6, 7], [8, 9, 0]], device=device),
-                attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]], device=device),
-                use_cache=False,
-            ).logits.float()
-    alone = torch.cat([alone[0], alone[1, :2]])
-    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
-        raise SystemExit(
-            f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed "
-            "sequences from the position ids (a packed row differs from its sequences alone by "
-            f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash "
-            "attention"
-        )
+        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

@@ -46,9 +46,17 @@ BETWEEN_SCRIPTS = {
     "sampled_kl": RL,
     "lr_lambda": ["sft", "reward_model", "dpo"],  # the learning-rate schedule
     "disable_dropout": ["sft", "reward_model"],  # N+: dropout off, an explicit call in main
-    # the reward read off a reward model saved by reward_model.py: every script that trains or uses one
-    "token_scores": ["reward_model", *RL],
-    "outcome_reward": ["reward_model", *RL],
+    # which tokens count, KL, whitening and the reward model's score: the same in the scripts that copy them
+    "first_true_indices": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "truncate_response": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "masked_mean": ["ppo_rlhf", "rloo"],
+    "masked_var": ["ppo_rlhf", "rloo"],
+    "masked_whiten": ["ppo_rlhf", "rloo"],
+    "kl_penalty": ["ppo_rlhf", "rloo", "remax"],
+    "padded_inputs": ["ppo_rlhf", "rloo", "remax"],
+    "token_scores": ["reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"],
+    "outcome_reward": ["reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"],
+    "process_rewards": ["ppo_rlhf", "grpo_math"],
 }
 
 

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 import ppo_rlhf
 import remax
 import rloo
+from clean_rlhf_utils import runs
 from tests.faults import REPO, assert_same_run, env
 from tests.launch import launch_cmd
 
@@ -107,7 +108,7 @@ def lora_run(request, assets, tmp_path_factory):
     mod, arch, _ = SCRIPTS[script]
     out = tmp_path_factory.mktemp(f"lora-{script}")
     seen = {"loads": [], "refs": [], "saved": None}
-    load_pretrained, save_model = mod.load_pretrained, mod.save_model
+    load_pretrained, save_model = mod.load_pretrained, runs.save_model  # Run.finish calls the package's
 
     def loading(cls, path, args, what, *a, **kw):
         seen["loads"].append((cls.__name__, what))
@@ -124,7 +125,7 @@ def lora_run(request, assets, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mod, "load_pretrained", loading)
-        mp.setattr(mod, "save_model", saving)
+        mp.setattr(runs, "save_model", saving)
         mp.setattr(mod, "LoraReference", Recorded)
         _in_process(mod, _flags(assets, out, script, "full"))
     policy = seen["saved"].policy if script == "ppo_rlhf" else seen["saved"]
@@ -182,7 +183,7 @@ def test_lora_reference_is_the_policy_with_its_adapters_disabled(lora_run):
     assert (_logits(lora_run["policy"]) - _logits(initial)).abs().max() > 1e-3
     if lora_run["script"] == "ppo_rlhf":  # PPO's rollout reads the reference's body and head on a packed row itself
         queries, responses = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15, 16, 17]]
-        got = ppo_rlhf.reference_logits(reference, ppo_rlhf.pack(queries, responses, pad_id=1))
+        got = ppo_rlhf.reference_logits(reference, ppo_rlhf.pack_one_row(queries, responses, pad_id=1))
         for i, (q, r) in enumerate(zip(queries, responses)):  # each sequence alone through the initial model
             with torch.no_grad():
                 want = initial(input_ids=torch.tensor([q + r])).logits[0, len(q) - 1 :]

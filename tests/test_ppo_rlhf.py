@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import ppo_rlhf as ppo
+from clean_rlhf_utils import packing
 
 
 def test_truncate_response_after_first_eos():
@@ -274,7 +275,7 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     for m in (policy, value_model, reward_model):
         assert ppo.use_packed_attention(m).config._attn_implementation == "packed_sdpa"
     model = ppo.PolicyAndValue(policy, value_model)
-    ppo.check_packing(policy)
+    ppo.check_one_row_packing(policy)
     eos, pad = policy.config.eos_token_id, 1
     queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15, 16, 17, 18]]
     queries_t, qmask = ppo.left_pad(queries, pad)
@@ -283,7 +284,7 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     assert policy.config._attn_implementation == "packed_sdpa"  # switched back after sampling
     lists = [row[: row.index(eos) + 1] if eos in row else row for row in responses.tolist()]
     lists[-1] = lists[-1][:1]  # a one-token response
-    packed = ppo.pack(queries, lists, pad)
+    packed = ppo.pack_one_row(queries, lists, pad)
     lengths = [len(q) + len(r) for q, r in zip(queries, lists)]
     assert (
         packed["input_ids"].shape == (1, sum(lengths)) and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
@@ -348,12 +349,12 @@ def test_packed_attention_per_sequence_equals_gathered_and_causal_attention_alon
     k, v = (torch.randn(1, kv_heads, T, 8, requires_grad=True) for _ in range(2))
     position_ids = torch.tensor([[t for n in lengths for t in range(n)]])
     module = torch.nn.Module().eval()
-    out, _ = ppo.packed_sdpa_attention(module, q, k, v, None, scaling=0.3, position_ids=position_ids)
+    out, _ = packing.packed_sdpa_attention(module, q, k, v, None, scaling=0.3, position_ids=position_ids)
     assert out.shape == (1, T, 4, 8)
     weights = torch.randn_like(out)
     grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
     starts = torch.tensor([0, 5, 6, 15])
-    gathered = ppo.attend_gathered(q, k, v, starts, torch.tensor(lengths), scale=0.3, enable_gqa=kv_heads != 4)
+    gathered = packing.attend_gathered(q, k, v, starts, torch.tensor(lengths), scale=0.3, enable_gqa=kv_heads != 4)
     torch.testing.assert_close(gathered, out)
     for got, want in zip(torch.autograd.grad((gathered * weights).sum(), (q, k, v)), grads):
         torch.testing.assert_close(got, want)
@@ -377,7 +378,7 @@ def test_packed_attention_keeps_no_fused_qkv_output_for_backward(assets, arch):
     policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / arch)).train()
     hidden = policy.config.hidden_size
     queries, responses = [[5 + i for i in range(n)] for n in (7, 4, 9)], [[40, 41, 42], [43], [44, 45]]
-    packed = ppo.pack(queries, responses, 1)
+    packed = ppo.pack_one_row(queries, responses, 1)
     T = packed["input_ids"].shape[1]
 
     def saved_storages():
@@ -408,14 +409,14 @@ def test_packed_attention_keeps_no_fused_qkv_output_for_backward(assets, arch):
 
 
 def test_packed_attention_refuses_what_it_cannot_compute(assets, ignores_positions):
-    """A model whose attention ignores the position ids fails check_packing; packed_sdpa called on a padded batch or
-    without position ids fails loudly instead of attending across sequences."""
+    """A model whose attention ignores the position ids fails check_one_row_packing; packed_sdpa called on a padded
+    batch or without position ids fails loudly instead of attending across sequences."""
     from transformers import AutoModelForCausalLM
 
     policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval())
-    ppo.check_packing(policy)
+    ppo.check_one_row_packing(policy)
     with pytest.raises(SystemExit, match="does not read packed sequences"):
-        ppo.check_packing(ignores_positions(policy))
+        ppo.check_one_row_packing(ignores_positions(policy))
     with pytest.raises(RuntimeError, match="one packed row"):
         policy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), use_cache=False)
 
@@ -506,7 +507,7 @@ def test_value_at_eos_plus_one_starts_at_the_reward_models_score(assets):
     policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(path).eval())
     model, eos = ppo.PolicyAndValue(policy, value_model), policy.config.eos_token_id
     queries, responses = [[5, 6, 7, 8], [10, 11]], [[20, 21, eos], [30, 31, 32, 33, eos]]
-    packed = ppo.pack(queries, responses, pad_id=1)
+    packed = ppo.pack_one_row(queries, responses, pad_id=1)
     with torch.no_grad():
         _, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=False)
         for i, (q, r) in enumerate(zip(queries, responses)):

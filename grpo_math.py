@@ -93,7 +93,7 @@ import tyro
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import concat_batches, prepare_math_questions, select_groups
@@ -116,7 +116,7 @@ from clean_rlhf_utils.generation import (
     sample_with_kv_cache,
     split_cpu_threads,
 )
-from clean_rlhf_utils.loading import ensure_pad_token, load_scorer, load_split, require_hub
+from clean_rlhf_utils.loading import ensure_pad_token, load_causal_lm, load_scorer, load_split, require_hub
 from clean_rlhf_utils.packing import pack_rows
 from clean_rlhf_utils.runs import Run, StepSums, check_args
 
@@ -1369,22 +1369,6 @@ def load_tokenizer(args: Args):
         local_files_only=local,
     )
     return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
-
-
-def load_causal_lm(args: Args, tokenizer):
-    local = os.path.isdir(args.model_name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model_name_or_path,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-        dtype=getattr(torch, args.dtype),
-    )
-    if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
-        model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
 
 
 def load_teacher(args: Args, tokenizer):

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 import ppo_rlhf
 import remax
 import rloo
+from clean_rlhf_utils import runs
 from tests.faults import REPO, assert_same_run, env
 from tests.launch import launch_cmd
 
@@ -107,7 +108,7 @@ def lora_run(request, assets, tmp_path_factory):
     mod, arch, _ = SCRIPTS[script]
     out = tmp_path_factory.mktemp(f"lora-{script}")
     seen = {"loads": [], "refs": [], "saved": None}
-    load_pretrained, save_model = mod.load_pretrained, mod.save_model
+    load_pretrained, save_model = mod.load_pretrained, runs.save_model  # Run.finish saves through runs.save_model
 
     def loading(cls, path, args, what, *a, **kw):
         seen["loads"].append((cls.__name__, what))
@@ -124,7 +125,7 @@ def lora_run(request, assets, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mod, "load_pretrained", loading)
-        mp.setattr(mod, "save_model", saving)
+        mp.setattr(runs, "save_model", saving)
         mp.setattr(mod, "LoraReference", Recorded)
         _in_process(mod, _flags(assets, out, script, "full"))
     policy = seen["saved"].policy if script == "ppo_rlhf" else seen["saved"]

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import ppo_rlhf
 import remax
 import rloo
+from clean_rlhf_utils import loading
 from tests.launch import launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +128,7 @@ def _policy_logprobs(assets, seed=0):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox")
     seqs = torch.randint(3, 100, (8, 10))
-    packed = rloo.pack([s[:4].tolist() for s in seqs], [s[4:].tolist() for s in seqs], pad_id=1, capacity=20)
+    packed = rloo.pack_sequences([s[:4].tolist() for s in seqs], [s[4:].tolist() for s in seqs], pad_id=1, capacity=20)
     logprobs = rloo.packed_logprobs(model, packed, temperature=0.7)
     padding_mask = torch.zeros_like(logprobs, dtype=torch.bool)
     padding_mask[0, 3:] = True  # one response ended early
@@ -409,7 +410,7 @@ def test_packed_logprobs_and_sampler_logprobs_equal_each_sequence_alone(assets, 
         n = row.index(eos) + 1 if eos in row else len(row)
         assert all(t == pad for t in row[n:])  # PAD after the first EOS
         lists.append(row[:n])
-    packed = rloo.pack(queries, lists, pad, capacity=64)
+    packed = rloo.pack_sequences(queries, lists, pad, capacity=64)
     assert len(packed["input_ids"]) == 1  # all three share one row
     with torch.no_grad():
         together = rloo.packed_logprobs(model, packed, temperature=0.9)
@@ -552,7 +553,7 @@ def test_a_local_dataset_ignores_the_hub_config(assets, mod, monkeypatch):
     def no_hub(*args, **kwargs):
         raise AssertionError("a local path went to the hub")
 
-    monkeypatch.setattr(mod, "require_hub", no_hub)
+    monkeypatch.setattr(loading, "require_hub", no_hub)  # load_split is the package's
     folder = assets / "tiny-math" / "gsm8k"
     for path in (folder, folder / "test.jsonl"):
         ds = mod.load_split(str(path), "test", "main")

@@ -55,39 +55,7 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from clean_rlhf_utils.data import left_pad, prepare_prompts, prompt_loader, render, whole_field_messages
-from clean_rlhf_utils.engines import (
-    LoraReference,
-    add_lora,
-    backward_share,
-    configure_deepspeed,
-    cpu_threads,
-    global_count,
-    make_accelerator,
-    peak_mem_gb,
-    prepare_frozen,
-    zero3,
-)
-from clean_rlhf_utils.evaluation import evaluate
-from clean_rlhf_utils.loading import (
-    check_finite_weights,
-    check_policy_fits,
-    load_pretrained,
-    load_reward_model,
-    load_split,
-    load_tokenizer,
-)
-from clean_rlhf_utils.packing import check_packing, pack_sequences
-from clean_rlhf_utils.runs import (
-    Run,
-    check_args,
-    log_global_means,
-    non_finite_error,
-    non_finite_policy,
-    sample_or_stop,
-    stop_unless_finite,
-    updates_in_budget,
-)
+from clean_rlhf_utils import data, engines, evaluation, loading, packing, runs
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -407,7 +375,7 @@ def remax_micro_batch_loss(
 ) -> torch.Tensor:
     """One micro-batch's summed ReMax loss: the responses' logprobs under the policy (one packed forward pass), then
     `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens."""
-    new_logprobs = packed_logprobs(model, pack_sequences(queries, responses, pad_id, capacity), temperature)
+    new_logprobs = packed_logprobs(model, packing.pack_sequences(queries, responses, pad_id, capacity), temperature)
     width = new_logprobs.shape[1]  # the longest response of this micro-batch
     lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
     padding_mask = torch.arange(width, device=new_logprobs.device)[None] >= lengths[:, None]
@@ -432,74 +400,72 @@ def main(args: Args) -> dict:
     and the greedy baseline), 2. reward, 3. per-token advantages, 4. one REINFORCE step, 5. log, evaluate and
     checkpoint."""
     # ---- 0. setup: one process or several, the run directory (a used one is refused now, before anything loads) ----
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
+    # sync_with_dataloader=False: the prompt loader below is endless
+    accelerator = engines.make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
+        torch.set_num_threads(args.num_threads or engines.cpu_threads(accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    run = Run(args, accelerator, PRESETS)
+    runs.check_args(args)
+    run = runs.Run(args, accelerator, PRESETS)
     set_seed(args.seed)
     device = accelerator.device
     micro_batch_size = split_batch(args)
-    batch_size, num_updates = updates_in_budget(args, accelerator.num_processes)
+    batch_size, num_updates = runs.updates_in_budget(args, accelerator.num_processes)
 
     # ---- 0. models: policy (trained), reference and reward model (frozen), dropout off; no value model ----
-    tokenizer = load_tokenizer(args.sft_model_path, "--sft-model-path", args.trust_remote_code, args.add_pad_token)
+    path, flag = args.sft_model_path, "--sft-model-path"
+    tokenizer = loading.load_tokenizer(path, flag, args.trust_remote_code, args.add_pad_token)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
+    policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "policy", flag)
     disable_dropout(policy)
-    check_finite_weights(policy, run, "--sft-model-path", args.sft_model_path)
-    max_positions = check_policy_fits(policy, tokenizer, "--sft-model-path", args.sft_model_path, args.response_length)
+    loading.check_finite_weights(policy, run, flag, path)
+    max_positions = loading.check_policy_fits(policy, tokenizer, flag, path, args.response_length)
     policy.generation_config.pad_token_id = pad_id
-    policy = add_lora(policy, args)  # --lora-r: the adapters alone are trained
+    policy = engines.add_lora(policy, args)  # --lora-r: the adapters alone are trained
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
-        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+        ref_policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "reference", flag)
         disable_dropout(ref_policy)
         ref_policy = ref_policy.eval().requires_grad_(False)
         ref_policy.generation_config.pad_token_id = pad_id
-    reward_model = load_reward_model(args, tokenizer) if args.reward_source == "model" else None
+    reward_model = loading.load_reward_model(args, tokenizer) if args.reward_source == "model" else None
     if reward_model is not None:
         disable_dropout(reward_model)
-        check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
+        loading.check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
         reward_model.config.pad_token_id = pad_id  # its forward refuses batches without a pad id
 
     # ---- 0. prompts: every field training and evaluation use is checked now, before the first update ----
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(
-        train_ds, tokenizer, args, args.train_split, max_positions, False, reference_text, extract_answer
-    )
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    train_ds = loading.load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    pieces = (reference_text, extract_answer)  # the script's reference response and gold answer of a row
+    train_rows = data.prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, False, *pieces)
+    eval_ds = loading.load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
     eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
-    eval_rows = prepare_prompts(
-        eval_ds, tokenizer, args, args.eval_split, max_positions, True, reference_text, extract_answer
-    )
-    loader = prompt_loader(
+    eval_rows = data.prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, True, *pieces)
+    loader = data.prompt_loader(
         train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
     )
 
     # ---- 0. engine: the optimizer over the trainable weights, the models prepared for DDP / DeepSpeed / FSDP ----
     trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
-    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
+    engines.configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
-    ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
+    ref_policy, reward_model = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
     if args.lora_r:
-        ref_policy = LoraReference(accelerator.unwrap_model(model))
+        ref_policy = engines.LoraReference(accelerator.unwrap_model(model))
     use_sampler_logprobs = args.sampler_logprobs  # default: on in float32 without mixed precision (see Args)
     if use_sampler_logprobs is None:
         use_sampler_logprobs = args.dtype == "float32" and accelerator.mixed_precision == "no"
-    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    synced = engines.zero3(accelerator)  # ZeRO-3: every forward pass is a collective; the ranks sample in step
     unwrapped = accelerator.unwrap_model(model)
-    check_packing(unwrapped)
+    packing.check_packing(unwrapped)
     # greedy responses to the evaluation prompts, judged with this script's truncation, reward and KL estimate
     judged = (truncate_response, reward_model, reward_model_scores, ref_policy, sampled_kl, success_reward)
-    evaluate_policy = functools.partial(evaluate, unwrapped, tokenizer, eval_rows, args, accelerator, *judged)
+    evaluate = functools.partial(evaluation.evaluate, unwrapped, tokenizer, eval_rows, args, accelerator, *judged)
     run.begin()
 
     def loop_state(update: int) -> dict:
-        """The loop's state after `update` updates (the learning rate follows from it; the data position is
-        replayed)."""
+        """The loop's state after `update` updates (the learning rate follows; the data position is replayed)."""
         return {"step": update, "episode": update * batch_size, "metrics": metrics}
 
     iterator, start = (batch for _ in itertools.count() for batch in loader), 0  # endless: epoch after epoch
@@ -508,7 +474,7 @@ def main(args: Args) -> dict:
         for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
             next(iterator)
     else:
-        metrics = evaluate_policy()
+        metrics = evaluate()
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
@@ -528,25 +494,14 @@ def main(args: Args) -> dict:
         # ---- 1. rollout: sample, and the greedy baseline response to the same prompts by the same (current) policy;
         # the logprobs are the sampler's (or a forward pass's), the reference's a forward pass ----
         with torch.no_grad():
-            queries, qmask = left_pad([r["prompt_ids"] for r in rows], pad_id)
+            queries, qmask = data.left_pad([r["prompt_ids"] for r in rows], pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
-            # time on all-pad columns (as in ppo_rlhf.py).
+            # when every sample stops early, fewer columns come back: no forward pass spends time on all-pad columns
             stop_id = eos_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
-            responses, logprobs, entropy = sample_or_stop(
-                run,
-                loop_state(update - 1),
-                non_finite_policy(update, args),
-                sample_responses,
-                unwrapped,
-                queries,
-                qmask,
-                stop_id,
-                pad_id,
-                args.response_length,
-                args.temperature,
-                synced=synced,
-            )
+            # plain sampling at the temperature (no top-k / top-p)
+            how = (unwrapped, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
+            guard = (run, loop_state(update - 1), runs.non_finite_policy(update, args))  # logits that are not finite
+            responses, logprobs, entropy = runs.sample_or_stop(*guard, sample_responses, *how, synced=synced)
             greedy = sample_responses(
                 unwrapped, queries, qmask, stop_id, pad_id, args.response_length, 0.0, synced=synced
             )[0]
@@ -572,7 +527,7 @@ def main(args: Args) -> dict:
             query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
             response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
             capacity = args.max_prompt_length + args.response_length
-            packed = pack_sequences(query_tokens, response_tokens, pad_id, capacity)
+            packed = packing.pack_sequences(query_tokens, response_tokens, pad_id, capacity)
             C = packed["targets"].shape[1]
             if not use_sampler_logprobs:
                 logprobs = torch.zeros_like(logprobs)
@@ -591,7 +546,7 @@ def main(args: Args) -> dict:
             clipped = ((scores - greedy_scores).abs() > args.reward_clip) & (args.reward_clip > 0)
 
         # ---- 4. one REINFORCE step on the batch: the token mean over every micro-batch and process ----
-        total_tokens = global_count(valid.sum().item(), accelerator)
+        total_tokens = engines.global_count(valid.sum().item(), accelerator)
         pg_losses = []
         for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
             with accelerator.accumulate(model):
@@ -601,14 +556,14 @@ def main(args: Args) -> dict:
                     model, mb_queries, mb_responses, advantages[mb], pad_id, capacity, args.temperature
                 )
                 # a collective: every process checks every micro-batch
-                error = non_finite_error("ReMax loss", update, args.learning_rate, " or check the rewards")
-                stop_unless_finite(run, loss_sum, loop_state(update - 1), error)
-                backward_share(accelerator, loss_sum, total_tokens)
+                error = runs.non_finite_error("ReMax loss", update, args.learning_rate, " or check the rewards")
+                runs.stop_unless_finite(run, loss_sum, loop_state(update - 1), error)
+                engines.backward_share(accelerator, loss_sum, total_tokens)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     # before the optimizer writes it into the weights
-                    error = non_finite_error("gradient norm", update, args.learning_rate)
-                    stop_unless_finite(run, grad_norm, loop_state(update - 1), error)
+                    error = runs.non_finite_error("gradient norm", update, args.learning_rate)
+                    runs.stop_unless_finite(run, grad_norm, loop_state(update - 1), error)
                 optimizer.step()
                 optimizer.zero_grad()
             pg_losses.append(loss_sum.detach())
@@ -635,12 +590,12 @@ def main(args: Args) -> dict:
                 "objective/kl_coef": args.kl_coef,
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
-                "perf/peak_mem_gb": peak_mem_gb(device),
+                "perf/peak_mem_gb": engines.peak_mem_gb(device),
             }
-            logged = log_global_means(run, accelerator, means, as_is, update, episode)
+            logged = runs.log_global_means(run, accelerator, means, as_is, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate_policy()
+            metrics = evaluate()
             run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
@@ -904,9 +859,9 @@ def numbers_equal(predicted: str | None, gold: str) -> bool:
 def reference_text(row: dict, index: int, split: str, args: Args) -> str:
     """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
     (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
-    messages = whole_field_messages(args.reference_template, row)
+    messages = data.whole_field_messages(args.reference_template, row)
     if messages is None:
-        return render(args.reference_template, row, index, split, "reference", "--reference-template")
+        return data.render(args.reference_template, row, index, split, "reference", "--reference-template")
     text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
     if not text.strip():
         raise SystemExit(

@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from clean_rlhf_utils import data, engines, evaluation, loading, packing, runs
+from clean_rlhf_utils.data import render, whole_field_messages  # by name in reference_text, a copy of ppo_rlhf.py's
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -859,9 +860,9 @@ def numbers_equal(predicted: str | None, gold: str) -> bool:
 def reference_text(row: dict, index: int, split: str, args: Args) -> str:
     """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
     (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
-    messages = data.whole_field_messages(args.reference_template, row)
+    messages = whole_field_messages(args.reference_template, row)
     if messages is None:
-        return data.render(args.reference_template, row, index, split, "reference", "--reference-template")
+        return render(args.reference_template, row, index, split, "reference", "--reference-template")
     text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
     if not text.strip():
         raise SystemExit(

@@ -10,4 +10,6 @@ Modules, by job:
   data      prompt templates and padding
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
   runs      the run directory, checkpoints and resume, signals, done.json, the shared argument checks
+  evaluation  harnesses that take the script's scoring as arguments; the tiny world's gold judge
+  packing   padding-free batches of query + response sequences (speed work)
 """

@@ -90,10 +90,10 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import (
-    chat_messages,
     collate_preference_pairs,
     left_pad,
-    template_fields,
+    prompt_token_ids,
+    render,
     tokenize_preference_pairs,
     whole_field_messages,
 )
@@ -113,7 +113,7 @@ from clean_rlhf_utils.engines import (
 )
 from clean_rlhf_utils.evaluation import evaluate_dpo
 from clean_rlhf_utils.generation import done_future, sampled_pairs_from_json
-from clean_rlhf_utils.loading import check_pad_token_in_embedding, ensure_pad_token, load_split, require_hub
+from clean_rlhf_utils.loading import check_pad_token_in_embedding, load_pretrained, load_split, load_tokenizer
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.runs import Run, check_dpo_args, check_dpo_steps, dpo_loop_state, stop_dpo_non_finite
 
@@ -581,10 +581,10 @@ def sample_pairs(
     return {"pairs": pairs, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
 
 
-def disable_dropout(model) -> None:
-    """Dropout off (N+), in every model `main` loads, so the logprobs of training, of the reference and of sampling
-    agree: the policy trains in train mode."""
-    for module in model.modules():
+def disable_dropout(*models) -> None:
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
@@ -620,7 +620,7 @@ def main(args: Args) -> dict:
     device = accelerator.device
 
     # ---- 2. models: the policy (trained), the reference and the reward model (frozen), each with dropout off ----
-    tokenizer = load_tokenizer(args)
+    tokenizer = load_tokenizer(args.sft_model_path, "--sft-model-path", args.trust_remote_code, args.add_pad_token)
     policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
     disable_dropout(policy)
     check_pad_token_in_embedding(tokenizer, policy, args.sft_model_path)
@@ -970,42 +970,6 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
 # ----------------------------------------------------------------------------------------------------
 
 
-def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
-    local = os.path.isdir(path)
-    if not local:
-        require_hub(path, "model", flag)
-    try:
-        model = cls.from_pretrained(
-            path,
-            trust_remote_code=args.trust_remote_code,
-            local_files_only=local,
-            dtype=getattr(torch, args.dtype),
-            **kwargs,
-        )
-    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
-    return model
-
-
-def load_tokenizer(args: Args):
-    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
-    local = os.path.isdir(args.sft_model_path)
-    if not local:
-        require_hub(args.sft_model_path, "model", "--sft-model-path")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
-            f"load (is it a model saved with save_pretrained?): {reason}"
-        ) from None
-    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
-
-
 def load_reward_model(args: Args, tokenizer):
     """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
     one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
@@ -1038,75 +1002,6 @@ def load_reward_model(args: Args, tokenizer):
             )
     model.config.pad_token_id = tokenizer.pad_token_id  # its own forward refuses batches without a pad id
     return model.eval().requires_grad_(False)
-
-
-def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
-    for name in template_fields(template, flag):
-        value = row.get(name)
-        if name not in row:
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                f"({flag} {template!r}); its fields are {sorted(row)}"
-            )
-        if value is None:
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is missing or null; fill it in or drop the row"
-            )
-        if chat_messages(value):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                "tokenizer's chat template"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
-            )
-    try:
-        text = template.format(**row)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
-    return text
-
-
-def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
-    """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
-    `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational prompt
-    format, {"prompt": [{"role": "user", "content": ...}]}), those messages in the tokenizer's chat template, ready for
-    the assistant's turn."""
-    messages = whole_field_messages(args.prompt_template, row)
-    if messages is None:
-        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
-        if not args.use_chat_template:
-            return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if not tokenizer.chat_template:
-            raise SystemExit(
-                f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has "
-                "no chat template; drop the flag or give a model that has one"
-            )
-        messages = [{"role": "user", "content": prompt}]
-    elif messages[-1]["role"] == "assistant":
-        raise SystemExit(
-            f"error: row {index} of split '{split}': the chat messages of --prompt-template "
-            f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
-            "give the prompt's messages only (TRL's conversational prompt format, the completion "
-            "elsewhere)"
-        )
-    elif not tokenizer.chat_template:
-        raise SystemExit(
-            f"error: row {index} of split '{split}' holds chat messages, but the tokenizer of "
-            f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
-            "plain-text prompts or a model with a chat template"
-        )
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
 def reference_text(row: dict, index: int, split: str, args: Args) -> str:

@@ -93,7 +93,6 @@ import tyro
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import concat_batches, prepare_math_questions, select_groups
@@ -116,8 +115,8 @@ from clean_rlhf_utils.generation import (
     sample_with_kv_cache,
     split_cpu_threads,
 )
-from clean_rlhf_utils.loading import ensure_pad_token, load_causal_lm, load_scorer, load_split, require_hub
-from clean_rlhf_utils.packing import pack_rows
+from clean_rlhf_utils.loading import load_causal_lm, load_scorer, load_split, load_tokenizer, require_hub
+from clean_rlhf_utils.packing import check_packing, pack_rows
 from clean_rlhf_utils.runs import Run, StepSums, check_args
 
 
@@ -690,10 +689,10 @@ def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tens
     return stats
 
 
-def disable_dropout(model) -> None:
-    """N+: dropout off (p = 0) in every layer, so the rollout's and the update's logprobs of a response agree; called
-    right after each model is loaded."""
-    for module in model.modules():
+def disable_dropout(*models) -> None:
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
@@ -806,7 +805,9 @@ def main(args: Args) -> dict:
 
     # models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models, the teacher
     # (distillation); dropout off in every causal LM, so sampling and training see the same model
-    tokenizer = load_tokenizer(args)
+    tokenizer = load_tokenizer(
+        args.model_name_or_path, "--model-name-or-path", args.trust_remote_code, args.add_pad_token, args.revision
+    )
     policy = load_causal_lm(args, tokenizer)
     disable_dropout(policy)
     policy = add_lora(policy, args)
@@ -1358,19 +1359,6 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
 # --------------------------------------------------------------------------------------------------
 
 
-def load_tokenizer(args: Args):
-    local = os.path.isdir(args.model_name_or_path)
-    if not local:
-        require_hub(args.model_name_or_path, "model", "--model-name-or-path")
-    tok = AutoTokenizer.from_pretrained(
-        args.model_name_or_path,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-    )
-    return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
-
-
 def load_teacher(args: Args, tokenizer):
     """(distill) The frozen teacher of --teacher-model-path: a causal LM on the policy's tokenizer."""
     if not os.path.isdir(args.teacher_model_path):
@@ -1550,31 +1538,6 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
             "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs"
         )
     return use_sampler_logprobs
-
-
-def check_packing(model) -> None:
-    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
-    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
-    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        together = (
-            model(
-                input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device),
-                position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                use_cache=False,
-            )
-            .logits[0, 3:]
-            .float()
-        )
-        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
-    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
-        raise SystemExit(
-            f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed "
-            "sequences from the position ids (a packed row differs from its sequences alone by "
-            f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash "
-            "attention"
-        )
 
 
 if __name__ == "__main__":

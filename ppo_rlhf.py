@@ -544,7 +544,8 @@ class AdaptiveKLController:
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off in every model (None: none), so that the rollout's logprobs and the training's agree."""
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0

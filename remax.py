@@ -30,7 +30,7 @@ gold judge and win rate (tiny-tldr) or answer accuracy (math), before the first 
 
 Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch (it also keeps
 the sampled tokens' logprobs, `--sampler-logprobs`), and the forward passes run on packed query + response
-sequences (`pack`: several per row, no padding, a block-diagonal causal mask from the position ids).
+sequences (`packing.pack_sequences`: several per row, no padding, a block-diagonal causal mask from the position ids).
 
 Usage:
     python -m benchmark.assets && python -m benchmark.run tiny      # tiny world, SFT and reward models
@@ -42,38 +42,22 @@ Usage:
 
 from __future__ import annotations
 
-import os
+import functools
+import itertools
 import re
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 import tyro
-from accelerate import Accelerator
-from accelerate.utils import gather_object, set_seed
-from datasets import Dataset
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
+from clean_rlhf_utils import data, engines, evaluation, loading, packing, runs
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import chat_messages, left_pad, template_fields, whole_field_messages
-from clean_rlhf_utils.engines import (
-    LoraReference,
-    add_lora,
-    backward_share,
-    configure_deepspeed,
-    cpu_threads,
-    global_count,
-    make_accelerator,
-    peak_mem_gb,
-    prepare_frozen,
-    shard_length,
-    zero3,
-)
-from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
-from clean_rlhf_utils.runs import Run, check_args
+from clean_rlhf_utils.data import render, whole_field_messages  # by name in reference_text, a copy of ppo_rlhf.py's
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -343,11 +327,19 @@ def remax_micro_batch_loss(
 ) -> torch.Tensor:
     """One micro-batch's summed ReMax loss: the responses' logprobs under the policy (one packed forward pass), then
     `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens."""
-    new_logprobs = packed_logprobs(model, pack(queries, responses, pad_id, capacity), temperature)
+    new_logprobs = packed_logprobs(model, packing.pack_sequences(queries, responses, pad_id, capacity), temperature)
     width = new_logprobs.shape[1]  # the longest response of this micro-batch
     lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
     padding_mask = torch.arange(width, device=new_logprobs.device)[None] >= lengths[:, None]
     return remax_loss(new_logprobs, advantages[:, :width], padding_mask)
+
+
+def disable_dropout(*models) -> None:
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    for module in (m for model in models if model is not None for m in model.modules()):
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -356,124 +348,85 @@ def remax_micro_batch_loss(
 
 
 def main(args: Args) -> dict:
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
+    """0. set up: the run, the models (dropout off), the prompts, the engine; then, every update, 1. rollout (a sample
+    and the greedy baseline), 2. reward, 3. per-token advantages, 4. one REINFORCE step, 5. log, evaluate and
+    checkpoint."""
+    # ---- 0. setup: one process or several, the run directory (a used one is refused now, before anything loads) ----
+    # sync_with_dataloader=False: the prompt loader below is endless
+    accelerator = engines.make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
+        torch.set_num_threads(args.num_threads or engines.cpu_threads(accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
+    runs.check_args(args)
+    run = runs.Run(args, accelerator, PRESETS)
     set_seed(args.seed)
     device = accelerator.device
+    micro_batch_size = split_batch(args)
+    batch_size, num_updates = runs.updates_in_budget(args, accelerator.num_processes)
 
-    # ---- batch arithmetic ----
-    micro_batch_size = args.per_device_batch_size // args.gradient_accumulation_steps
-    if micro_batch_size * args.gradient_accumulation_steps != args.per_device_batch_size:
-        raise SystemExit(
-            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
-            f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches"
-        )
-    if args.reward_clip < 0:
-        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
-    batch_size = args.per_device_batch_size * accelerator.num_processes
-    num_updates = args.total_episodes // batch_size
-    if num_updates == 0:
-        raise SystemExit(
-            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
-            f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
-            "processes)"
-        )
-
-    # ---- models: policy (trained), reference and reward model (frozen); no value model ----
-    tokenizer = load_tokenizer(args)
-    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    check_finite_weights(policy, run, "--sft-model-path", args.sft_model_path)
-    if tokenizer.pad_token_id >= policy.config.vocab_size:  # prompts are left-padded with it: it needs an embedding row
-        raise SystemExit(
-            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
-            f"{args.sft_model_path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
-            "(sft.py --add-pad-token)"
-        )
-    policy.generation_config.pad_token_id = tokenizer.pad_token_id
-    policy = add_lora(policy, args)  # --lora-r: the adapters alone are trained
+    # ---- 0. models: policy (trained), reference and reward model (frozen), dropout off; no value model ----
+    path, flag = args.sft_model_path, "--sft-model-path"
+    tokenizer = loading.load_tokenizer(path, flag, args.trust_remote_code, args.add_pad_token)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "policy", flag)
+    disable_dropout(policy)
+    loading.check_finite_weights(policy, run, flag, path)
+    max_positions = loading.check_policy_fits(policy, tokenizer, flag, path, args.response_length)
+    policy.generation_config.pad_token_id = pad_id
+    policy = engines.add_lora(policy, args)  # --lora-r: the adapters alone are trained
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
-        ref_policy = (
-            load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
-            .eval()
-            .requires_grad_(False)
-        )
-        ref_policy.generation_config.pad_token_id = tokenizer.pad_token_id
-    reward_model = load_reward_model(args, tokenizer) if args.reward_source == "model" else None
+        ref_policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "reference", flag)
+        disable_dropout(ref_policy)
+        ref_policy = ref_policy.eval().requires_grad_(False)
+        ref_policy.generation_config.pad_token_id = pad_id
+    reward_model = loading.load_reward_model(args, tokenizer) if args.reward_source == "model" else None
     if reward_model is not None:
-        check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
-    if reward_model is not None:  # its own forward refuses batches without a pad id (the score is read by position)
-        reward_model.config.pad_token_id = tokenizer.pad_token_id
+        disable_dropout(reward_model)
+        loading.check_finite_weights(reward_model, run, "--reward-model-path", args.reward_model_path)
+        reward_model.config.pad_token_id = pad_id  # its forward refuses batches without a pad id
 
-    # ---- data: every field training and evaluation use is checked now, before the first update ----
-    config = policy.config
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if max_positions is not None and args.response_length >= max_positions:
-        raise SystemExit(
-            f"error: --response-length {args.response_length} leaves no room for a prompt in the "
-            f"{max_positions} positions of --sft-model-path (max_position_embeddings)"
-        )
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_rows = prepare_prompts(
-        eval_ds.select(range(min(args.num_eval_examples, len(eval_ds)))),
-        tokenizer,
-        args,
-        args.eval_split,
-        max_positions,
-        evaluation=True,
-    )
-    if len(train_rows) < args.per_device_batch_size:  # the endless loader below would never yield a batch
-        raise SystemExit(
-            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
-            f"batch of {args.per_device_batch_size} (--per-device-batch-size)"
-        )
-    loader = torch.utils.data.DataLoader(
-        list(range(len(train_rows))),
-        batch_size=args.per_device_batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(args.seed),
+    # ---- 0. prompts: every field training and evaluation use is checked now, before the first update ----
+    train_ds = loading.load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    pieces = (reference_text, extract_answer)  # the script's reference response and gold answer of a row
+    train_rows = data.prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, False, *pieces)
+    eval_ds = loading.load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
+    eval_rows = data.prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, True, *pieces)
+    loader = data.prompt_loader(
+        train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
     )
 
+    # ---- 0. engine: the optimizer over the trainable weights, the models prepared for DDP / DeepSpeed / FSDP ----
     trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
-    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
+    engines.configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
-    ref_policy, reward_model = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
+    ref_policy, reward_model = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
     if args.lora_r:
-        ref_policy = LoraReference(accelerator.unwrap_model(model))
-    use_sampler_logprobs = (
-        args.sampler_logprobs
-        if args.sampler_logprobs is not None
-        else args.dtype == "float32" and accelerator.mixed_precision == "no"
-    )
-    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+        ref_policy = engines.LoraReference(accelerator.unwrap_model(model))
+    use_sampler_logprobs = args.sampler_logprobs  # default: on in float32 without mixed precision (see Args)
+    if use_sampler_logprobs is None:
+        use_sampler_logprobs = args.dtype == "float32" and accelerator.mixed_precision == "no"
+    synced = engines.zero3(accelerator)  # ZeRO-3: every forward pass is a collective; the ranks sample in step
     unwrapped = accelerator.unwrap_model(model)
-    check_packing(unwrapped)
+    packing.check_packing(unwrapped)
+    # greedy responses to the evaluation prompts, judged with this script's truncation, reward and KL estimate
+    judged = (truncate_response, reward_model, reward_model_scores, ref_policy, sampled_kl, success_reward)
+    evaluate = functools.partial(evaluation.evaluate, unwrapped, tokenizer, eval_rows, args, accelerator, *judged)
     run.begin()
 
-    def batches():
-        while True:
-            yield from loader
-
     def loop_state(update: int) -> dict:
-        """The loop's state after `update` updates (the learning rate follows from it; the data position is
-        replayed)."""
+        """The loop's state after `update` updates (the learning rate follows; the data position is replayed)."""
         return {"step": update, "episode": update * batch_size, "metrics": metrics}
 
-    iterator, start = batches(), 0
+    iterator, start = (batch for _ in itertools.count() for batch in loader), 0  # endless: epoch after epoch
     if state := run.resume():  # weights, optimizer and every process's RNG; the loop's counters below
         start, metrics = state["step"], state["metrics"]
         for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
             next(iterator)
     else:
-        metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+        metrics = evaluate()
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
@@ -493,65 +446,40 @@ def main(args: Args) -> dict:
         # ---- 1. rollout: sample, and the greedy baseline response to the same prompts by the same (current) policy;
         # the logprobs are the sampler's (or a forward pass's), the reference's a forward pass ----
         with torch.no_grad():
-            queries, qmask = left_pad([r["prompt_ids"] for r in rows], tokenizer.pad_token_id)
+            queries, qmask = data.left_pad([r["prompt_ids"] for r in rows], pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
-            # When every sample stops early, fewer than response_length columns come back; no forward pass below spends
-            # time on all-pad columns (as in ppo_rlhf.py).
-            stop_id = tokenizer.eos_token_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
-            sampled = None
-            try:
-                sampled = sample_responses(
-                    unwrapped,
-                    queries,
-                    qmask,
-                    stop_id,
-                    tokenizer.pad_token_id,
-                    args.response_length,
-                    args.temperature,
-                    synced=synced,
-                )
-            except RuntimeError as e:  # torch.multinomial: "probability tensor contains either inf, nan or element < 0"
-                if "probability tensor" not in str(e):
-                    raise
-            if not run.all_finite(sampled[1] if sampled else torch.tensor(float("nan"))):
-                run.stop(loop_state(update - 1), non_finite_policy(update, args))
-            responses, logprobs, entropy = sampled
+            # when every sample stops early, fewer columns come back: no forward pass spends time on all-pad columns
+            stop_id = eos_id if args.stop_token == "eos" else -1  # -1 never matches: no row stops early
+            # plain sampling at the temperature (no top-k / top-p)
+            how = (unwrapped, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
+            guard = (run, loop_state(update - 1), runs.non_finite_policy(update, args))  # logits that are not finite
+            responses, logprobs, entropy = runs.sample_or_stop(*guard, sample_responses, *how, synced=synced)
             greedy = sample_responses(
-                unwrapped, queries, qmask, stop_id, tokenizer.pad_token_id, args.response_length, 0.0, synced=synced
+                unwrapped, queries, qmask, stop_id, pad_id, args.response_length, 0.0, synced=synced
             )[0]
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
-            postprocessed = (
-                truncate_response(responses, tokenizer.eos_token_id, tokenizer.pad_token_id)
-                if args.stop_token == "eos"
-                else responses
-            )
-            sequence_lengths = (
-                first_true_indices(postprocessed == tokenizer.pad_token_id) - 1
-            )  # index of the last real token
+            postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
+            sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
             if run.any_process(bool((sequence_lengths < 0).any())):
                 run.stop(
                     loop_state(update - 1),
                     f"a response sampled at update {update} is empty (its first token is "
-                    f"the pad token {tokenizer.pad_token_id}): the policy samples PAD; check --sft-model-path",
+                    f"the pad token {pad_id}): the policy samples PAD; check --sft-model-path",
                 )
             texts = tokenizer.batch_decode(postprocessed, skip_special_tokens=True)
             scores, contain_eos = score_responses(reward_model, queries, postprocessed, texts, rows, tokenizer, args)
-            greedy = (
-                truncate_response(greedy, tokenizer.eos_token_id, tokenizer.pad_token_id)
-                if args.stop_token == "eos"
-                else greedy
-            )
+            greedy = truncate_response(greedy, eos_id, pad_id) if args.stop_token == "eos" else greedy
             greedy_texts = tokenizer.batch_decode(greedy, skip_special_tokens=True)
             greedy_scores, _ = score_responses(reward_model, queries, greedy, greedy_texts, rows, tokenizer, args)
             response_idxs = torch.arange(responses.shape[1], device=device).repeat(responses.shape[0], 1)
             padding_mask = response_idxs > sequence_lengths.unsqueeze(1)
 
-            # every forward pass runs on `pack`ed query + response token lists (no padding, see pack)
+            # every forward pass runs on packed query + response token lists (no padding, see packing.pack_sequences)
             query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
             response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
             capacity = args.max_prompt_length + args.response_length
-            packed = pack(query_tokens, response_tokens, tokenizer.pad_token_id, capacity)
+            packed = packing.pack_sequences(query_tokens, response_tokens, pad_id, capacity)
             C = packed["targets"].shape[1]
             if not use_sampler_logprobs:
                 logprobs = torch.zeros_like(logprobs)
@@ -570,61 +498,56 @@ def main(args: Args) -> dict:
             clipped = ((scores - greedy_scores).abs() > args.reward_clip) & (args.reward_clip > 0)
 
         # ---- 4. one REINFORCE step on the batch: the token mean over every micro-batch and process ----
-        total_tokens = global_count(valid.sum().item(), accelerator)
+        total_tokens = engines.global_count(valid.sum().item(), accelerator)
         pg_losses = []
         for micro_start in range(0, args.per_device_batch_size, micro_batch_size):
             with accelerator.accumulate(model):
                 mb = list(range(micro_start, micro_start + micro_batch_size))
                 mb_queries, mb_responses = [query_tokens[i] for i in mb], [response_tokens[i] for i in mb]
                 loss_sum = remax_micro_batch_loss(
-                    model, mb_queries, mb_responses, advantages[mb], tokenizer.pad_token_id, capacity, args.temperature
+                    model, mb_queries, mb_responses, advantages[mb], pad_id, capacity, args.temperature
                 )
-                if not run.all_finite(loss_sum):  # a collective: every process checks every micro-batch
-                    run.stop(
-                        loop_state(update - 1),
-                        f"non-finite ReMax loss at update {update}: lower "
-                        f"--learning-rate (now {args.learning_rate:g}) or check the rewards",
-                    )
-                backward_share(accelerator, loss_sum, total_tokens)
+                # a collective: every process checks every micro-batch
+                error = runs.non_finite_error("ReMax loss", update, args.learning_rate, " or check the rewards")
+                runs.stop_unless_finite(run, loss_sum, loop_state(update - 1), error)
+                engines.backward_share(accelerator, loss_sum, total_tokens)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                        run.stop(
-                            loop_state(update - 1),
-                            f"non-finite gradient norm at update {update}: lower "
-                            f"--learning-rate (now {args.learning_rate:g})",
-                        )
+                    # before the optimizer writes it into the weights
+                    error = runs.non_finite_error("gradient norm", update, args.learning_rate)
+                    runs.stop_unless_finite(run, grad_norm, loop_state(update - 1), error)
                 optimizer.step()
                 optimizer.zero_grad()
             pg_losses.append(loss_sum.detach())
 
-        # ---- logging ----
+        # ---- 5. log (means over every process), evaluate, checkpoint ----
         episode = update * batch_size
         if update % args.log_every == 0 or update == num_updates:
-            g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
-            logged = {
-                "objective/reward": g(scores),
-                "objective/kl": g(seq_kl),
-                "objective/entropy": g((entropy * ~padding_mask).sum(1)),
-                "objective/non_score_reward": g(-args.kl_coef * seq_kl),
-                "objective/rlhf_reward": g(rlhf_reward),
-                "objective/greedy_reward": g(greedy_scores),
-                "objective/advantage": g(advantages[valid]),
-                "objective/advantage_std": g(advantages[valid].std()),
-                "objective/reward_clipfrac": g(clipped),
-                "objective/completion_length": g((sequence_lengths + 1).float()),
-                "objective/eos_rate": g(contain_eos.float()),
-                "loss/policy_avg": g(torch.stack(pg_losses).sum() / valid.sum()),
-                "val/num_eos_tokens": g((responses == tokenizer.eos_token_id).sum(1).float()),
+            means = {
+                "objective/reward": scores,
+                "objective/kl": seq_kl,
+                "objective/entropy": (entropy * ~padding_mask).sum(1),
+                "objective/non_score_reward": -args.kl_coef * seq_kl,
+                "objective/rlhf_reward": rlhf_reward,
+                "objective/greedy_reward": greedy_scores,
+                "objective/advantage": advantages[valid],
+                "objective/advantage_std": advantages[valid].std(),
+                "objective/reward_clipfrac": clipped,
+                "objective/completion_length": (sequence_lengths + 1).float(),
+                "objective/eos_rate": contain_eos.float(),
+                "loss/policy_avg": torch.stack(pg_losses).sum() / valid.sum(),
+                "val/num_eos_tokens": (responses == eos_id).sum(1).float(),
+            }
+            as_is = {
                 "objective/kl_coef": args.kl_coef,
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
-                "perf/peak_mem_gb": peak_mem_gb(device),
+                "perf/peak_mem_gb": engines.peak_mem_gb(device),
             }
-            run.log(logged, update, episode)
+            logged = runs.log_global_means(run, accelerator, means, as_is, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate(unwrapped, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+            metrics = evaluate()
             run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
@@ -634,179 +557,20 @@ def main(args: Args) -> dict:
             run.checkpoint(loop_state(update))
     progress.close()
 
+    episodes = num_updates * batch_size
     run.finish(
         model,
         tokenizer,
-        {
-            "step": num_updates,
-            "episode": num_updates * batch_size,
-            "total_steps": num_updates,
-            "total_episodes": num_updates * batch_size,
-        },
+        {"step": num_updates, "episode": episodes, "total_steps": num_updates, "total_episodes": episodes},
     )
     accelerator.end_training()
     return metrics
 
 
 # --------------------------------------------------------------------------------------------------
-# Plumbing: loading, engines, data, sampling, evaluation, durable runs (copied helpers are kept equal
-# across scripts by tests/test_conventions.py)
+# The algorithm's helpers: sampling, truncation, rewards, KL and logprobs (copies of another script's are kept
+# equal by tests/test_conventions.py, BETWEEN_SCRIPTS)
 # --------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Offline-first loading: a local path never touches the network; a hub name that cannot be reached
-# fails in milliseconds with a message that says what to do, instead of a minute of HTTP retries.
-# ----------------------------------------------------------------------------------------------------
-
-
-def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
-    for name in template_fields(template, flag):
-        value = row.get(name)
-        if name not in row:
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                f"({flag} {template!r}); its fields are {sorted(row)}"
-            )
-        if value is None:
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is missing or null; fill it in or drop the row"
-            )
-        if chat_messages(value):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                "tokenizer's chat template"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
-            )
-    try:
-        text = template.format(**row)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
-    return text
-
-
-def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
-    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
-    scores before pooling them at one position; a forward hook on the head captures them. Going through the
-    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
-    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
-    same scores for the real tokens."""
-    captured = {}
-    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
-    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
-    try:
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    finally:
-        handle.remove()
-    return captured["scores"].squeeze(-1).float()
-
-
-def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
-    the normalisation bias stored in the config."""
-    scores = token_scores(model, input_ids, attention_mask)
-    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
-    last = (attention_mask * positions).argmax(dim=1)
-    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
-    return scores[torch.arange(len(scores), device=scores.device), last] + bias
-
-
-# ----------------------------------------------------------------------------------------------------
-# Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
-# ----------------------------------------------------------------------------------------------------
-
-
-TLDR_FACT_WORDS = {
-    "who": [
-        "roommate",
-        "boyfriend",
-        "girlfriend",
-        "boss",
-        "sister",
-        "brother",
-        "neighbor",
-        "friend",
-        "coworker",
-        "landlord",
-    ],
-    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
-    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
-}
-
-
-TLDR_MAX_WORDS = 12
-
-
-def gold_judge(summary: str, facts: list[str]) -> float:
-    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
-    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
-    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
-    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
-    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
-    words = re.findall(r"[a-z]+", summary.lower())
-    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
-    covered = sum(1 for f in facts if f in words) / len(facts)
-    invented = len({w for w in words if w in vocab and w not in facts})
-    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
-    return covered - 0.5 * invented - 0.1 * too_long
-
-
-def extract_gsm8k_answer(text: str) -> str | None:
-    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
-    removed; None when there is no `####` followed by a number."""
-    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
-    if not matches:
-        return None
-    return matches[-1].replace(",", "").rstrip(".")
-
-
-def extract_boxed_answer(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
-    None when there is none or its braces never close."""
-    start = text.rfind("\\boxed{")
-    if start == -1:
-        return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
-
-
-def numbers_equal(predicted: str | None, gold: str) -> bool:
-    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
-    non-numeric prediction, never an exception."""
-    if predicted is None:
-        return False
-    try:
-        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
-    except ValueError:
-        return False
-
-
-# ----------------------------------------------------------------------------------------------------
-# Metrics
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Shared RL pieces (copied from ppo_rlhf.py)
-# ----------------------------------------------------------------------------------------------------
 
 
 def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
@@ -821,28 +585,6 @@ def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) 
     trunc_idxs = first_true_indices(responses == stop_token_id).unsqueeze(-1)
     idxs = torch.arange(responses.size(1), device=responses.device).view(1, -1)
     return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
-
-
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
-    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0)."""
-    log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    return torch.exp(-log_ratio) - 1 + log_ratio
-
-
-def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
-    """Attention mask from the pad token (PAD != EOS is checked at load) and position ids that start at 0 on
-    the first real token, so a left-padded query scores the same as an unpadded one."""
-    attention_mask = (query_responses != pad_id).long()
-    position_ids = (attention_mask.cumsum(1) - attention_mask).clamp(min=0)
-    return {
-        "input_ids": query_responses.masked_fill(attention_mask == 0, 0),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-    }
 
 
 @torch.no_grad()
@@ -912,6 +654,102 @@ def sample_responses(
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
+def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
+    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail).
+    use_cache=False: with a cache, transformers would not read the packing from the position ids."""
+    device = next(model.parameters()).device
+    rows, cols = packed["rows"].to(device), packed["cols"].to(device)
+    keep = cols.unique()  # sorted; the LM head runs on the columns that predict a response token, not on the prompts
+    logits = model(
+        input_ids=packed["input_ids"].to(device),
+        position_ids=packed["position_ids"].to(device),
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits
+    logits = logits[rows, torch.searchsorted(keep, cols)].float() / (temperature + 1e-7)
+    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
+    >= 0)."""
+    log_ratio = logprobs - ref_logprobs
+    if estimator == "k1":
+        return log_ratio
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
+    """Attention mask from the pad token (PAD != EOS is checked at load) and position ids that start at 0 on
+    the first real token, so a left-padded query scores the same as an unpadded one."""
+    attention_mask = (query_responses != pad_id).long()
+    position_ids = (attention_mask.cumsum(1) - attention_mask).clamp(min=0)
+    return {
+        "input_ids": query_responses.masked_fill(attention_mask == 0, 0),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+    }
+
+
+def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Per-token scalar scores (B, T) of a reward model saved as AutoModelForSequenceClassification: the
+    `score` head applied to every hidden state. The model's own forward computes exactly these per-token
+    scores before pooling them at one position; a forward hook on the head captures them. Going through the
+    model's forward (not its backbone directly) keeps DistributedDataParallel's gradient all-reduce working
+    when `model` is wrapped. Position ids follow the attention mask, so left and right padding give the
+    same scores for the real tokens."""
+    captured = {}
+    head = getattr(model, "module", model).score  # DDP / DeepSpeed wrappers keep the model in `.module`
+    handle = head.register_forward_hook(lambda module, inputs, output: captured.update(scores=output))
+    try:
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    finally:
+        handle.remove()
+    return captured["scores"].squeeze(-1).float()
+
+
+def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The reward (B,) read at the last non-pad token of each row, whatever side the padding is on, plus
+    the normalisation bias stored in the config."""
+    scores = token_scores(model, input_ids, attention_mask)
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask * positions).argmax(dim=1)
+    bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
+    return scores[torch.arange(len(scores), device=scores.device), last] + bias
+
+
+def reward_model_scores(reward_model, queries: torch.Tensor, responses: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """The outcome reward model's score (B,) of each query + response, read at its last real token."""
+    inputs = padded_inputs(torch.cat([queries, responses], 1), pad_id)
+    return outcome_reward(reward_model, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+
+
+@torch.no_grad()
+def score_responses(
+    reward_model,
+    queries: torch.Tensor,
+    postprocessed: torch.Tensor,
+    texts: list[str],
+    rows: list[dict],
+    tokenizer,
+    args: Args,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The score of each truncated response (reward model at the last real token, or the verifiable math reward),
+    replaced by `penalty_reward_value` when the response has no EOS (N+). Returns (scores, contain_eos)."""
+    if args.reward_source == "model":
+        scores = reward_model_scores(reward_model, queries, postprocessed, tokenizer.pad_token_id).float()
+    else:
+        scores = torch.tensor(
+            [success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=queries.device
+        )
+    contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
+    if args.non_eos_penalty:
+        scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
+    return scores, contain_eos
+
+
 def math_verify_equal(gold: str, predicted: str | None) -> bool:
     """MATH grading with math-verify: both answers wrapped in `\\boxed{}` (what its LaTeX extractor looks for), gold
     first (`verify` is not symmetric: the gold decides e.g. whether a set or an interval is meant). math-verify has its
@@ -936,72 +774,38 @@ def success_reward(text: str, gold: str, answer_format: str) -> float:
     return float(numbers_equal(predicted, gold) if answer_format == "gsm8k" else math_verify_equal(gold, predicted))
 
 
-# ----------------------------------------------------------------------------------------------------
-# Data, rewards and evaluation (copied from ppo_rlhf.py)
-# ----------------------------------------------------------------------------------------------------
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
+    removed; None when there is no `####` followed by a number."""
+    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
+    if not matches:
+        return None
+    return matches[-1].replace(",", "").rstrip(".")
 
 
-@torch.no_grad()
-def score_responses(
-    reward_model,
-    queries: torch.Tensor,
-    postprocessed: torch.Tensor,
-    texts: list[str],
-    rows: list[dict],
-    tokenizer,
-    args: Args,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The score of each truncated response (reward model at the last real token, or the verifiable math reward),
-    replaced by `penalty_reward_value` when the response has no EOS (N+). Returns (scores, contain_eos)."""
-    if args.reward_source == "model":
-        scores = outcome_reward(
-            reward_model,
-            **{
-                k: v
-                for k, v in padded_inputs(torch.cat([queries, postprocessed], 1), tokenizer.pad_token_id).items()
-                if k != "position_ids"
-            },
-        ).float()
-    else:
-        scores = torch.tensor(
-            [success_reward(t, r["gold"], args.answer_format) for t, r in zip(texts, rows)], device=queries.device
-        )
-    contain_eos = (postprocessed == tokenizer.eos_token_id).any(dim=1)
-    if args.non_eos_penalty:
-        scores = torch.where(contain_eos, scores, torch.full_like(scores, args.penalty_reward_value))
-    return scores, contain_eos
+def extract_boxed_answer(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
+    None when there is none or its braces never close."""
+    start = text.rfind("\\boxed{")
+    if start == -1:
+        return None
+    i, depth = start + len("\\boxed{"), 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i:j].strip()
+    return None
 
 
-def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
-    """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
-    `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational prompt
-    format, {"prompt": [{"role": "user", "content": ...}]}), those messages in the tokenizer's chat template, ready for
-    the assistant's turn."""
-    messages = whole_field_messages(args.prompt_template, row)
-    if messages is None:
-        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
-        if not args.use_chat_template:
-            return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        if not tokenizer.chat_template:
-            raise SystemExit(
-                f"error: --use-chat-template: the tokenizer of --sft-model-path {args.sft_model_path} has "
-                "no chat template; drop the flag or give a model that has one"
-            )
-        messages = [{"role": "user", "content": prompt}]
-    elif messages[-1]["role"] == "assistant":
-        raise SystemExit(
-            f"error: row {index} of split '{split}': the chat messages of --prompt-template "
-            f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
-            "give the prompt's messages only (TRL's conversational prompt format, the completion "
-            "elsewhere)"
-        )
-    elif not tokenizer.chat_template:
-        raise SystemExit(
-            f"error: row {index} of split '{split}' holds chat messages, but the tokenizer of "
-            f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
-            "plain-text prompts or a model with a chat template"
-        )
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+def numbers_equal(predicted: str | None, gold: str) -> bool:
+    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
+    non-numeric prediction, never an exception."""
+    if predicted is None:
+        return False
+    try:
+        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
+    except ValueError:
+        return False
 
 
 def reference_text(row: dict, index: int, split: str, args: Args) -> str:
@@ -1017,69 +821,6 @@ def reference_text(row: dict, index: int, split: str, args: Args) -> str:
             f"{args.reference_template!r} hold no assistant turn to take the reference from"
         )
     return text
-
-
-def prepare_prompts(
-    ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None, evaluation: bool
-) -> list[dict]:
-    """Prompt token ids plus what the reward and evaluation need: the reference response, the gold answer (math) and
-    the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
-    an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
-    `--response-length` of the model's positions, is an error (or dropped with `--drop-overlong`)."""
-    rows, dropped = [], 0
-    needs_gold = args.reward_source == "math" or (evaluation and args.eval_task in ("gsm8k", "boxed"))
-    needs_reference = needs_gold or (evaluation and args.eval_task == "tldr")
-    for i, row in enumerate(ds):
-        ids = prompt_token_ids(row, i, split, tokenizer, args)
-        too_long = len(ids) > args.max_prompt_length
-        no_room = max_positions is not None and len(ids) + args.response_length > max_positions
-        if too_long or no_room:
-            if args.drop_overlong:
-                dropped += 1
-                continue
-            if too_long:
-                raise SystemExit(
-                    f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
-                    f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong."
-                )
-            raise SystemExit(
-                f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
-                f"{args.response_length} more tokens do not fit the {max_positions} positions of "
-                f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
-                f"{args.max_prompt_length}) with --drop-overlong, or --response-length"
-            )
-        item = {"prompt_ids": ids, "reference": None, "facts": None}
-        if needs_reference:
-            item["reference"] = reference_text(row, i, split, args)
-        if needs_gold:
-            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(
-                item["reference"]
-            )
-            if item["gold"] is None:
-                raise SystemExit(
-                    f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
-                    f"final answer in the {args.answer_format} format (--reference-template, "
-                    "--answer-format)"
-                )
-        if evaluation and args.eval_task == "tldr":
-            facts = row.get("facts")
-            if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
-                found = "has none" if facts is None else f"holds {str(facts)[:60]!r}"
-                raise SystemExit(
-                    f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
-                    f"'facts' (a list of words, as in tiny-tldr), but it {found}; use --eval-task none "
-                    "for other data"
-                )
-            item["facts"] = facts
-        rows.append(item)
-    if dropped:
-        print(
-            f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
-            f"{args.max_prompt_length} or than the model's positions less --response-length"
-        )
-    if not rows:
-        raise SystemExit(f"error: no usable prompts in split '{split}'")
-    return rows
 
 
 @torch.no_grad()
@@ -1121,293 +862,22 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
     return kl.tolist()
 
 
-@torch.no_grad()
-def evaluate(
-    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
-) -> dict:
-    """Greedy responses to the evaluation prompts, scored by the task's judge (and the reward model if any)."""
-    policy.eval()
-    records = []
-    # under ZeRO-3 every forward pass is a collective: every rank gets as many rows (the last one repeated), so as
-    # many batches, and `generate` keeps stepping until every rank is done
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            batch = shard[start : start + args.per_device_eval_batch_size]
-            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
-            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            out = policy.generate(
-                input_ids=queries,
-                attention_mask=qmask,
-                max_new_tokens=args.response_length,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                synced_gpus=zero3(accelerator),
-            )
-            responses = truncate_response(out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
-            scores = [None] * len(batch)
-            if reward_model is not None:
-                scores = outcome_reward(
-                    reward_model,
-                    **{
-                        k: v
-                        for k, v in padded_inputs(torch.cat([queries, responses], 1), tokenizer.pad_token_id).items()
-                        if k != "position_ids"
-                    },
-                ).tolist()
-            kls = [None] * len(batch)
-            if args.eval_kl and reference is not None:
-                kls = sampled_kl(
-                    policy,
-                    reference,
-                    queries,
-                    qmask,
-                    args.response_length,
-                    tokenizer.pad_token_id,
-                    tokenizer.eos_token_id,
-                    zero3(accelerator),
-                )
-            for r, resp, score, kl in zip(batch, responses, scores, kls):
-                text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {
-                    "score": score,
-                    "kl": kl,
-                    "length": int((resp != tokenizer.pad_token_id).sum()),
-                    "eos": bool((resp == tokenizer.eos_token_id).any()),
-                }
-                if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = (
-                        gold_judge(text, r["facts"]),
-                        gold_judge(r["reference"], r["facts"]),
-                    )
-                elif args.eval_task in ("gsm8k", "boxed"):
-                    rec["correct"] = success_reward(text, r["gold"], args.answer_format)
-                records.append(rec)
-    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    policy.train()
-    n = len(records)
-    metrics = {
-        "eval/completion_length": sum(r["length"] for r in records) / n,
-        "eval/eos_rate": sum(r["eos"] for r in records) / n,
-    }
-    if reward_model is not None:
-        metrics["eval/score"] = sum(r["score"] for r in records) / n
-    if args.eval_kl and reference is not None:
-        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
-    if args.eval_task == "tldr":
-        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = (
-            sum(
-                1.0
-                if r["gold_reward"] > r["reference_gold_reward"]
-                else 0.5
-                if r["gold_reward"] == r["reference_gold_reward"]
-                else 0.0
-                for r in records
-            )
-            / n
-        )
-    elif args.eval_task in ("gsm8k", "boxed"):
-        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
-    return metrics
-
-
-def load_pretrained(cls, path: str, args: Args, what: str, flag: str, **kwargs):
-    local = os.path.isdir(path)
-    if not local:
-        require_hub(path, "model", flag)
-    try:
-        model = cls.from_pretrained(
-            path,
-            trust_remote_code=args.trust_remote_code,
-            local_files_only=local,
-            dtype=getattr(torch, args.dtype),
-            **kwargs,
-        )
-    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
-    for module in model.modules():  # N+: dropout off, so rollout and training logprobs agree
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    return model
-
-
-def load_tokenizer(args: Args):
-    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
-    local = os.path.isdir(args.sft_model_path)
-    if not local:
-        require_hub(args.sft_model_path, "model", "--sft-model-path")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can "
-            f"load (is it a model saved with save_pretrained?): {reason}"
-        ) from None
-    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
-
-
-def load_reward_model(args: Args, tokenizer):
-    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
-    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
-    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
-    causal LM) loads with a random head: a warning."""
-    path, flag = args.reward_model_path, "--reward-model-path"
-    if path is None:
-        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
-    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
-    kind = getattr(model.config, "reward_type", "outcome")
-    if kind != "outcome":
-        raise SystemExit(
-            f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
-            "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
-        )
-    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
-        print(
-            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
-            "head is untrained, so the rewards are noise",
-            file=sys.stderr,
-        )
-    try:
-        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
-    except (OSError, ValueError, KeyError, TypeError):
-        rm_vocab = None  # no tokenizer saved with it: nothing to compare
-    if rm_vocab is not None:
-        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
-        if differ:
-            raise SystemExit(
-                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
-            )
-    return model.eval().requires_grad_(False)
-
-
-def non_finite_policy(update: int, args: Args) -> str:
-    """The error line of a policy whose logits are no longer finite, met by sampling (torch's "probability tensor
-    contains either inf, nan or element < 0"): the update before moved the weights too far in one step whose loss and
-    gradient were finite (Adam moves each weight by about the learning rate), so the checks before the optimizer step
-    could not see it."""
-    if update == 1:
-        return f"the logits of --sft-model-path {args.sft_model_path} are not finite (inf or nan); nothing to sample"
-    return (
-        f"the policy's logits are not finite at update {update} (sampling met inf or nan): update {update - 1} "
-        f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g}) and start over with "
-        "--overwrite"
-    )
-
-
-def check_finite_weights(model, run: Run, flag: str, path: str) -> None:
-    """A checkpoint with a NaN or inf weight (saved by a run that diverged, or broken in conversion) is a one-line
-    error now, not NaN logits at the first update. Under ZeRO-3 each process checks its shard (`ds_tensor`); the
-    answer is or-ed over the processes."""
-    bad = next(
-        (name for name, p in model.named_parameters() if not torch.isfinite(getattr(p, "ds_tensor", p)).all()), None
-    )
-    if run.any_process(bad is not None):
-        raise SystemExit(
-            f"error: {flag} {path} has non-finite weights ({bad or 'on another process'}): the run that "
-            "saved it diverged, or the file is broken; give a finite checkpoint"
-        )
-
-
-# ----------------------------------------------------------------------------------------------------
-# Engines: one process, DDP, DeepSpeed ZeRO-2/3 and FSDP, all through `accelerate launch`
-# ----------------------------------------------------------------------------------------------------
-
-
-# ----------------------------------------------------------------------------------------------------
-# Durable runs: the run directory, checkpoints that resume exactly, SIGTERM / SIGINT, the end-of-run marker and the
-# argument checks (copied verbatim between scripts; tests/test_faults.py)
-# ----------------------------------------------------------------------------------------------------
-
-
 # --------------------------------------------------------------------------------------------------
-# Speed work (skippable on a first reading): the same results, faster
+# Plumbing: what only this script needs (the batch's split); the rest is in clean_rlhf_utils/
 # --------------------------------------------------------------------------------------------------
 
 
-def pack(queries: list[list[int]], responses: list[list[int]], pad_id: int, capacity: int) -> dict:
-    """A padding-free batch for the forward passes. Each query + response is laid end to end with others in rows of
-    at most `capacity` tokens (first-fit, longest first); position ids restart at 0 for every sequence and no attention
-    mask is passed, so transformers builds a block-diagonal causal mask from the position ids (a token sees only its own
-    sequence; flash-attention kernels take the same position ids as variable-length sequences). Why: responses range
-    from a few tokens to the limit, so a padded batch is much padding, and the matmuls, most of the time, scale with the
-    tokens. `rows`, `cols` (N, C) index the positions whose logits predict each response token (C: the longest
-    response), `targets` are those tokens."""
-    seqs = [q + r for q, r in zip(queries, responses)]
-    capacity = max(capacity, max(len(s) for s in seqs))
-    members, free = [], []
-    for i in sorted(range(len(seqs)), key=lambda i: -len(seqs[i])):
-        row = next((r for r in range(len(members)) if free[r] >= len(seqs[i])), None)
-        if row is None:
-            members.append([]), free.append(capacity)
-            row = len(members) - 1
-        members[row].append(i)
-        free[row] -= len(seqs[i])
-    width, C = capacity - min(free), max(len(r) for r in responses)
-    input_ids = torch.full((len(members), width), pad_id, dtype=torch.long)
-    position_ids = torch.zeros((len(members), width), dtype=torch.long)
-    rows, cols = torch.zeros((len(seqs), C), dtype=torch.long), torch.zeros((len(seqs), C), dtype=torch.long)
-    targets = torch.full((len(seqs), C), pad_id, dtype=torch.long)
-    for r, row in enumerate(members):
-        offset = 0
-        for i in row:
-            n, q, c = len(seqs[i]), len(queries[i]), len(responses[i])
-            input_ids[r, offset : offset + n] = torch.tensor(seqs[i])
-            position_ids[r, offset : offset + n] = torch.arange(n)
-            rows[i, :c], cols[i, :c] = (
-                r,
-                torch.arange(offset + q - 1, offset + q - 1 + c),
-            )  # position t predicts token t + 1
-            targets[i, :c] = torch.tensor(responses[i])
-            offset += n
-        position_ids[r, offset:] = torch.arange(width - offset)  # the padding tail is a sequence of its own, never read
-    return {"input_ids": input_ids, "position_ids": position_ids, "rows": rows, "cols": cols, "targets": targets}
-
-
-def check_packing(model) -> None:
-    """Packing relies on the model building its attention mask from the position ids (transformers' own models do,
-    through `create_causal_mask`); with a model whose attention ignores them, packed sequences would see each other and
-    every number would be silently wrong, so fail instead: two sequences in one row must score as each alone."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        together = (
-            model(
-                input_ids=torch.tensor([[5, 6, 7, 8, 9]], device=device),
-                position_ids=torch.tensor([[0, 1, 2, 0, 1]], device=device),
-                use_cache=False,
-            )
-            .logits[0, 3:]
-            .float()
-        )
-        alone = model(input_ids=torch.tensor([[8, 9]], device=device), use_cache=False).logits[0].float()
-    if not torch.allclose(together, alone, atol=0.05, rtol=0.05):
+def split_batch(args: Args) -> int:
+    """The micro-batch size of one process's batch of prompts, or a one-line error."""
+    micro_batch_size = args.per_device_batch_size // args.gradient_accumulation_steps
+    if micro_batch_size * args.gradient_accumulation_steps != args.per_device_batch_size:
         raise SystemExit(
-            f"error: {type(model).__name__} (attention: {model.config._attn_implementation}) does not read packed "
-            "sequences from the position ids (a packed row differs from its sequences alone by "
-            f"{(together - alone).abs().max().item():.3f}); use a transformers model with sdpa, eager or flash "
-            "attention"
+            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
+            f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches"
         )
-
-
-def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
-    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail).
-    use_cache=False: with a cache, transformers would not read the packing from the position ids."""
-    device = next(model.parameters()).device
-    rows, cols = packed["rows"].to(device), packed["cols"].to(device)
-    keep = cols.unique()  # sorted; the LM head runs on the columns that predict a response token, not on the prompts
-    logits = model(
-        input_ids=packed["input_ids"].to(device),
-        position_ids=packed["position_ids"].to(device),
-        use_cache=False,
-        logits_to_keep=keep,
-    ).logits
-    logits = logits[rows, torch.searchsorted(keep, cols)].float() / (temperature + 1e-7)
-    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+    if args.reward_clip < 0:
+        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
+    return micro_batch_size
 
 
 if __name__ == "__main__":

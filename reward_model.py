@@ -366,9 +366,10 @@ def init_score_head(model, accelerator) -> None:
             torch.nn.init.zeros_(model.score.bias)
 
 
-def disable_dropout(model: torch.nn.Module) -> None:
-    """N+: dropout off, so training and evaluation see the same model (called on the model as loaded)."""
-    for module in model.modules():
+def disable_dropout(*models) -> None:
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -49,19 +48,12 @@ import torch.nn.functional as F
 import tyro
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import tokenize_split
 from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspeed, global_count
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
-from clean_rlhf_utils.loading import (
-    config_positions,
-    ensure_pad_token,
-    load_causal_lm,
-    load_train_and_eval_rows,
-    require_hub,
-)
+from clean_rlhf_utils.loading import config_positions, load_causal_lm, load_tokenizer, load_train_and_eval_rows
 from clean_rlhf_utils.runs import loop_state, start_run, training_metrics
 
 
@@ -259,7 +251,9 @@ def main(args: Args) -> dict:
     set_seed(args.seed)
 
     # ---- 2. data: every row rendered, tokenized (the response ending in one EOS) and checked now
-    tokenizer = load_tokenizer(args)
+    tokenizer = load_tokenizer(
+        args.model_name_or_path, "--model-name-or-path", args.trust_remote_code, args.add_pad_token, args.revision
+    )
     train_rows, eval_rows = load_train_and_eval_rows(args)
     positions = config_positions(args)
     train = tokenize_split(train_rows, tokenizer, args, args.train_split, positions=positions)
@@ -398,9 +392,10 @@ def response_tokens(batch: dict[str, torch.Tensor]) -> int:
     return int((batch["labels"][:, 1:] != -100).sum())
 
 
-def disable_dropout(model: torch.nn.Module) -> None:
-    """N+: dropout off, so training and evaluation see the same model (called on the model as loaded)."""
-    for module in model.modules():
+def disable_dropout(*models) -> None:
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
 
@@ -436,19 +431,6 @@ def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.
 # --------------------------------------------------------------------------------------------------
 # Plumbing: what is specific to this script (the rest is in clean_rlhf_utils/)
 # --------------------------------------------------------------------------------------------------
-
-
-def load_tokenizer(args: Args):
-    local = os.path.isdir(args.model_name_or_path)
-    if not local:
-        require_hub(args.model_name_or_path, "model", "--model-name-or-path")
-    tok = AutoTokenizer.from_pretrained(
-        args.model_name_or_path,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-    )
-    return ensure_pad_token(tok, args.add_pad_token, args.model_name_or_path)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -258,3 +259,111 @@ def check_pad_token_in_embedding(tokenizer, model, path: str) -> None:
             f"{path} ({model.config.vocab_size} rows); add the pad token at the SFT stage "
             "(sft.py --add-pad-token)"
         )
+
+
+def load_pretrained(cls, path: str, args, what: str, flag: str, **kwargs):
+    """A model of `cls` (AutoModelForCausalLM, AutoModelForSequenceClassification, ...) from a local directory or the
+    hub in `args.dtype`, or a one-line error naming `flag`. Dropout is left as the checkpoint has it: the script turns
+    it off itself, right after the load."""
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    try:
+        model = cls.from_pretrained(
+            path,
+            trust_remote_code=args.trust_remote_code,
+            local_files_only=local,
+            dtype=getattr(torch, args.dtype),
+            **kwargs,
+        )
+    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
+    return model
+
+
+def load_tokenizer(path: str, flag: str, trust_remote_code: bool, add_pad_token: bool, revision: str | None = None):
+    """The tokenizer of the model at `path` (`flag` names the option in errors), with a pad token distinct from EOS
+    (`ensure_pad_token`)."""
+    local = os.path.isdir(path)
+    if not local:
+        require_hub(path, "model", flag)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(
+            f"error: {flag} {path} holds no tokenizer that transformers can "
+            f"load (is it a model saved with save_pretrained?): {reason}"
+        ) from None
+    return ensure_pad_token(tokenizer, add_pad_token, path)
+
+
+def load_reward_model(args, tokenizer):
+    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
+    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
+    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
+    causal LM) loads with a random head: a warning. Its dropout is the caller's to turn off."""
+    path, flag = args.reward_model_path, "--reward-model-path"
+    if path is None:
+        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
+    kind = getattr(model.config, "reward_type", "outcome")
+    if kind != "outcome":
+        raise SystemExit(
+            f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
+            "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
+        )
+    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
+        print(
+            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
+            "head is untrained, so the rewards are noise",
+            file=sys.stderr,
+        )
+    try:
+        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
+    except (OSError, ValueError, KeyError, TypeError):
+        rm_vocab = None  # no tokenizer saved with it: nothing to compare
+    if rm_vocab is not None:
+        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
+        if differ:
+            raise SystemExit(
+                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
+            )
+    return model.eval().requires_grad_(False)
+
+
+def check_finite_weights(model, run, flag: str, path: str) -> None:
+    """A checkpoint with a NaN or inf weight (saved by a run that diverged, or broken in conversion) is a one-line
+    error now, not NaN logits at the first update. Under ZeRO-3 each process checks its shard (`ds_tensor`); the
+    answer is or-ed over the processes (`run.any_process`)."""
+    bad = next(
+        (name for name, p in model.named_parameters() if not torch.isfinite(getattr(p, "ds_tensor", p)).all()), None
+    )
+    if run.any_process(bad is not None):
+        raise SystemExit(
+            f"error: {flag} {path} has non-finite weights ({bad or 'on another process'}): the run that "
+            "saved it diverged, or the file is broken; give a finite checkpoint"
+        )
+
+
+def check_policy_fits(policy, tokenizer, flag: str, path: str, response_length: int) -> int | None:
+    """The policy's positions (None when its config does not say), after two one-line checks: the pad token, which
+    left-pads the prompts, has an embedding row, and `--response-length` leaves room for a prompt."""
+    if tokenizer.pad_token_id >= policy.config.vocab_size:
+        raise SystemExit(
+            f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
+            f"{path} ({policy.config.vocab_size} rows); add the pad token at the SFT stage "
+            "(sft.py --add-pad-token)"
+        )
+    config = policy.config
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if max_positions is not None and response_length >= max_positions:
+        raise SystemExit(
+            f"error: --response-length {response_length} leaves no room for a prompt in the "
+            f"{max_positions} positions of {flag} (max_position_embeddings)"
+        )
+    return max_positions

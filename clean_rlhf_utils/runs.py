@@ -419,3 +419,66 @@ def stop_dpo_non_finite(run: Run, what: str, step: int, drawn: int, metrics: dic
         dpo_loop_state(step - 1, before, metrics, data, args, run.accelerator),
         f"non-finite {what} at step {step}: lower --learning-rate (now {args.learning_rate:g}) or check the data",
     )
+
+
+def stop_unless_finite(run: Run, value, state: dict, error: str) -> None:
+    """The non-finite guard of a loss or a gradient norm: a checkpoint of `state` and the one-line `error` (`run.stop`)
+    when `value` is not finite on some process. A collective: every process calls it at the same point."""
+    if not run.all_finite(value):
+        run.stop(state, error)
+
+
+def non_finite_policy(update: int, args) -> str:
+    """The error line of a policy whose logits are no longer finite, met by sampling (torch's "probability tensor
+    contains either inf, nan or element < 0"): the update before moved the weights too far in one step whose loss and
+    gradient were finite (Adam moves each weight by about the learning rate), so the checks before the optimizer step
+    could not see it."""
+    if update == 1:
+        return f"the logits of --sft-model-path {args.sft_model_path} are not finite (inf or nan); nothing to sample"
+    return (
+        f"the policy's logits are not finite at update {update} (sampling met inf or nan): update {update - 1} "
+        f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g}) and start over with "
+        "--overwrite"
+    )
+
+
+def sample_or_stop(run: Run, state: dict, error: str, sample, *args, **kwargs):
+    """`sample(*args, **kwargs)` (a sampler returning (tokens, logprobs, ...)), or, when the policy's logits are not
+    finite on some process (torch.multinomial's "probability tensor contains either inf, nan or element < 0", or
+    non-finite logprobs), a checkpoint of `state` and the one-line `error` (`non_finite_policy`). Every process calls
+    it."""
+    sampled = None
+    try:
+        sampled = sample(*args, **kwargs)
+    except RuntimeError as e:
+        if "probability tensor" not in str(e):
+            raise
+    stop_unless_finite(run, sampled[1] if sampled else torch.tensor(float("nan")), state, error)
+    return sampled
+
+
+def log_global_means(run: Run, accelerator: Accelerator, tensors: dict, scalars: dict, step: int, episode: int) -> dict:
+    """Logs the mean of each tensor of `tensors` over all its elements and every process (in order: a collective per
+    tensor), then `scalars` as they are; returns the logged row."""
+    logged = {k: accelerator.gather(v.float().mean()[None]).mean().item() for k, v in tensors.items()}
+    logged.update(scalars)
+    run.log(logged, step, episode)
+    return logged
+
+
+def updates_in_budget(args, num_processes: int) -> tuple[int, int]:
+    """(the batch over all processes, the updates `--total-episodes` pays for); less than one batch is an error."""
+    batch_size = args.per_device_batch_size * num_processes
+    num_updates = args.total_episodes // batch_size
+    if num_updates == 0:
+        raise SystemExit(
+            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
+            f"(--per-device-batch-size {args.per_device_batch_size} x {num_processes} "
+            "processes)"
+        )
+    return batch_size, num_updates
+
+
+def non_finite_error(what: str, update: int, learning_rate: float, hint: str = "") -> str:
+    """The error line of a non-finite loss or gradient norm, for `stop_unless_finite`."""
+    return f"non-finite {what} at update {update}: lower --learning-rate (now {learning_rate:g}){hint}"

@@ -11,6 +11,7 @@ from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import remax
+from clean_rlhf_utils import engines
 
 PAD, CAPACITY, TEMPERATURE = 0, 16, 0.7
 # (prompt length, response length): the first half's responses hold 10 tokens, the second half's 17
@@ -68,7 +69,7 @@ def step(accelerator, model, items, total):
     loss_sum = remax.remax_micro_batch_loss(
         model, [it["query"] for it in items], [it["response"] for it in items], advantages, PAD, CAPACITY, TEMPERATURE
     )
-    remax.backward_share(accelerator, loss_sum, total)
+    engines.backward_share(accelerator, loss_sum, total)
 
 
 def cases() -> list[Case]:
@@ -80,7 +81,7 @@ def cases() -> list[Case]:
             reference,
             count=lambda it: float(sum(len(x["response"]) for x in it)),
             step=step,
-            global_count=lambda accelerator, count: remax.global_count(count, accelerator),
+            global_count=lambda accelerator, count: engines.global_count(count, accelerator),
             micro_splits=(1, 3, 2),
         )
     ]

@@ -29,34 +29,36 @@ MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verif
 GLOBAL_MEAN = ["sft", "reward_model", "ppo_rlhf", "remax", "dpo"]  # RLOO and GRPO keep their own (equal-size) means
 BETWEEN_SCRIPTS = {
     # algorithmic pieces two scripts need: copied on purpose (the reader sees them in each script), kept equal here.
-    # The plumbing is not copied at all: it lives once in clean_rlhf_utils/.
-    "check_packing": ["grpo_math", "rloo", "remax"],
+    # The plumbing is not copied at all: it lives once in clean_rlhf_utils/ (test_no_plumbing_is_copied).
+    "disable_dropout": ALL,  # N+: dropout off, an explicit call in every main
+    "lr_lambda": ["sft", "reward_model", "dpo"],  # the learning-rate schedule
+    "step_micro_batches": ["sft", "reward_model"],
+    # which tokens count: everything after the first EOS is padding
+    "first_true_indices": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "truncate_response": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    "padded_inputs": ["ppo_rlhf", "rloo", "remax"],
+    # what is sampled: temperature, EOS, the length budget
     "sample_responses": ["rloo", "ppo_rlhf"],
-    "pack": ["rloo", "remax"],
     "packed_logprobs": ["rloo", "remax"],
+    # rewards: the reward model's score at the last real token, the math grader, process rewards
+    "token_scores": ["reward_model", *RL],
+    "outcome_reward": ["reward_model", *RL],
+    "reward_model_scores": ["rloo", "remax"],
+    "score_responses": ["rloo", "remax"],
     "math_verify_equal": MATH,
     "extract_answer": MATH,
     "success_reward": MATH,
-    "step_micro_batches": ["sft", "reward_model"],
+    "process_rewards": ["ppo_rlhf", "grpo_math"],
     "refine_step_rewards": ["ppo_rlhf", "grpo_math"],
     "reference_text": ["ppo_rlhf", "rloo", "remax", "dpo"],
-    "non_finite_policy": ["rloo", "remax"],
-    "check_finite_weights": ["rloo", "remax"],
-    # `eval/kl`, the x-axis of the benchmark's KL frontier: one estimator for every algorithm (tests/test_frontier.py)
-    "sampled_kl": RL,
-    "lr_lambda": ["sft", "reward_model", "dpo"],  # the learning-rate schedule
-    "disable_dropout": ["sft", "reward_model"],  # N+: dropout off, an explicit call in main
-    # which tokens count, KL, whitening and the reward model's score: the same in the scripts that copy them
-    "first_true_indices": ["ppo_rlhf", "rloo", "remax", "dpo"],
-    "truncate_response": ["ppo_rlhf", "rloo", "remax", "dpo"],
+    # KL and whitening
+    "kl_penalty": ["ppo_rlhf", "rloo", "remax"],
+    "sequence_kl": ["rloo", "remax"],
     "masked_mean": ["ppo_rlhf", "rloo"],
     "masked_var": ["ppo_rlhf", "rloo"],
     "masked_whiten": ["ppo_rlhf", "rloo"],
-    "kl_penalty": ["ppo_rlhf", "rloo", "remax"],
-    "padded_inputs": ["ppo_rlhf", "rloo", "remax"],
-    "token_scores": ["reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"],
-    "outcome_reward": ["reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"],
-    "process_rewards": ["ppo_rlhf", "grpo_math"],
+    # `eval/kl`, the x-axis of the benchmark's KL frontier: one estimator for every algorithm (tests/test_frontier.py)
+    "sampled_kl": RL,
 }
 
 
@@ -151,7 +153,7 @@ def test_no_plumbing_is_copied():
 
 @pytest.mark.parametrize("script", [*SCRIPTS, *sorted(PACKAGE.glob("*.py"))], ids=lambda p: p.name)
 def test_copied_helpers_match_the_canonical_ones(script):
-    """The tiny world's judges, wherever a script or the package's evaluation harness copies them."""
+    """benchmark/tiny_world.py's judge and answer parsers, where a script (or the package's evaluation) copies them."""
     canonical = _definitions(REPO / "benchmark" / "tiny_world.py")
     mine = _definitions(script)
     for name in COPIED:

@@ -16,6 +16,7 @@ import tyro
 from safetensors.torch import load_file
 
 import rloo
+from clean_rlhf_utils import data
 from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
@@ -172,7 +173,8 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(assets, scri
     plain_args = module.Args(
         prompt_template="{question}", reference_template="{answer}", use_chat_template=True, **common
     )
-    got = module.prepare_prompts(chat, tokenizer, chat_args, "train", 512, evaluation=True)
-    want = module.prepare_prompts(plain, tokenizer, plain_args, "train", 512, evaluation=True)
+    pieces = (module.reference_text, module.extract_answer)  # the script's reference response and gold answer
+    got = data.prepare_prompts(chat, tokenizer, chat_args, "train", 512, True, *pieces)
+    want = data.prepare_prompts(plain, tokenizer, plain_args, "train", 512, True, *pieces)
     assert got == want and got[0]["gold"] == "5" and got[0]["reference"] == answer
     assert tokenizer.decode(got[0]["prompt_ids"]).rstrip().endswith("<|assistant|>")  # ready for the answer

@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 import ppo_rlhf
 import remax
 import rloo
-from clean_rlhf_utils import runs
+from clean_rlhf_utils import engines, loading, runs
 from tests.faults import REPO, assert_same_run, env
 from tests.launch import launch_cmd
 
@@ -108,9 +108,12 @@ def lora_run(request, assets, tmp_path_factory):
     mod, arch, _ = SCRIPTS[script]
     out = tmp_path_factory.mktemp(f"lora-{script}")
     seen = {"loads": [], "refs": [], "saved": None}
-    load_pretrained, save_model = mod.load_pretrained, runs.save_model  # Run.finish calls the package's
+    # rloo.py and remax.py call the package's loader and LoraReference (`loading.`, `engines.`), ppo_rlhf.py its own
+    owner = {"load_pretrained": mod if hasattr(mod, "load_pretrained") else loading}
+    owner["LoraReference"] = mod if hasattr(mod, "LoraReference") else engines
+    load_pretrained, save_model = owner["load_pretrained"].load_pretrained, runs.save_model  # saved by Run.finish
 
-    def loading(cls, path, args, what, *a, **kw):
+    def recorded_load(cls, path, args, what, *a, **kw):
         seen["loads"].append((cls.__name__, what))
         return load_pretrained(cls, path, args, what, *a, **kw)
 
@@ -118,15 +121,15 @@ def lora_run(request, assets, tmp_path_factory):
         seen["saved"] = accelerator.unwrap_model(model)
         save_model(model, tokenizer, accelerator, path, prefix)
 
-    class Recorded(mod.LoraReference):
+    class Recorded(owner["LoraReference"].LoraReference):
         def __init__(self, policy):
             super().__init__(policy)
             seen["refs"].append(self)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mod, "load_pretrained", loading)
+        mp.setattr(owner["load_pretrained"], "load_pretrained", recorded_load)
         mp.setattr(runs, "save_model", saving)
-        mp.setattr(mod, "LoraReference", Recorded)
+        mp.setattr(owner["LoraReference"], "LoraReference", Recorded)
         _in_process(mod, _flags(assets, out, script, "full"))
     policy = seen["saved"].policy if script == "ppo_rlhf" else seen["saved"]
     return {
@@ -198,7 +201,7 @@ def test_lora_run_resumes_exactly_from_a_checkpoint(lora_run, assets):
     RNGs), then resumed: the metrics and the merged model/ of the uninterrupted run, to the bit."""
     mod, script, out = lora_run["mod"], lora_run["script"], lora_run["out"]
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mod.Run, "stop_requested", lambda self: True)
+        mp.setattr(runs.Run, "stop_requested", lambda self: True)  # the one Run class of every script
         with pytest.raises(SystemExit) as stopped:
             _in_process(mod, _flags(assets, out, script, "resumed"))
     assert stopped.value.code == 128 + signal.SIGTERM

@@ -233,8 +233,10 @@ def test_configure_deepspeed_sets_micro_batch_and_gradient_clipping(mod):
 
     config = {"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto"}
     accelerator = SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=SimpleNamespace(deepspeed_config=config)))
-    mod.configure_deepspeed(accelerator, 3, 0.5)
+    # the package's function, imported by name or called as `engines.configure_deepspeed` (rloo.py, remax.py)
+    configure_deepspeed = getattr(mod, "configure_deepspeed", None) or mod.engines.configure_deepspeed
+    configure_deepspeed(accelerator, 3, 0.5)
     assert config == {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 0.5}
-    mod.configure_deepspeed(accelerator, None, 0.25)  # None: accelerate reads it from the prepared dataloader
+    configure_deepspeed(accelerator, None, 0.25)  # None: accelerate reads it from the prepared dataloader
     assert config == {"train_micro_batch_size_per_gpu": 3, "gradient_clipping": 0.25}
-    mod.configure_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), 3, 0.5)  # no DeepSpeed
+    configure_deepspeed(SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=None)), 3, 0.5)  # no DeepSpeed

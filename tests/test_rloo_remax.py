@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import ppo_rlhf
 import remax
 import rloo
+from clean_rlhf_utils import data, loading, packing
 from tests.launch import launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,7 +128,9 @@ def _policy_logprobs(assets, seed=0):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox")
     seqs = torch.randint(3, 100, (8, 10))
-    packed = rloo.pack([s[:4].tolist() for s in seqs], [s[4:].tolist() for s in seqs], pad_id=1, capacity=20)
+    packed = packing.pack_sequences(
+        [s[:4].tolist() for s in seqs], [s[4:].tolist() for s in seqs], pad_id=1, capacity=20
+    )
     logprobs = rloo.packed_logprobs(model, packed, temperature=0.7)
     padding_mask = torch.zeros_like(logprobs, dtype=torch.bool)
     padding_mask[0, 3:] = True  # one response ended early
@@ -401,7 +404,7 @@ def test_packed_logprobs_and_sampler_logprobs_equal_each_sequence_alone(assets, 
     model = AutoModelForCausalLM.from_pretrained(assets / "models" / arch).eval()
     eos, pad = model.config.eos_token_id, 1
     queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
-    queries_t, qmask = rloo.left_pad(queries, pad)
+    queries_t, qmask = data.left_pad(queries, pad)
     responses, logprobs, entropy = rloo.sample_responses(model, queries_t, qmask, eos, pad, 12, temperature=0.9)
     assert responses.shape[1] <= 12 and (entropy >= 0).all()
     lists = []
@@ -409,7 +412,7 @@ def test_packed_logprobs_and_sampler_logprobs_equal_each_sequence_alone(assets, 
         n = row.index(eos) + 1 if eos in row else len(row)
         assert all(t == pad for t in row[n:])  # PAD after the first EOS
         lists.append(row[:n])
-    packed = rloo.pack(queries, lists, pad, capacity=64)
+    packed = packing.pack_sequences(queries, lists, pad, capacity=64)
     assert len(packed["input_ids"]) == 1  # all three share one row
     with torch.no_grad():
         together = rloo.packed_logprobs(model, packed, temperature=0.9)
@@ -424,7 +427,7 @@ def test_remax_greedy_baseline_sampler_matches_generate(assets):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama").eval()
     eos, pad = model.config.eos_token_id, 1
-    queries, qmask = remax.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad)
+    queries, qmask = data.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad)
     greedy, logprobs, _ = remax.sample_responses(model, queries, qmask, eos, pad, 12, 0.0)
     with torch.no_grad():
         ref = model.generate(
@@ -491,8 +494,8 @@ def test_synced_sampling_steps_until_every_rank_is_done(assets, mod, temperature
     inner = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama").eval()
     eos = inner.config.eos_token_id
     a, b = _Counting(inner, eos, eos_from=7), _Counting(inner, eos, eos_from=None)
-    qa, ma = mod.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 1)  # rows end at steps 3, 6, 5
-    qb, mb = mod.left_pad([[20, 21, 22], [23, 24, 25, 26]], 1)
+    qa, ma = data.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], 1)  # rows end at steps 3, 6, 5
+    qb, mb = data.left_pad([[20, 21, 22], [23, 24, 25, 26]], 1)
     alone_a, _ = _sample(mod, a, qa, ma, temperature, 0, synced=False)
     calls_a = len(a.rows)
     alone_b, _ = _sample(mod, b, qb, mb, temperature, 1, synced=False)
@@ -552,8 +555,8 @@ def test_a_local_dataset_ignores_the_hub_config(assets, mod, monkeypatch):
     def no_hub(*args, **kwargs):
         raise AssertionError("a local path went to the hub")
 
-    monkeypatch.setattr(mod, "require_hub", no_hub)
+    monkeypatch.setattr(loading, "require_hub", no_hub)  # load_split is the package's
     folder = assets / "tiny-math" / "gsm8k"
     for path in (folder, folder / "test.jsonl"):
-        ds = mod.load_split(str(path), "test", "main")
+        ds = loading.load_split(str(path), "test", "main")
         assert len(ds) > 0 and {"question", "answer"} <= set(ds.column_names)

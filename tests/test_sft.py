@@ -20,6 +20,13 @@ from clean_rlhf_utils import data, engines, loading
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets
 
 
+def tokenizer_of(args):
+    """sft.py's tokenizer, as its main loads it (`loading.load_tokenizer`)."""
+    return sft.load_tokenizer(
+        args.model_name_or_path, "--model-name-or-path", args.trust_remote_code, args.add_pad_token, args.revision
+    )
+
+
 def test_sft_loss_counts_only_response_tokens_hand_computed():
     # vocab of 2; example 0: 2 prompt tokens, response token 1 then EOS (id 0); example 1: 1 prompt token,
     # one response token, then 2 pad positions. Position t predicts label t+1.
@@ -65,7 +72,7 @@ def _args(assets, **kw):
 
 def test_tokenize_appends_eos_and_rejects_overlong_rows(assets):
     args = _args(assets)
-    tok = sft.load_tokenizer(args)
+    tok = tokenizer_of(args)
     rows = Dataset.from_list(
         [{"query": "SUBREDDIT: r/x\n\nTITLE: t\n\nPOST: p\n\nTL;DR:", "reference_response": " my dog"}]
     )
@@ -85,7 +92,7 @@ def test_tokenize_appends_eos_and_rejects_overlong_rows(assets):
 
 def test_malformed_rows_give_clear_errors(assets):
     args = _args(assets)
-    tok = sft.load_tokenizer(args)
+    tok = tokenizer_of(args)
     with pytest.raises(SystemExit, match="no field 'reference_response'"):
         sft.tokenize_split(Dataset.from_list([{"query": "q", "summary": "s"}]), tok, args, "train")
     with pytest.raises(SystemExit, match="empty response"):
@@ -97,8 +104,8 @@ def test_tokenizer_without_pad_token_is_an_error_unless_asked_to_add_one(assets,
     tok.pad_token = None
     tok.save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match="no pad token"):
-        sft.load_tokenizer(sft.Args(model_name_or_path=str(tmp_path)))
-    added = sft.load_tokenizer(sft.Args(model_name_or_path=str(tmp_path), add_pad_token=True))
+        tokenizer_of(sft.Args(model_name_or_path=str(tmp_path)))
+    added = tokenizer_of(sft.Args(model_name_or_path=str(tmp_path), add_pad_token=True))
     assert added.pad_token == "[PAD]" and added.pad_token_id != added.eos_token_id
 
 
@@ -199,7 +206,7 @@ def test_one_step_is_the_same_however_the_batch_is_split_into_micro_batches(asse
 
 def test_chat_template_wraps_the_prompt_as_a_user_turn(assets):
     args = _args(assets, use_chat_template=True, prompt_template="{question}", response_template="{answer}")
-    tok = sft.load_tokenizer(args)
+    tok = tokenizer_of(args)
     (ex,) = sft.tokenize_split(
         Dataset.from_list([{"question": "What is 2 + 2?", "answer": "#### 4"}]), tok, args, "train"
     )
@@ -217,7 +224,7 @@ def test_real_tldr_rows_fit_the_preset_with_one_eos():
         dataset_name_or_path=str(REAL / "tldr" / "sft"),
     )
     assert (args.max_prompt_length, args.max_response_length) == (512, 53)
-    tok = sft.load_tokenizer(args)
+    tok = tokenizer_of(args)
     for split in ("train", "validation", "test"):
         rows = loading.load_split(args.dataset_name_or_path, split)
         for ex, row in zip(sft.tokenize_split(rows, tok, args, split), rows, strict=True):
@@ -236,7 +243,7 @@ def test_conversational_rows_are_rendered_with_the_chat_template(assets):
     prompt's turns in the tokenizer's chat template with the generation prompt, and the last assistant turn's text
     as the response (one EOS appended): the same token ids as `--use-chat-template` on the plain-text row."""
     plain = {"query": "my dog ate my rent", "reference_response": " dog ate rent"}
-    tok = sft.load_tokenizer(_args(assets))
+    tok = tokenizer_of(_args(assets))
     (want,) = sft.tokenize_split(Dataset.from_list([plain]), tok, _args(assets, use_chat_template=True), "train")
     user, assistant = {"role": "user", "content": plain["query"]}, {"role": "assistant", "content": " dog ate rent"}
     for row, templates in [

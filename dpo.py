@@ -70,9 +70,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import os
 import re
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -86,12 +84,13 @@ import tyro
 from accelerate.utils import set_seed
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import (
     collate_preference_pairs,
     left_pad,
+    prepare_prompts,
     prompt_token_ids,
     render,
     tokenize_preference_pairs,
@@ -113,7 +112,14 @@ from clean_rlhf_utils.engines import (
 )
 from clean_rlhf_utils.evaluation import evaluate_dpo
 from clean_rlhf_utils.generation import done_future, sampled_pairs_from_json
-from clean_rlhf_utils.loading import check_pad_token_in_embedding, load_pretrained, load_split, load_tokenizer
+from clean_rlhf_utils.loading import (
+    check_pad_token_in_embedding,
+    load_pretrained,
+    load_reward_model,
+    load_split,
+    load_tokenizer,
+    model_positions,
+)
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.runs import Run, check_dpo_args, check_dpo_steps, dpo_loop_state, stop_dpo_non_finite
 
@@ -581,26 +587,6 @@ def sample_pairs(
     return {"pairs": pairs, "valid": high != low, "version": version, "stats": stats, "gen_time": time.time() - t0}
 
 
-def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
-    for module in (m for model in models if model is not None for m in model.modules()):
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-
-
-def lr_lambda(schedule: str, warmup: int, total: int):
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, total - warmup)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0 - progress if schedule == "linear" else 1.0
-
-    return f
-
-
 # ----------------------------------------------------------------------------------------------------
 # main: the training loop, as numbered steps (the module docstring says what each does)
 # ----------------------------------------------------------------------------------------------------
@@ -636,15 +622,16 @@ def main(args: Args) -> dict:
     if args.reward_model_path and (args.judge == "rm" or not online):
         reward_model = load_reward_model(args, tokenizer)
         disable_dropout(reward_model)
+        reward_model.config.pad_token_id = tokenizer.pad_token_id  # its forward refuses batches without a pad id
 
     # ---- 3. data: every field training and evaluation use is checked now, before the first update ----
-    pad, positions = tokenizer.pad_token_id, model_positions(policy)
+    pad, positions = tokenizer.pad_token_id, model_positions(policy.config)
     eval_rows, eval_pairs = [], []
     if args.num_eval_examples > 0:
         flag = "--prompt-dataset-name-or-path"
         ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config, flag)
         ds = ds.select(range(min(args.num_eval_examples, len(ds))))
-        eval_rows = prepare_prompts(ds, tokenizer, args, args.eval_split, positions, evaluation=True)
+        eval_rows = prepare_prompts(ds, tokenizer, args, args.eval_split, positions, True, reference_text)
     if args.num_eval_pairs > 0:
         ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
         ds = ds.select(range(min(args.num_eval_pairs, len(ds))))
@@ -657,7 +644,10 @@ def main(args: Args) -> dict:
     if args.max_train_samples:
         ds = ds.select(range(min(args.max_train_samples, len(ds))))
     if online:
-        train = prepare_prompts(ds, tokenizer, args, args.train_split, positions, evaluation=False)
+        facts = "--judge gold" if args.judge == "gold" else None  # the gold judge reads the prompts' facts
+        train = prepare_prompts(
+            ds, tokenizer, args, args.train_split, positions, False, reference_text, train_facts=facts
+        )
     else:
         train = tokenize_pairs(ds, tokenizer, args, args.train_split, positions)
 
@@ -696,9 +686,8 @@ def main(args: Args) -> dict:
         t0 = time.time()
         cache_reference_logprobs(ref_policy, train, pad, args, accelerator, forward_logprobs)
         cache_reference_logprobs(ref_policy, eval_pairs, pad, args, accelerator, forward_logprobs)
-        accelerator.print(
-            f"cached reference logprobs of {len(train) + len(eval_pairs)} pairs in {time.time() - t0:.1f}s"
-        )
+        n = len(train) + len(eval_pairs)
+        accelerator.print(f"cached reference logprobs of {n} pairs in {time.time() - t0:.1f}s")
         if not args.eval_kl:  # every pair now carries its reference logprobs: free the model
             ref_policy = None
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -707,14 +696,10 @@ def main(args: Args) -> dict:
     accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
     unwrapped = accelerator.unwrap_model(policy)
     run.begin()
+    threads_note = f", async generation ({gen_threads or 'default'} generator threads, {threads} learner threads)"
     accelerator.print(
         f"run {args.run_name}: {args.mode} DPO ({args.loss_type}, beta {args.beta}), {total_steps} steps of "
-        f"{batch_pairs} pairs"
-        + (
-            f", async generation ({gen_threads or 'default'} generator threads, {threads} learner threads)"
-            if asynchronous
-            else ""
-        )
+        f"{batch_pairs} pairs" + (threads_note if asynchronous else "")
     )
     # the evaluations take this script's logprobs, losses, truncation, judges and KL estimate, by name
     pieces = dict(forward_logprobs=forward_logprobs, pair_losses=pair_losses, implicit_accuracy=implicit_accuracy)
@@ -844,9 +829,29 @@ def main(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Truncation, the judges (reward model, tiny world's gold judge) and evaluation's KL estimate: algorithmic
-# pieces copied between scripts, kept equal by tests/test_conventions.py
+# Dropout off, the learning-rate schedule, truncation, the judges (reward model, tiny world's gold judge) and
+# evaluation's KL estimate: algorithmic pieces copied between scripts, kept equal by tests/test_conventions.py
 # ----------------------------------------------------------------------------------------------------
+
+
+def disable_dropout(*models) -> None:
+    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
+    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    for module in (m for model in models if model is not None for m in model.modules()):
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress if schedule == "linear" else 1.0
+
+    return f
 
 
 def first_true_indices(bools: torch.Tensor, dtype=torch.long) -> torch.Tensor:
@@ -970,40 +975,6 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
 # ----------------------------------------------------------------------------------------------------
 
 
-def load_reward_model(args: Args, tokenizer):
-    """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
-    one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
-    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
-    causal LM) loads with a random head: a warning."""
-    path, flag = args.reward_model_path, "--reward-model-path"
-    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
-    kind = getattr(model.config, "reward_type", "outcome")
-    if kind != "outcome":
-        raise SystemExit(
-            f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
-            "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
-        )
-    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
-        print(
-            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
-            "head is untrained, so the rewards are noise",
-            file=sys.stderr,
-        )
-    try:
-        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
-    except (OSError, ValueError, KeyError, TypeError):
-        rm_vocab = None  # no tokenizer saved with it: nothing to compare
-    if rm_vocab is not None:
-        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
-        if differ:
-            raise SystemExit(
-                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
-            )
-    model.config.pad_token_id = tokenizer.pad_token_id  # its own forward refuses batches without a pad id
-    return model.eval().requires_grad_(False)
-
-
 def reference_text(row: dict, index: int, split: str, args: Args) -> str:
     """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
     (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
@@ -1019,69 +990,9 @@ def reference_text(row: dict, index: int, split: str, args: Args) -> str:
     return text
 
 
-def model_positions(model) -> int | None:
-    """The longest sequence the model's position embeddings cover (None when its config does not say)."""
-    config = model.config
-    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-
-
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None = None) -> list[dict]:
-    """The preference pairs of a split, checked and tokenized (`data.tokenize_preference_pairs`, this script's
-    prompts)."""
+    """The preference pairs of a split, checked and tokenized (`data.tokenize_preference_pairs`)."""
     return tokenize_preference_pairs(ds, tokenizer, args, split, max_positions, prompt_token_ids)
-
-
-def prepare_prompts(
-    ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None, evaluation: bool
-) -> list[dict]:
-    """Prompt token ids plus what the judge and evaluation need: the reference response and the key facts
-    (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at an evaluation
-    hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than `--response-length` of the
-    model's positions, is an error (or dropped with `--drop-overlong`)."""
-    rows, dropped = [], 0
-    needs_reference = evaluation and args.eval_task == "tldr"
-    needs_facts = needs_reference or (not evaluation and args.mode == "online" and args.judge == "gold")
-    for i, row in enumerate(ds):
-        ids = prompt_token_ids(row, i, split, tokenizer, args)
-        too_long = len(ids) > args.max_prompt_length
-        no_room = max_positions is not None and len(ids) + args.response_length > max_positions
-        if too_long or no_room:
-            if args.drop_overlong:
-                dropped += 1
-                continue
-            if too_long:
-                raise SystemExit(
-                    f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
-                    f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong."
-                )
-            raise SystemExit(
-                f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
-                f"{args.response_length} more tokens do not fit the {max_positions} positions of "
-                f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
-                f"{args.max_prompt_length}) with --drop-overlong, or --response-length"
-            )
-        item = {"prompt_ids": ids, "reference": None, "facts": None}
-        if needs_reference:
-            item["reference"] = reference_text(row, i, split, args)
-        if needs_facts:
-            facts = row.get("facts")
-            if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
-                why = "--eval-task tldr" if needs_reference else "--judge gold"
-                raise SystemExit(
-                    f"error: row {i} of split '{split}': {why} judges summaries by the row's 'facts' "
-                    f"(a list of words, as in tiny-tldr), but it is {str(facts)[:60]!r}; use --eval-task "
-                    "none and --judge rm for other data"
-                )
-            item["facts"] = facts
-        rows.append(item)
-    if dropped:
-        print(
-            f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
-            f"{args.max_prompt_length} or than the model's positions less --response-length"
-        )
-    if not rows:
-        raise SystemExit(f"error: no usable prompts in split '{split}'")
-    return rows
 
 
 if __name__ == "__main__":

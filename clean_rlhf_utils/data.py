@@ -545,16 +545,27 @@ def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args) -> list
 
 
 def prepare_prompts(
-    ds, tokenizer, args, split: str, max_positions: int | None, evaluation: bool, reference_text, extract_answer
+    ds,
+    tokenizer,
+    args,
+    split: str,
+    max_positions: int | None,
+    evaluation: bool,
+    reference_text,
+    extract_answer=None,
+    train_facts: str | None = None,
 ) -> list[dict]:
     """Prompt token ids plus what the reward and evaluation need: the reference response (the script's
     `reference_text(row, index, split, args)`), the gold answer (math: `extract_answer(reference, answer_format)`) and
     the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
     an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
-    `--response-length` of the model's positions, is an error (or dropped with `--drop-overlong`)."""
+    `--response-length` of the model's positions, is an error (or dropped with `--drop-overlong`). `train_facts`: the
+    flag that makes the training prompts need the facts too (dpo.py's `--judge gold`); None: evaluation only."""
     rows, dropped = [], 0
-    needs_gold = args.reward_source == "math" or (evaluation and args.eval_task in ("gsm8k", "boxed"))
+    needs_gold = getattr(args, "reward_source", None) == "math" or (evaluation and args.eval_task in ("gsm8k", "boxed"))
     needs_reference = needs_gold or (evaluation and args.eval_task == "tldr")
+    needs_facts = (evaluation and args.eval_task == "tldr") or (not evaluation and train_facts is not None)
+    why, hint = ("--eval-task tldr" if evaluation else train_facts), f" and not {train_facts}" if train_facts else ""
     for i, row in enumerate(ds):
         ids = prompt_token_ids(row, i, split, tokenizer, args)
         too_long = len(ids) > args.max_prompt_length
@@ -585,13 +596,13 @@ def prepare_prompts(
                     f"final answer in the {args.answer_format} format (--reference-template, "
                     "--answer-format)"
                 )
-        if evaluation and args.eval_task == "tldr":
+        if needs_facts:
             facts = row.get("facts")
             if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
                 found = "has none" if facts is None else f"holds {str(facts)[:60]!r}"
                 raise SystemExit(
-                    f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
-                    f"'facts' (a list of words, as in tiny-tldr), but it {found}; use --eval-task none "
+                    f"error: row {i} of split '{split}': {why} judges summaries by the row's "
+                    f"'facts' (a list of words, as in tiny-tldr), but it {found}; use --eval-task none{hint} "
                     "for other data"
                 )
             item["facts"] = facts

@@ -367,3 +367,8 @@ def check_policy_fits(policy, tokenizer, flag: str, path: str, response_length: 
             f"{max_positions} positions of {flag} (max_position_embeddings)"
         )
     return max_positions
+
+
+def model_positions(config) -> int | None:
+    """The longest sequence the model's position embeddings cover (None when its config does not say)."""
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)

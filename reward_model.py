@@ -68,7 +68,13 @@ from clean_rlhf_utils.args import DataArgs, ModelArgs, OptimArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
 from clean_rlhf_utils.engines import backward_share, configure_deepspeed, global_count, zero3
 from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
-from clean_rlhf_utils.loading import load_checked_tokenizer, load_config, load_split, load_train_and_eval_rows
+from clean_rlhf_utils.loading import (
+    load_checked_tokenizer,
+    load_config,
+    load_split,
+    load_train_and_eval_rows,
+    model_positions,
+)
 from clean_rlhf_utils.packing import check_pair_packing, pack_reward_pairs, packed_pair_rewards
 from clean_rlhf_utils.runs import loop_state, start_run, training_metrics
 
@@ -716,11 +722,6 @@ def margin_value(row: dict, where: str, args: Args) -> float:
             f"error: {where}: the margin (--margin-field {args.margin_field}) must be a finite number; got {got}"
         )
     return float(value)
-
-
-def model_positions(config) -> int | None:
-    """The longest sequence the model's position embeddings cover (None when its config does not say)."""
-    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 def check_length(ids: list[int], args: Args, where: str, positions: int | None = None) -> bool:

@@ -10,6 +10,7 @@ import contextlib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers import AttentionInterface
 
 
 def pack_reward_pairs(chosen: list[list[int]], rejected: list[list[int]], pad_id: int) -> dict:
@@ -355,6 +356,9 @@ def attend_gathered(query, key, value, starts, lengths, **sdpa) -> torch.Tensor:
         by_sequence(query), by_sequence(key), by_sequence(value), is_causal=True, **sdpa
     )
     return out.transpose(1, 2)[valid][None]
+
+
+AttentionInterface.register("packed_sdpa", packed_sdpa_attention)
 
 
 def use_packed_attention(model):

@@ -48,6 +48,7 @@ Usage:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import time
@@ -59,13 +60,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from clean_rlhf_utils import loading
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import left_pad, prepare_prompts, prompt_loader, render, whole_field_messages
+from clean_rlhf_utils.data import left_pad, prompt_loader, render, whole_field_messages
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
@@ -76,8 +77,7 @@ from clean_rlhf_utils.engines import (
     prepare_frozen,
     zero3,
 )
-from clean_rlhf_utils.evaluation import evaluate_greedy_responses, gold_judge
-from clean_rlhf_utils.loading import load_split
+from clean_rlhf_utils.loading import load_trained_reward_model, load_value_model
 from clean_rlhf_utils.packing import (
     body_of,
     check_one_row_packing,
@@ -87,14 +87,17 @@ from clean_rlhf_utils.packing import (
     padded_attention,
     use_packed_attention,
 )
-from clean_rlhf_utils.runs import (
-    Run,
-    log_global_means,
-    sample_or_stop,
-    start_run,
-    stop_unless_finite,
-    updates_in_budget,
+from clean_rlhf_utils.ppo_plumbing import (
+    batch_sizes,
+    check_ppo_args,
+    evaluate_ppo,
+    load_prompts,
+    log_evaluation,
+    resume,
+    set_pad_token_id,
+    statistics_to_log,
 )
+from clean_rlhf_utils.runs import log_global_means, sample_or_stop, start_run, stop_unless_finite
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -562,8 +565,7 @@ def disable_dropout(*models) -> None:
 
 
 def main(args: Args) -> dict:
-    # the flags checked (`check_ppo_args`: PPO's own), the run directory claimed (a used one is refused now); endless
-    # prompt loader: no sync_with_dataloader
+    # the flags checked (PPO's own too), the run directory claimed (a used one is refused now); the loader is endless
     accelerator, run = start_run(args, PRESETS, sync_with_dataloader=False, check=check_ppo_args)
     set_seed(args.seed)
     device = accelerator.device
@@ -571,34 +573,26 @@ def main(args: Args) -> dict:
 
     # ---- models: policy + value (trained), reference + reward model (frozen), all with dropout off (N+: rollout and
     # training logprobs agree); data: every field that training and evaluation use is checked now ----
-    tokenizer = loading.load_tokenizer(
-        args.sft_model_path, "--sft-model-path", args.trust_remote_code, args.add_pad_token
-    )
+    path, flag = args.sft_model_path, "--sft-model-path"
+    tokenizer = loading.load_tokenizer(path, flag, args.trust_remote_code, args.add_pad_token)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    policy = loading.load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    loading.check_pad_token_in_embedding(tokenizer, policy, args.sft_model_path)
+    policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "policy", flag)
+    loading.check_pad_token_in_embedding(tokenizer, policy, path)
     policy = add_lora(policy, args)  # --lora-r: on the policy only; the value model is trained in full (as TRL)
-    train_rows, eval_rows = load_prompts(args, tokenizer, policy.config)
+    train_rows, eval_rows = load_prompts(args, tokenizer, policy.config, reference_text, extract_answer)
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
-        ref_policy = loading.load_pretrained(
-            AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path"
-        )
+        ref_policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "reference", flag)
         ref_policy.eval().requires_grad_(False)
-    reward_model, prm = None, None
-    if args.reward_source == "model":
-        path, flag = args.reward_model_path, "--reward-model-path"
-        reward_model = loading.load_trained_reward_model(args, tokenizer, path, flag, "outcome")
-    if args.prm_path:
-        prm = loading.load_trained_reward_model(args, tokenizer, args.prm_path, "--prm-path", "process")
-    value_model = loading.load_value_model(args, tokenizer)
+    reward_model = load_trained_reward_model(args, tokenizer, "outcome") if args.reward_source == "model" else None
+    prm = load_trained_reward_model(args, tokenizer, "process") if args.prm_path else None
+    value_model = load_value_model(args, tokenizer)
     disable_dropout(policy, ref_policy, value_model, reward_model, prm)  # before any forward pass
     set_pad_token_id(pad_id, generators=(policy, ref_policy), scorers=(value_model, reward_model, prm))
     for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows
         use_packed_attention(m)
 
-    # shuffled by its own generator, seeded
-    loader = prompt_loader(
+    loader = prompt_loader(  # shuffled by its own generator, seeded
         train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
     )
     model = PolicyAndValue(policy, value_model)
@@ -613,6 +607,10 @@ def main(args: Args) -> dict:
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
     unwrapped = accelerator.unwrap_model(model)
     check_one_row_packing(unwrapped.policy)
+    # greedy responses to the evaluation prompts, judged with this script's truncation, reward and KL estimate
+    models = (unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+    pieces = (truncate_response, padded_inputs, outcome_reward, sampled_kl, success_reward)
+    evaluate = functools.partial(evaluate_ppo, *models, pieces)
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
     synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
     lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
@@ -623,9 +621,9 @@ def main(args: Args) -> dict:
         return {"step": update, "episode": update * batch_size, "kl_coef": kl_coef, "metrics": metrics}
 
     iterator = (batch for _ in itertools.count() for batch in loader)  # endless: epoch after epoch
-    start, metrics = resume(run, kl_ctl, iterator)  # on resume: the weights, optimizer, RNGs and the loop's counters
+    start, metrics = resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
     if metrics is None:  # before training (on resume it is in metrics.jsonl already)
-        metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+        metrics = evaluate()
         log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
@@ -644,20 +642,12 @@ def main(args: Args) -> dict:
             queries, qmask = left_pad(prompts, pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
             # R <= response_length columns (fewer when all stop early); --stop-token none: an id no token has (N+)
+            stop_id = eos_id if args.stop_token == "eos" else -1
+            sampler = (unwrapped.policy, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
+            error = f"non-finite policy logits while sampling at update {update}: {lower_lr} or check {flag}"
             with padded_attention(unwrapped.policy):
                 responses, sampled_logprobs, sampled_entropy = sample_or_stop(
-                    run,
-                    loop_state(update - 1),
-                    f"non-finite policy logits while sampling at update {update}: {lower_lr} or check --sft-model-path",
-                    sample_responses,
-                    unwrapped.policy,
-                    queries,
-                    qmask,
-                    eos_id if args.stop_token == "eos" else -1,
-                    pad_id,
-                    args.response_length,
-                    args.temperature,
-                    synced=synced,
+                    run, loop_state(update - 1), error, sample_responses, *sampler, synced=synced
                 )
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
@@ -804,7 +794,7 @@ def main(args: Args) -> dict:
             logged = log_global_means(run, accelerator, tensors, scalars, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+            metrics = evaluate()
             log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
@@ -1060,174 +1050,11 @@ def process_rewards(
 # --------------------------------------------------------------------------------------------------
 
 
-def check_ppo_args(args: Args) -> None:
-    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones): a one-line error."""
-    for flag, value in (("--cliprange", args.cliprange), ("--cliprange-value", args.cliprange_value)):
-        if value <= 0:
-            raise SystemExit(f"error: {flag} is {value}; it must be above 0")
-    for flag, value in (("--gamma", args.gamma), ("--lam", args.lam)):
-        if not 0 <= value <= 1:
-            raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
-    if args.kl_coef < 0:
-        raise SystemExit(
-            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
-        )
-    if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
-        raise SystemExit(
-            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
-            f"{args.target_kl} and {args.kl_horizon})"
-        )
-    if args.reward_source == "model" and args.reward_model_path is None:
-        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
-    if args.prm_path is None and args.prm_refine != "none":
-        raise SystemExit(
-            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
-        )
-
-
-def batch_sizes(args: Args, accelerator: Accelerator) -> tuple[int, int, int, int, bool]:
-    """(minibatch, micro-batch, batch of all processes, updates, separate_backward), or a one-line error."""
-    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
-    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
-    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
-        raise SystemExit(
-            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
-            f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
-            f"{args.gradient_accumulation_steps} equal micro-batches"
-        )
-    batch_size, num_updates = updates_in_budget(args, accelerator.num_processes)
-    separate_backward = (
-        args.separate_backward
-        if args.separate_backward is not None
-        else accelerator.distributed_type == DistributedType.NO
-    )
-    if separate_backward and accelerator.distributed_type != DistributedType.NO:
-        raise SystemExit(
-            f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
-            "policy and value model are one engine that takes one backward pass per step (leave --separate-backward "
-            "unset)"
-        )
-    return mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward
-
-
-def load_prompts(args: Args, tokenizer, config) -> tuple[list[dict], list[dict]]:
-    """The training and evaluation prompts (`prepare_prompts`), every field checked now, before the first update."""
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(
-        train_ds, tokenizer, args, args.train_split, max_positions, False, reference_text, extract_answer
-    )
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
-    eval_rows = prepare_prompts(
-        eval_ds, tokenizer, args, args.eval_split, max_positions, True, reference_text, extract_answer
-    )
-    if len(train_rows) < args.per_device_batch_size:  # the endless loader would never yield a batch
-        raise SystemExit(
-            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
-            f"batch of --per-device-batch-size {args.per_device_batch_size}"
-        )
-    return train_rows, eval_rows
-
-
-def set_pad_token_id(pad_id: int, generators: tuple, scorers: tuple) -> None:
-    """The pad id for `generate` (the policy and reference) and for the classifiers' own forward, which refuses batches
-    without one (the score is read by position)."""
-    for m in generators:
-        if m is not None:
-            m.generation_config.pad_token_id = pad_id
-    for m in scorers:
-        if m is not None:
-            m.config.pad_token_id = pad_id
-
-
 def keep_sampler_logprobs(args: Args, accelerator: Accelerator) -> bool:
     """`--sampler-logprobs`; default: on in float32 without mixed precision, where they equal the forward pass's."""
     if args.sampler_logprobs is not None:
         return args.sampler_logprobs
     return args.dtype == "float32" and accelerator.mixed_precision == "no"
-
-
-def resume(run: Run, kl_ctl: AdaptiveKLController | None, iterator) -> tuple[int, dict | None]:
-    """With `--resume`: the checkpoint's weights, optimizer and RNGs loaded (`Run.resume`), the adaptive KL coefficient
-    restored and the prompts the finished updates drew replayed; returns (updates done, last evaluation). A new run:
-    (0, None)."""
-    state = run.resume()
-    if not state:
-        return 0, None
-    if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
-        kl_ctl.value = state["kl_coef"]
-    for _ in range(state["step"]):  # the loader's own generator, no compute
-        next(iterator)
-    return state["step"], state["metrics"]
-
-
-STATISTICS = {  # `ppo_micro_batch`'s statistics, averaged over the micro-batches of every process
-    "approxkl": "policy/approxkl_avg",
-    "clipfrac": "policy/clipfrac_avg",
-    "pg_loss": "loss/policy_avg",
-    "vf_loss": "loss/value_avg",
-    "vf_clipfrac": "val/clipfrac_avg",
-    "ratio": "val/ratio",
-}
-
-
-def statistics_to_log(per_row: dict, stats: list[dict], step_rewards, n_steps) -> dict:
-    """The tensors whose means over every process are logged (`runs.log_global_means`): the rollout's `per_row`, the
-    micro-batches' `stats` and the process rewards and steps, if any."""
-    tensors = per_row | {name: torch.stack([s[k] for s in stats]) for k, name in STATISTICS.items()}
-    if step_rewards is not None:
-        tensors["objective/process_reward"] = step_rewards.sum(1)
-        tensors["objective/num_steps"] = torch.tensor(n_steps, dtype=torch.float, device=step_rewards.device)
-    return tensors
-
-
-def log_evaluation(run: Run, accelerator: Accelerator, metrics: dict, step: int, episode: int, when: str) -> None:
-    run.log(metrics, step, episode)
-    accelerator.print(f"{when}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-
-
-def evaluate(
-    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
-) -> dict:
-    """Greedy responses to the evaluation prompts, truncated after EOS, scored by the reward model if any and the
-    task's judge (`evaluation.evaluate_greedy_responses`); with `--eval-kl`, the sampled KL to the reference."""
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-
-    def score(queries, responses):  # the reward model at the last real token, plus its bias (`outcome_reward`)
-        inputs = padded_inputs(torch.cat([queries, responses], 1), pad_id)
-        return outcome_reward(reward_model, inputs["input_ids"], inputs["attention_mask"]).tolist()
-
-    def kl(queries, qmask):
-        return sampled_kl(policy, reference, queries, qmask, args.response_length, pad_id, eos_id, zero3(accelerator))
-
-    def judge(text: str, row: dict) -> dict:
-        if args.eval_task == "tldr":
-            gold, reference_gold = gold_judge(text, row["facts"]), gold_judge(row["reference"], row["facts"])
-            return {
-                "gold_reward": gold,
-                "win_rate": 1.0 if gold > reference_gold else 0.5 if gold == reference_gold else 0.0,
-            }
-        if args.eval_task in ("gsm8k", "boxed"):
-            return {"accuracy": success_reward(text, row["gold"], args.answer_format)}
-        return {}
-
-    with_kl = args.eval_kl and reference is not None
-    # (LoRA) the reference is the policy itself, whose attention is switched with it
-    frozen = reference.policy[0] if isinstance(reference, LoraReference) else reference
-    return evaluate_greedy_responses(
-        policy,
-        tokenizer,
-        rows,
-        accelerator,
-        args.per_device_eval_batch_size,
-        args.response_length,
-        truncate=lambda responses: truncate_response(responses, eos_id, pad_id),
-        judge=judge,
-        score=score if reward_model is not None else None,
-        kl=kl if with_kl else None,
-        frozen=(reward_model, frozen if with_kl else None),
-    )
 
 
 @torch.no_grad()

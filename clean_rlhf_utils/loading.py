@@ -385,12 +385,14 @@ def check_same_token_ids(tokenizer, path: str, flag: str) -> None:
             )
 
 
-def load_trained_reward_model(args, tokenizer, path: str, flag: str, kind: str):
-    """A frozen reward model saved by reward_model.py (a sequence classifier with one label), checked before training:
+def load_trained_reward_model(args, tokenizer, kind: str):
+    """The frozen reward model at `--reward-model-path` (`kind` "outcome") or `--prm-path` ("process"), saved by
+    reward_model.py (a sequence classifier with one label), checked before training:
     its checkpoint holds a trained score head (`load_pretrained`), it is of `kind` (config.reward_type, "outcome" or
     "process"; a process one scores the steps of a solution at its `step_separator`), its tokenizer gives every token
     the policy's id (`check_same_token_ids`) and its embedding covers the policy's tokens. Its dropout is the caller's
     to turn off."""
+    path, flag = (args.prm_path, "--prm-path") if kind == "process" else (args.reward_model_path, "--reward-model-path")
     what = "process reward model" if kind == "process" else "reward model"
     model = load_pretrained(AutoModelForSequenceClassification, path, args, what, flag, trained_head=True, num_labels=1)
     found = getattr(model.config, "reward_type", "outcome")

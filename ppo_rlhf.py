@@ -64,9 +64,9 @@ from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from clean_rlhf_utils import loading
+from clean_rlhf_utils import data, loading
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import left_pad, prompt_loader, render, whole_field_messages
+from clean_rlhf_utils.data import left_pad, prompt_loader, whole_field_messages
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
@@ -99,6 +99,7 @@ from clean_rlhf_utils.ppo_plumbing import (
 )
 from clean_rlhf_utils.runs import log_global_means, sample_or_stop, start_run, stop_unless_finite
 
+render = functools.partial(data.render, null_as_missing=True)  # by name in reference_text (a null field's wording)
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
 

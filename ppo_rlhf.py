@@ -65,7 +65,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from clean_rlhf_utils import data, loading
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs
 from clean_rlhf_utils.data import left_pad, prompt_loader, whole_field_messages
 from clean_rlhf_utils.engines import (
     LoraReference,
@@ -104,17 +104,14 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
-    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
+class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (RLArgs: the models, prompts, reward source, sampling length and
+    # temperature, evaluation; a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "ppo"
     """name of this experiment; the run name starts with it"""
 
     # ---- models ----
-    sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
-    """the SFT model: initial policy and frozen reference (hub name or local directory)"""
-    reward_model_path: str | None = "vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr"
-    """the outcome reward model (saved by reward_model.py); None with `reward_source=math`"""
     value_model_path: str | None = None
     """initial value model; default: the reward model (N+), or the SFT model with a fresh head when there is none"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -126,26 +123,14 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     and full-sequence kernels differ enough to move the first ratio off 1 (the N+ reason to recompute them)"""
 
     # ---- data ----
-    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
-    """prompts: hub dataset, `save_to_disk` folder, folder of `{split}.jsonl|json|parquet`, or one such file"""
-    dataset_config: str | None = None
-    """dataset configuration name on the hub (e.g. `main` for openai/gsm8k)"""
-    train_split: str = "train"
-    """split to sample prompts from"""
     prompt_template: str = "{query}"
     """Python format string building the prompt from a row's fields; a field alone (`{prompt}`) that holds chat
     messages (TRL's conversational format) is rendered with the tokenizer's chat template"""
     reference_template: str = "{reference_response}"
     """format string of the reference response (win rate on tiny-tldr, gold answer on math); a field alone holding chat
     messages gives its assistant turns"""
-    max_prompt_length: int = 512
-    """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong`"""
 
     # ---- reward ----
-    reward_source: Literal["model", "math"] = "model"
-    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
-    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
-    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
     prm_path: str | None = None
     """(math) a process reward model (reward_model.py --objective process) adding per-step rewards"""
     prm_coef: float = 1.0
@@ -157,10 +142,6 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     solution gets 0); `clip_delta` clips, then takes differences; `none` is alpha * r_k"""
     prm_clip_eta: float = 0.5
     """(math) threshold eta of the Clip refinement, in units of the PRM's probability that a step is right"""
-    non_eos_penalty: bool = True
-    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
-    penalty_reward_value: float = -1.0
-    """score of a response that never ends (N+: -1)"""
     stop_token: Literal["eos", "none"] = "eos"
     """`eos`: a response ends at its first EOS (sampling stops there, the rest is padding); `none`: every response is
     `response_length` sampled tokens, kept whole, EOS included (as N+ samples with min_new_tokens); the score then
@@ -183,12 +164,6 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """passes over each batch (N+: 4)"""
     learning_rate: float = 3e-6
     """AdamW learning rate of policy and value (N+: 3e-6)"""
-    anneal_lr: bool = True
-    """decay the learning rate linearly to 0 over the updates (N+)"""
-    response_length: int = 53
-    """tokens sampled per response (N+: 53)"""
-    temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (N+: 0.05)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
@@ -211,19 +186,6 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """value loss weight (N+: 0.1)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards before GAE (off in N+)"""
-
-    # ---- evaluation and logging ----
-    eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
-    """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
-    eval_every: int = 50
-    """evaluate every N updates (and before the first and after the last)"""
-    num_eval_examples: int = 200
-    """evaluation prompts"""
-    eval_kl: bool = False
-    """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
-    estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
-    per_device_eval_batch_size: int = 32
-    """prompts per device at evaluation"""
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16

@@ -48,7 +48,8 @@ Usage:
 
 from __future__ import annotations
 
-import os
+import functools
+import itertools
 import re
 import time
 from dataclasses import dataclass
@@ -59,27 +60,24 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, set_seed
-from datasets import Dataset
+from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import chat_messages, left_pad, template_fields, whole_field_messages
+from clean_rlhf_utils import data, loading
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs
+from clean_rlhf_utils.data import left_pad, prompt_loader, whole_field_messages
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
     backward_share,
     configure_deepspeed,
-    cpu_threads,
     global_count,
-    make_accelerator,
     peak_mem_gb,
     prepare_frozen,
     zero3,
 )
-from clean_rlhf_utils.evaluation import evaluate_greedy_responses
-from clean_rlhf_utils.loading import ensure_pad_token, load_split, require_hub
+from clean_rlhf_utils.loading import load_trained_reward_model, load_value_model
 from clean_rlhf_utils.packing import (
     body_of,
     check_one_row_packing,
@@ -89,23 +87,31 @@ from clean_rlhf_utils.packing import (
     padded_attention,
     use_packed_attention,
 )
-from clean_rlhf_utils.runs import Run, check_args
+from clean_rlhf_utils.ppo_plumbing import (
+    batch_sizes,
+    check_ppo_args,
+    evaluate_ppo,
+    load_prompts,
+    log_evaluation,
+    resume,
+    set_pad_token_id,
+    statistics_to_log,
+)
+from clean_rlhf_utils.runs import log_global_means, sample_or_stop, start_run, stop_unless_finite
 
+render = functools.partial(data.render, null_as_missing=True)  # by name in reference_text (a null field's wording)
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
-    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
+class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (RLArgs: the models, prompts, reward source, sampling length and
+    # temperature, evaluation; a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     exp_name: str = "ppo"
     """name of this experiment; the run name starts with it"""
 
     # ---- models ----
-    sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
-    """the SFT model: initial policy and frozen reference (hub name or local directory)"""
-    reward_model_path: str | None = "vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr"
-    """the outcome reward model (saved by reward_model.py); None with `reward_source=math`"""
     value_model_path: str | None = None
     """initial value model; default: the reward model (N+), or the SFT model with a fresh head when there is none"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -117,26 +123,14 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     and full-sequence kernels differ enough to move the first ratio off 1 (the N+ reason to recompute them)"""
 
     # ---- data ----
-    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
-    """prompts: hub dataset, `save_to_disk` folder, folder of `{split}.jsonl|json|parquet`, or one such file"""
-    dataset_config: str | None = None
-    """dataset configuration name on the hub (e.g. `main` for openai/gsm8k)"""
-    train_split: str = "train"
-    """split to sample prompts from"""
     prompt_template: str = "{query}"
     """Python format string building the prompt from a row's fields; a field alone (`{prompt}`) that holds chat
     messages (TRL's conversational format) is rendered with the tokenizer's chat template"""
     reference_template: str = "{reference_response}"
     """format string of the reference response (win rate on tiny-tldr, gold answer on math); a field alone holding chat
     messages gives its assistant turns"""
-    max_prompt_length: int = 512
-    """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong`"""
 
     # ---- reward ----
-    reward_source: Literal["model", "math"] = "model"
-    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
-    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
-    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
     prm_path: str | None = None
     """(math) a process reward model (reward_model.py --objective process) adding per-step rewards"""
     prm_coef: float = 1.0
@@ -148,10 +142,6 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     solution gets 0); `clip_delta` clips, then takes differences; `none` is alpha * r_k"""
     prm_clip_eta: float = 0.5
     """(math) threshold eta of the Clip refinement, in units of the PRM's probability that a step is right"""
-    non_eos_penalty: bool = True
-    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
-    penalty_reward_value: float = -1.0
-    """score of a response that never ends (N+: -1)"""
     stop_token: Literal["eos", "none"] = "eos"
     """`eos`: a response ends at its first EOS (sampling stops there, the rest is padding); `none`: every response is
     `response_length` sampled tokens, kept whole, EOS included (as N+ samples with min_new_tokens); the score then
@@ -174,12 +164,6 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """passes over each batch (N+: 4)"""
     learning_rate: float = 3e-6
     """AdamW learning rate of policy and value (N+: 3e-6)"""
-    anneal_lr: bool = True
-    """decay the learning rate linearly to 0 over the updates (N+)"""
-    response_length: int = 53
-    """tokens sampled per response (N+: 53)"""
-    temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (N+: 0.05)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
@@ -202,19 +186,6 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """value loss weight (N+: 0.1)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards before GAE (off in N+)"""
-
-    # ---- evaluation and logging ----
-    eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
-    """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
-    eval_every: int = 50
-    """evaluate every N updates (and before the first and after the last)"""
-    num_eval_examples: int = 200
-    """evaluation prompts"""
-    eval_kl: bool = False
-    """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
-    estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
-    per_device_eval_batch_size: int = 32
-    """prompts per device at evaluation"""
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
@@ -557,34 +528,36 @@ def disable_dropout(*models) -> None:
 
 
 def main(args: Args) -> dict:
-    accelerator, run = start_run(args)  # the flags checked, the run directory claimed, the seed set
+    # the flags checked (PPO's own too), the run directory claimed (a used one is refused now); the loader is endless
+    accelerator, run = start_run(args, PRESETS, sync_with_dataloader=False, check=check_ppo_args)
+    set_seed(args.seed)
     device = accelerator.device
     mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward = batch_sizes(args, accelerator)
 
     # ---- models: policy + value (trained), reference + reward model (frozen), all with dropout off (N+: rollout and
     # training logprobs agree); data: every field that training and evaluation use is checked now ----
-    tokenizer = load_tokenizer(args)
+    path, flag = args.sft_model_path, "--sft-model-path"
+    tokenizer = loading.load_tokenizer(path, flag, args.trust_remote_code, args.add_pad_token)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "policy", "--sft-model-path")
-    check_pad_embedding(pad_id, policy, args)
+    policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "policy", flag)
+    loading.check_pad_token_in_embedding(tokenizer, policy, path)
     policy = add_lora(policy, args)  # --lora-r: on the policy only; the value model is trained in full (as TRL)
-    train_rows, eval_rows = load_prompts(args, tokenizer, policy.config)
+    train_rows, eval_rows = load_prompts(args, tokenizer, policy.config, reference_text, extract_answer)
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
-        ref_policy = load_pretrained(AutoModelForCausalLM, args.sft_model_path, args, "reference", "--sft-model-path")
+        ref_policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "reference", flag)
         ref_policy.eval().requires_grad_(False)
-    reward_model, prm = None, None
-    if args.reward_source == "model":
-        reward_model = load_reward_model(args, tokenizer, args.reward_model_path, "--reward-model-path", "outcome")
-    if args.prm_path:
-        prm = load_reward_model(args, tokenizer, args.prm_path, "--prm-path", "process")
+    reward_model = load_trained_reward_model(args, tokenizer, "outcome") if args.reward_source == "model" else None
+    prm = load_trained_reward_model(args, tokenizer, "process") if args.prm_path else None
     value_model = load_value_model(args, tokenizer)
     disable_dropout(policy, ref_policy, value_model, reward_model, prm)  # before any forward pass
     set_pad_token_id(pad_id, generators=(policy, ref_policy), scorers=(value_model, reward_model, prm))
     for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows
         use_packed_attention(m)
 
-    loader = prompt_loader(len(train_rows), args)  # shuffled by its own generator, seeded
+    loader = prompt_loader(  # shuffled by its own generator, seeded
+        train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
+    )
     model = PolicyAndValue(policy, value_model)
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
     fused = device.type in ("cpu", "cuda")  # one kernel updates every parameter, not a dozen small ops per tensor
@@ -597,6 +570,10 @@ def main(args: Args) -> dict:
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
     unwrapped = accelerator.unwrap_model(model)
     check_one_row_packing(unwrapped.policy)
+    # greedy responses to the evaluation prompts, judged with this script's truncation, reward and KL estimate
+    models = (unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+    pieces = (truncate_response, padded_inputs, outcome_reward, sampled_kl, success_reward)
+    evaluate = functools.partial(evaluate_ppo, *models, pieces)
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
     synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
     lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
@@ -606,10 +583,10 @@ def main(args: Args) -> dict:
         kl_coef = kl_ctl.value if kl_ctl else None
         return {"step": update, "episode": update * batch_size, "kl_coef": kl_coef, "metrics": metrics}
 
-    iterator = endless(loader)
-    start, metrics = resume(run, kl_ctl, iterator)  # on resume: the weights, optimizer, RNGs and the loop's counters
+    iterator = (batch for _ in itertools.count() for batch in loader)  # endless: epoch after epoch
+    start, metrics = resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
     if metrics is None:  # before training (on resume it is in metrics.jsonl already)
-        metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+        metrics = evaluate()
         log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
@@ -628,24 +605,13 @@ def main(args: Args) -> dict:
             queries, qmask = left_pad(prompts, pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
             # R <= response_length columns (fewer when all stop early); --stop-token none: an id no token has (N+)
+            stop_id = eos_id if args.stop_token == "eos" else -1
+            sampler = (unwrapped.policy, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
+            error = f"non-finite policy logits while sampling at update {update}: {lower_lr} or check {flag}"
             with padded_attention(unwrapped.policy):
-                responses, sampled_logprobs, sampled_entropy = nan_if_sampling_fails(
-                    sample_responses,
-                    unwrapped.policy,
-                    queries,
-                    qmask,
-                    eos_id if args.stop_token == "eos" else -1,
-                    pad_id,
-                    args.response_length,
-                    args.temperature,
-                    synced=synced,
+                responses, sampled_logprobs, sampled_entropy = sample_or_stop(
+                    run, loop_state(update - 1), error, sample_responses, *sampler, synced=synced
                 )
-            stop_unless_finite(
-                run,
-                loop_state(update - 1),
-                f"non-finite policy logits while sampling at update {update}: {lower_lr} or check --sft-model-path",
-                sampled_logprobs,
-            )
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
             if run.any_process(bool((sequence_lengths < 0).any())):
@@ -749,19 +715,18 @@ def main(args: Args) -> dict:
                         # weights after the minibatches of this update that were finite, and resumes the update)
                         stop_unless_finite(
                             run,
+                            torch.stack((mb_stats["pg_loss"], mb_stats["vf_loss"])),
                             loop_state(update - 1),
                             f"non-finite PPO loss at update {update} (policy {mb_stats['pg_loss'].item():g}, value "
                             f"{mb_stats['vf_loss'].item():g}): {lower_lr} or check the rewards",
-                            mb_stats["pg_loss"],
-                            mb_stats["vf_loss"],
                         )
                         if accelerator.sync_gradients:
                             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                             stop_unless_finite(  # before the optimizer writes it into the weights
                                 run,
+                                grad_norm,
                                 loop_state(update - 1),
                                 f"non-finite gradient norm at update {update}: {lower_lr}",
-                                grad_norm,
                             )
                         optimizer.step()
                         optimizer.zero_grad()
@@ -782,16 +747,17 @@ def main(args: Args) -> dict:
                 "objective/eos_rate": contain_eos.float(),
                 "val/num_eos_tokens": (responses == eos_id).sum(1).float(),
             }
-            logged = update_metrics(accelerator, per_row, stats, step_rewards, n_steps) | {
+            scalars = {
                 "objective/kl_coef": kl_coef,
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": peak_mem_gb(device),
             }
-            run.log(logged, update, episode)
+            tensors = statistics_to_log(per_row, stats, step_rewards, n_steps)
+            logged = log_global_means(run, accelerator, tensors, scalars, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate(unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
+            metrics = evaluate()
             log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
@@ -1047,259 +1013,11 @@ def process_rewards(
 # --------------------------------------------------------------------------------------------------
 
 
-def start_run(args: Args) -> tuple[Accelerator, Run]:
-    """The accelerator (one CPU thread pool per process), the flags checked, the run directory claimed (a used one is
-    refused before anything loads) and the seed set."""
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)  # endless loader
-    if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args)
-    check_ppo_args(args)
-    run = Run(args, accelerator, PRESETS)
-    set_seed(args.seed)
-    return accelerator, run
-
-
-def check_ppo_args(args: Args) -> None:
-    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones): a one-line error."""
-    for flag, value in (("--cliprange", args.cliprange), ("--cliprange-value", args.cliprange_value)):
-        if value <= 0:
-            raise SystemExit(f"error: {flag} is {value}; it must be above 0")
-    for flag, value in (("--gamma", args.gamma), ("--lam", args.lam)):
-        if not 0 <= value <= 1:
-            raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
-    if args.kl_coef < 0:
-        raise SystemExit(
-            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
-        )
-    if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
-        raise SystemExit(
-            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
-            f"{args.target_kl} and {args.kl_horizon})"
-        )
-    if args.reward_source == "model" and args.reward_model_path is None:
-        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
-    if args.prm_path is None and args.prm_refine != "none":
-        raise SystemExit(
-            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
-        )
-
-
-def batch_sizes(args: Args, accelerator: Accelerator) -> tuple[int, int, int, int, bool]:
-    """(minibatch, micro-batch, batch of all processes, updates, separate_backward), or a one-line error."""
-    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
-    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
-    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
-        raise SystemExit(
-            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
-            f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
-            f"{args.gradient_accumulation_steps} equal micro-batches"
-        )
-    batch_size = args.per_device_batch_size * accelerator.num_processes
-    separate_backward = (
-        args.separate_backward
-        if args.separate_backward is not None
-        else accelerator.distributed_type == DistributedType.NO
-    )
-    if separate_backward and accelerator.distributed_type != DistributedType.NO:
-        raise SystemExit(
-            f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
-            "policy and value model are one engine that takes one backward pass per step (leave --separate-backward "
-            "unset)"
-        )
-    num_updates = args.total_episodes // batch_size
-    if num_updates == 0:
-        raise SystemExit(
-            f"error: --total-episodes {args.total_episodes} is less than one batch of {batch_size} "
-            f"(--per-device-batch-size {args.per_device_batch_size} x {accelerator.num_processes} "
-            "processes)"
-        )
-    return mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward
-
-
-def check_pad_embedding(pad_id: int, policy, args: Args) -> None:
-    """Prompts are left-padded with the pad token: it needs an embedding row."""
-    if pad_id >= policy.config.vocab_size:
-        raise SystemExit(
-            f"error: the pad token id {pad_id} is past the embedding of {args.sft_model_path} "
-            f"({policy.config.vocab_size} rows); add the pad token at the SFT stage (sft.py --add-pad-token)"
-        )
-
-
-def load_prompts(args: Args, tokenizer, config) -> tuple[list[dict], list[dict]]:
-    """The training and evaluation prompts (`prepare_prompts`), every field checked now, before the first update."""
-    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, evaluation=False)
-    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
-    eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
-    eval_rows = prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, evaluation=True)
-    if len(train_rows) < args.per_device_batch_size:  # the endless loader would never yield a batch
-        raise SystemExit(
-            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
-            f"batch of --per-device-batch-size {args.per_device_batch_size}"
-        )
-    return train_rows, eval_rows
-
-
-def load_value_model(args: Args, tokenizer):
-    """The initial value model: `--value-model-path`, else the reward model (N+), else the SFT model with a fresh
-    head."""
-    value_path = args.value_model_path or args.reward_model_path or args.sft_model_path
-    value_flag = (
-        "--value-model-path"
-        if args.value_model_path
-        else "--reward-model-path"
-        if args.reward_model_path
-        else "--sft-model-path"
-    )
-    value_model = load_pretrained(
-        AutoModelForSequenceClassification, value_path, args, "value model", value_flag, num_labels=1
-    )
-    if len(tokenizer) > value_model.config.vocab_size:
-        raise SystemExit(
-            f"error: the value model ({value_flag} {value_path}) has {value_model.config.vocab_size} "
-            f"embedding rows, fewer than the policy's {len(tokenizer)} tokens; start it from the same SFT "
-            "model"
-        )
-    return value_model
-
-
-def set_pad_token_id(pad_id: int, generators: tuple, scorers: tuple) -> None:
-    """The pad id for `generate` (the policy and reference) and for the classifiers' own forward, which refuses batches
-    without one (the score is read by position)."""
-    for m in generators:
-        if m is not None:
-            m.generation_config.pad_token_id = pad_id
-    for m in scorers:
-        if m is not None:
-            m.config.pad_token_id = pad_id
-
-
-def prompt_loader(n: int, args: Args) -> torch.utils.data.DataLoader:
-    """Batches of prompt indices, reshuffled every pass by the loader's own seeded generator."""
-    return torch.utils.data.DataLoader(
-        list(range(n)),
-        batch_size=args.per_device_batch_size,
-        shuffle=True,
-        drop_last=True,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-
-
-def endless(loader):
-    while True:
-        yield from loader
-
-
 def keep_sampler_logprobs(args: Args, accelerator: Accelerator) -> bool:
     """`--sampler-logprobs`; default: on in float32 without mixed precision, where they equal the forward pass's."""
     if args.sampler_logprobs is not None:
         return args.sampler_logprobs
     return args.dtype == "float32" and accelerator.mixed_precision == "no"
-
-
-def resume(run: Run, kl_ctl: AdaptiveKLController | None, iterator) -> tuple[int, dict | None]:
-    """With `--resume`: the checkpoint's weights, optimizer and RNGs loaded (`Run.resume`), the adaptive KL coefficient
-    restored and the prompts the finished updates drew replayed; returns (updates done, last evaluation). A new run:
-    (0, None)."""
-    state = run.resume()
-    if not state:
-        return 0, None
-    if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
-        kl_ctl.value = state["kl_coef"]
-    for _ in range(state["step"]):  # the loader's own generator, no compute
-        next(iterator)
-    return state["step"], state["metrics"]
-
-
-def nan_if_sampling_fails(sample, *args, **kwargs) -> tuple:
-    """`sample(*args, **kwargs)`; when torch.multinomial refuses non-finite probabilities ("probability tensor contains
-    either inf, nan or element < 0"), logprobs of NaN instead, for `stop_unless_finite`."""
-    try:
-        return sample(*args, **kwargs)
-    except RuntimeError as e:
-        if "probability tensor" not in str(e):
-            raise
-    return None, torch.tensor(float("nan")), None
-
-
-def stop_unless_finite(run: Run, state: dict, message: str, *values) -> None:
-    """A collective (every process calls it): a value that is not finite on any process writes a checkpoint of `state`
-    and stops with a one-line error."""
-    if not run.all_finite(*values):
-        run.stop(state, message)
-
-
-STATISTICS = {  # `ppo_micro_batch`'s statistics, averaged over the micro-batches of every process
-    "approxkl": "policy/approxkl_avg",
-    "clipfrac": "policy/clipfrac_avg",
-    "pg_loss": "loss/policy_avg",
-    "vf_loss": "loss/value_avg",
-    "vf_clipfrac": "val/clipfrac_avg",
-    "ratio": "val/ratio",
-}
-
-
-def update_metrics(accelerator: Accelerator, per_row: dict, stats: list[dict], step_rewards, n_steps) -> dict:
-    """The means over every process of the rollout's `per_row` tensors, of the micro-batches' `stats` and of the
-    process rewards and steps, if any."""
-    g = lambda x: accelerator.gather(x.float().mean()[None]).mean().item()  # noqa: E731
-    logged = {k: g(v) for k, v in per_row.items()}
-    logged |= {name: g(torch.stack([s[k] for s in stats])) for k, name in STATISTICS.items()}
-    if step_rewards is not None:
-        logged["objective/process_reward"] = g(step_rewards.sum(1))
-        logged["objective/num_steps"] = g(torch.tensor(n_steps, dtype=torch.float, device=step_rewards.device))
-    return logged
-
-
-def log_evaluation(run: Run, accelerator: Accelerator, metrics: dict, step: int, episode: int, when: str) -> None:
-    run.log(metrics, step, episode)
-    accelerator.print(f"{when}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-
-
-def evaluate(
-    policy, reward_model, tokenizer, rows: list[dict], args: Args, accelerator: Accelerator, reference=None
-) -> dict:
-    """Greedy responses to the evaluation prompts, truncated after EOS, scored by the reward model if any and the
-    task's judge (`evaluation.evaluate_greedy_responses`); with `--eval-kl`, the sampled KL to the reference."""
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-
-    def score(queries, responses):  # the reward model at the last real token, plus its bias (`outcome_reward`)
-        inputs = padded_inputs(torch.cat([queries, responses], 1), pad_id)
-        return outcome_reward(reward_model, inputs["input_ids"], inputs["attention_mask"]).tolist()
-
-    def kl(queries, qmask):
-        return sampled_kl(policy, reference, queries, qmask, args.response_length, pad_id, eos_id, zero3(accelerator))
-
-    def judge(text: str, row: dict) -> dict:
-        if args.eval_task == "tldr":
-            gold, reference_gold = gold_judge(text, row["facts"]), gold_judge(row["reference"], row["facts"])
-            return {
-                "gold_reward": gold,
-                "win_rate": 1.0 if gold > reference_gold else 0.5 if gold == reference_gold else 0.0,
-            }
-        if args.eval_task in ("gsm8k", "boxed"):
-            return {"accuracy": success_reward(text, row["gold"], args.answer_format)}
-        return {}
-
-    with_kl = args.eval_kl and reference is not None
-    # (LoRA) the reference is the policy itself, whose attention is switched with it
-    frozen = reference.policy[0] if isinstance(reference, LoraReference) else reference
-    return evaluate_greedy_responses(
-        policy,
-        tokenizer,
-        rows,
-        accelerator,
-        args.per_device_eval_batch_size,
-        args.response_length,
-        truncate=lambda responses: truncate_response(responses, eos_id, pad_id),
-        judge=judge,
-        score=score if reward_model is not None else None,
-        kl=kl if with_kl else None,
-        frozen=(reward_model, frozen if with_kl else None),
-    )
 
 
 @torch.no_grad()
@@ -1342,72 +1060,9 @@ def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: 
 
 
 # ----------------------------------------------------------------------------------------------------
-# Data: prompts, references, gold answers, the tiny world's facts
+# Data: the reference response; the answer parsers of the reward (copied verbatim from benchmark/tiny_world.py; tests
+# check they match)
 # ----------------------------------------------------------------------------------------------------
-
-
-def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
-    for name in template_fields(template, flag):
-        value = row.get(name)
-        if name not in row:
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                f"({flag} {template!r}); its fields are {sorted(row)}"
-            )
-        if value is None:  # a JSON Lines row without the field reads as null too (datasets unites the columns)
-            raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
-                f"{what} template ({flag} {template!r}); fill it in or drop the row"
-            )
-        if chat_messages(value):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                "tokenizer's chat template"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
-            )
-    try:
-        text = template.format(**row)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
-        ) from None
-    if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
-    return text
-
-
-def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args: Args) -> list[int]:
-    """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
-    `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational prompt
-    format, {"prompt": [{"role": "user", "content": ...}]}), those messages in the tokenizer's chat template, ready for
-    the assistant's turn."""
-    messages = whole_field_messages(args.prompt_template, row)
-    if messages is None:
-        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
-        if not args.use_chat_template:
-            return tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        messages = [{"role": "user", "content": prompt}]
-    elif messages[-1]["role"] == "assistant":
-        raise SystemExit(
-            f"error: row {index} of split '{split}': the chat messages of --prompt-template "
-            f"{args.prompt_template!r} end with an assistant turn; an RL prompt ends before the answer: "
-            "give the prompt's messages only (TRL's conversational prompt format, the completion "
-            "elsewhere)"
-        )
-    if not tokenizer.chat_template:
-        raise SystemExit(
-            f"error: the tokenizer of --sft-model-path {args.sft_model_path} has no chat template, so "
-            f"the chat messages of row {index} of split '{split}' (or --use-chat-template) cannot be "
-            "rendered; give plain-text prompts"
-        )
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
 def reference_text(row: dict, index: int, split: str, args: Args) -> str:
@@ -1423,197 +1078,6 @@ def reference_text(row: dict, index: int, split: str, args: Args) -> str:
             f"{args.reference_template!r} hold no assistant turn to take the reference from"
         )
     return text
-
-
-def prepare_prompts(
-    ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None, evaluation: bool
-) -> list[dict]:
-    """Prompt token ids plus what the reward and evaluation need: the reference response, the gold answer (math) and
-    the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
-    an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
-    `--response-length` of the model's positions, is an error (or dropped with `--drop-overlong`)."""
-    rows, dropped = [], 0
-    needs_gold = args.reward_source == "math" or (evaluation and args.eval_task in ("gsm8k", "boxed"))
-    needs_reference = needs_gold or (evaluation and args.eval_task == "tldr")
-    for i, row in enumerate(ds):
-        ids = prompt_token_ids(row, i, split, tokenizer, args)
-        too_long = len(ids) > args.max_prompt_length
-        no_room = max_positions is not None and len(ids) + args.response_length > max_positions
-        if too_long or no_room:
-            if args.drop_overlong:
-                dropped += 1
-                continue
-            if too_long:
-                raise SystemExit(
-                    f"error: row {i} of split '{split}' has a {len(ids)}-token prompt; the limit is "
-                    f"--max-prompt-length {args.max_prompt_length}. Raise it or pass --drop-overlong."
-                )
-            raise SystemExit(
-                f"error: row {i} of split '{split}' has a {len(ids)}-token prompt, and --response-length "
-                f"{args.response_length} more tokens do not fit the {max_positions} positions of "
-                f"--sft-model-path (max_position_embeddings); lower --max-prompt-length (now "
-                f"{args.max_prompt_length}) with --drop-overlong, or --response-length"
-            )
-        item = {"prompt_ids": ids, "reference": None, "facts": None}
-        if needs_reference:
-            item["reference"] = reference_text(row, i, split, args)
-        if needs_gold:
-            item["gold"] = (extract_gsm8k_answer if args.answer_format == "gsm8k" else extract_boxed_answer)(
-                item["reference"]
-            )
-            if item["gold"] is None:
-                raise SystemExit(
-                    f"error: row {i} of split '{split}': the reference {item['reference'][-80:]!r} has no "
-                    f"final answer in the {args.answer_format} format (--reference-template, "
-                    "--answer-format)"
-                )
-        if evaluation and args.eval_task == "tldr":
-            facts = row.get("facts")
-            if not (isinstance(facts, list) and facts and all(isinstance(f, str) for f in facts)):
-                raise SystemExit(
-                    f"error: row {i} of split '{split}': --eval-task tldr judges summaries by the row's "
-                    f"'facts' (a list of words, as in tiny-tldr), but it is {str(facts)[:60]!r}; use "
-                    "--eval-task none for other data"
-                )
-            item["facts"] = facts
-        rows.append(item)
-    if dropped:
-        print(
-            f"dropped {dropped} of {len(ds)} prompts of '{split}' longer than --max-prompt-length "
-            f"{args.max_prompt_length} or than the model's positions less --response-length"
-        )
-    if not rows:
-        raise SystemExit(f"error: no usable prompts in split '{split}'")
-    return rows
-
-
-# ----------------------------------------------------------------------------------------------------
-# Loading: tokenizer, models, reward models, with one-line errors
-# ----------------------------------------------------------------------------------------------------
-
-
-def load_pretrained(cls, path: str, args: Args, what: str, flag: str, trained_head: bool = False, **kwargs):
-    """A model of `cls` from a local directory or the hub, or a one-line error naming `flag`. With
-    `trained_head`, a checkpoint without the weights of the score head (a causal LM, a base model: transformers would
-    give it a random head, and its rewards would be noise) is an error too."""
-    local = os.path.isdir(path)
-    if not local:
-        require_hub(path, "model", flag)
-    try:
-        model, info = cls.from_pretrained(
-            path,
-            trust_remote_code=args.trust_remote_code,
-            local_files_only=local,
-            dtype=getattr(torch, args.dtype),
-            output_loading_info=True,
-            **kwargs,
-        )
-    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
-    if trained_head and any(k.split(".")[0] == "score" for k in info["missing_keys"]):
-        kind = (model.config.architectures or ["model without a score head"])[0]
-        raise SystemExit(
-            f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
-            "(it would score with a random one); give a model saved by reward_model.py"
-        )
-    return model
-
-
-def load_tokenizer(args: Args):
-    """The SFT model's tokenizer, with a pad token distinct from EOS (`ensure_pad_token`)."""
-    local = os.path.isdir(args.sft_model_path)
-    if not local:
-        require_hub(args.sft_model_path, "model", "--sft-model-path")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.sft_model_path, trust_remote_code=args.trust_remote_code, local_files_only=local
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --sft-model-path {args.sft_model_path} holds no tokenizer that transformers can load: {reason}"
-        ) from None
-    return ensure_pad_token(tokenizer, args.add_pad_token, args.sft_model_path)
-
-
-def load_reward_model(args: Args, tokenizer, path: str, flag: str, kind: Literal["outcome", "process"]):
-    """A frozen reward model saved by reward_model.py (a sequence classifier with one label), checked before training:
-    its checkpoint holds a trained score head (`load_pretrained`), it is of `kind` (config.reward_type; `process`: it
-    scores the steps of a solution at its `step_separator`), and its tokenizer, where one is saved with it, gives every
-    token the policy's id (it scores the policy's token ids)."""
-    what = "process reward model" if kind == "process" else "reward model"
-    model = load_pretrained(AutoModelForSequenceClassification, path, args, what, flag, trained_head=True, num_labels=1)
-    found = getattr(model.config, "reward_type", "outcome")
-    if found != kind:
-        fix = (
-            "a process reward model (reward_model.py --objective process)"
-            if kind == "process"
-            else "an outcome reward model (reward_model.py --objective outcome); a process one goes to --prm-path"
-        )
-        raise SystemExit(f"error: {flag} {path} is not a {what}: its config.reward_type is {found!r}; give {fix}")
-    if kind == "process" and not isinstance(getattr(model.config, "step_separator", None), str):
-        raise SystemExit(
-            f"error: {flag} {path} has no config.step_separator, the text after each step that it scores; "
-            "give a process reward model saved by reward_model.py --objective process"
-        )
-    try:
-        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
-    except (OSError, ValueError, KeyError, TypeError):
-        rm_vocab = None  # no tokenizer saved with it: nothing to compare
-    if rm_vocab is not None:
-        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
-        if differ:
-            raise SystemExit(
-                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
-            )
-    if len(tokenizer) > model.config.vocab_size:
-        raise SystemExit(
-            f"error: {flag} {path} has {model.config.vocab_size} embedding rows, fewer than the policy's "
-            f"{len(tokenizer)} tokens; train it from the same SFT model"
-        )
-    return model.eval().requires_grad_(False)
-
-
-# ----------------------------------------------------------------------------------------------------
-# Tiny-world evaluation helpers (copied verbatim from benchmark/tiny_world.py; tests check they match)
-# ----------------------------------------------------------------------------------------------------
-
-
-TLDR_FACT_WORDS = {
-    "who": [
-        "roommate",
-        "boyfriend",
-        "girlfriend",
-        "boss",
-        "sister",
-        "brother",
-        "neighbor",
-        "friend",
-        "coworker",
-        "landlord",
-    ],
-    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
-    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
-}
-
-
-TLDR_MAX_WORDS = 12
-
-
-def gold_judge(summary: str, facts: list[str]) -> float:
-    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
-    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
-    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
-    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
-    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
-    words = re.findall(r"[a-z]+", summary.lower())
-    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
-    covered = sum(1 for f in facts if f in words) / len(facts)
-    invented = len({w for w in words if w in vocab and w not in facts})
-    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
-    return covered - 0.5 * invented - 0.1 * too_long
 
 
 def extract_gsm8k_answer(text: str) -> str | None:

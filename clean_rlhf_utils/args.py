@@ -99,3 +99,49 @@ class OptimArgs:
     """AdamW epsilon (N+: 1e-5)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm"""
+
+
+@dataclass
+class RLArgs:
+    """The fields that the RL scripts sampling from a policy (ppo_rlhf.py; rloo.py and remax.py declare the same) share
+    with one default and one meaning: the SFT and reward models, the prompts, the reward source, the response's length,
+    temperature and non-EOS penalty, the learning-rate annealing and the evaluation. A script lists it first among its
+    bases, so these override `DataArgs`' `dataset_name_or_path` and `train_split`."""
+
+    sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
+    """the SFT model: initial policy and frozen reference (hub name or local directory)"""
+    reward_model_path: str | None = "vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr"
+    """the outcome reward model (saved by reward_model.py); None with `reward_source=math`"""
+    dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
+    """prompts: hub dataset, `save_to_disk` folder, folder of `{split}.jsonl|json|parquet`, or one such file"""
+    dataset_config: str | None = None
+    """dataset configuration name on the hub (e.g. `main` for openai/gsm8k)"""
+    train_split: str = "train"
+    """split to sample prompts from"""
+    max_prompt_length: int = 512
+    """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong`"""
+    reward_source: Literal["model", "math"] = "model"
+    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
+    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
+    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
+    non_eos_penalty: bool = True
+    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
+    penalty_reward_value: float = -1.0
+    """score of a response that never ends (N+: -1)"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the updates (N+)"""
+    response_length: int = 53
+    """tokens sampled per response (N+: 53)"""
+    temperature: float = 0.7
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
+    eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
+    """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
+    eval_every: int = 50
+    """evaluate every N updates (and before the first and after the last)"""
+    num_eval_examples: int = 200
+    """evaluation prompts"""
+    eval_kl: bool = False
+    """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
+    estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
+    per_device_eval_batch_size: int = 32
+    """prompts per device at evaluation"""

@@ -475,15 +475,23 @@ def collate_preference_pairs(items: list[dict], pad_id: int, pack: bool = False)
     return batch
 
 
-def render(template: str, row: dict, index: int, split: str, what: str, flag: str) -> str:
+def render(
+    template: str, row: dict, index: int, split: str, what: str, flag: str, null_as_missing: bool = False
+) -> str:
     """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`."""
+    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`
+    (`null_as_missing`: a null field is reported as a field the row has not, as ppo_rlhf.py words it)."""
     for name in template_fields(template, flag):
         value = row.get(name)
         if name not in row:
             raise SystemExit(
                 f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
                 f"({flag} {template!r}); its fields are {sorted(row)}"
+            )
+        if value is None and null_as_missing:  # a JSON Lines row without the field reads as null too
+            raise SystemExit(
+                f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
+                f"{what} template ({flag} {template!r}); fill it in or drop the row"
             )
         if value is None:
             raise SystemExit(
@@ -512,14 +520,14 @@ def render(template: str, row: dict, index: int, split: str, what: str, flag: st
     return text
 
 
-def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args) -> list[int]:
+def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args, null_as_missing: bool = False) -> list[int]:
     """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
     `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational prompt
     format, {"prompt": [{"role": "user", "content": ...}]}), those messages in the tokenizer's chat template, ready for
     the assistant's turn."""
     messages = whole_field_messages(args.prompt_template, row)
     if messages is None:
-        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template")
+        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template", null_as_missing)
         if not args.use_chat_template:
             return tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if not tokenizer.chat_template:
@@ -554,20 +562,22 @@ def prepare_prompts(
     reference_text,
     extract_answer=None,
     train_facts: str | None = None,
+    null_as_missing: bool = False,
 ) -> list[dict]:
     """Prompt token ids plus what the reward and evaluation need: the reference response (the script's
     `reference_text(row, index, split, args)`), the gold answer (math: `extract_answer(reference, answer_format)`) and
     the key facts (tiny-tldr), each checked on every row now, so a bad row fails before the first update and not at
     an evaluation hours in. A prompt longer than `--max-prompt-length`, or one that leaves fewer than
     `--response-length` of the model's positions, is an error (or dropped with `--drop-overlong`). `train_facts`: the
-    flag that makes the training prompts need the facts too (dpo.py's `--judge gold`); None: evaluation only."""
+    flag that makes the training prompts need the facts too (dpo.py's `--judge gold`); None: evaluation only.
+    `null_as_missing`: see `render`."""
     rows, dropped = [], 0
     needs_gold = getattr(args, "reward_source", None) == "math" or (evaluation and args.eval_task in ("gsm8k", "boxed"))
     needs_reference = needs_gold or (evaluation and args.eval_task == "tldr")
     needs_facts = (evaluation and args.eval_task == "tldr") or (not evaluation and train_facts is not None)
     why, hint = ("--eval-task tldr" if evaluation else train_facts), f" and not {train_facts}" if train_facts else ""
     for i, row in enumerate(ds):
-        ids = prompt_token_ids(row, i, split, tokenizer, args)
+        ids = prompt_token_ids(row, i, split, tokenizer, args, null_as_missing)
         too_long = len(ids) > args.max_prompt_length
         no_room = max_positions is not None and len(ids) + args.response_length > max_positions
         if too_long or no_room:

@@ -261,10 +261,11 @@ def check_pad_token_in_embedding(tokenizer, model, path: str) -> None:
         )
 
 
-def load_pretrained(cls, path: str, args, what: str, flag: str, **kwargs):
+def load_pretrained(cls, path: str, args, what: str, flag: str, trained_head: bool = False, **kwargs):
     """A model of `cls` (AutoModelForCausalLM, AutoModelForSequenceClassification, ...) from a local directory or the
-    hub in `args.dtype`, or a one-line error naming `flag`. Dropout is left as the checkpoint has it: the script turns
-    it off itself, right after the load."""
+    hub in `args.dtype`, or a one-line error naming `flag`. With `trained_head`, a checkpoint without the weights of the
+    score head (a causal LM, a base model: transformers would give it a random head, and its rewards would be noise) is
+    an error too. Dropout is left as the checkpoint has it: the script turns it off itself, right after the load."""
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
@@ -274,11 +275,20 @@ def load_pretrained(cls, path: str, args, what: str, flag: str, **kwargs):
             trust_remote_code=args.trust_remote_code,
             local_files_only=local,
             dtype=getattr(torch, args.dtype),
+            **({"output_loading_info": True} if trained_head else {}),
             **kwargs,
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
         reason = " ".join(str(e).split())[:200]
         raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
+    if trained_head:
+        model, info = model
+        if any(k.split(".")[0] == "score" for k in info["missing_keys"]):
+            kind = (model.config.architectures or ["model without a score head"])[0]
+            raise SystemExit(
+                f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
+                "(it would score with a random one); give a model saved by reward_model.py"
+            )
     return model
 
 
@@ -322,17 +332,7 @@ def load_reward_model(args, tokenizer):
             "head is untrained, so the rewards are noise",
             file=sys.stderr,
         )
-    try:
-        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
-    except (OSError, ValueError, KeyError, TypeError):
-        rm_vocab = None  # no tokenizer saved with it: nothing to compare
-    if rm_vocab is not None:
-        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
-        if differ:
-            raise SystemExit(
-                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
-                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
-            )
+    check_same_token_ids(tokenizer, path, flag)
     return model.eval().requires_grad_(False)
 
 
@@ -372,3 +372,74 @@ def check_policy_fits(policy, tokenizer, flag: str, path: str, response_length: 
 def model_positions(config) -> int | None:
     """The longest sequence the model's position embeddings cover (None when its config does not say)."""
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def check_same_token_ids(tokenizer, path: str, flag: str) -> None:
+    """A reward model scores the policy's token ids: where a tokenizer is saved with it, every token but the pad token
+    must have the policy's id, or a one-line error."""
+    try:
+        rm_vocab = AutoTokenizer.from_pretrained(path, local_files_only=os.path.isdir(path)).get_vocab()
+    except (OSError, ValueError, KeyError, TypeError):
+        rm_vocab = None  # no tokenizer saved with it: nothing to compare
+    if rm_vocab is not None:
+        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
+        if differ:
+            raise SystemExit(
+                f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "
+                f"e.g. {differ[0]!r}); it scores the policy's token ids, so it needs the same tokenizer"
+            )
+
+
+def load_trained_reward_model(args, tokenizer, kind: str):
+    """The frozen reward model at `--reward-model-path` (`kind` "outcome") or `--prm-path` ("process"), saved by
+    reward_model.py (a sequence classifier with one label), checked before training:
+    its checkpoint holds a trained score head (`load_pretrained`), it is of `kind` (config.reward_type, "outcome" or
+    "process"; a process one scores the steps of a solution at its `step_separator`), its tokenizer gives every token
+    the policy's id (`check_same_token_ids`) and its embedding covers the policy's tokens. Its dropout is the caller's
+    to turn off."""
+    path, flag = (args.prm_path, "--prm-path") if kind == "process" else (args.reward_model_path, "--reward-model-path")
+    what = "process reward model" if kind == "process" else "reward model"
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, what, flag, trained_head=True, num_labels=1)
+    found = getattr(model.config, "reward_type", "outcome")
+    if found != kind:
+        fix = (
+            "a process reward model (reward_model.py --objective process)"
+            if kind == "process"
+            else "an outcome reward model (reward_model.py --objective outcome); a process one goes to --prm-path"
+        )
+        raise SystemExit(f"error: {flag} {path} is not a {what}: its config.reward_type is {found!r}; give {fix}")
+    if kind == "process" and not isinstance(getattr(model.config, "step_separator", None), str):
+        raise SystemExit(
+            f"error: {flag} {path} has no config.step_separator, the text after each step that it scores; "
+            "give a process reward model saved by reward_model.py --objective process"
+        )
+    check_same_token_ids(tokenizer, path, flag)
+    if len(tokenizer) > model.config.vocab_size:
+        raise SystemExit(
+            f"error: {flag} {path} has {model.config.vocab_size} embedding rows, fewer than the policy's "
+            f"{len(tokenizer)} tokens; train it from the same SFT model"
+        )
+    return model.eval().requires_grad_(False)
+
+
+def load_value_model(args, tokenizer):
+    """PPO's initial value model: `--value-model-path`, else the reward model (N+), else the SFT model with a fresh
+    head; its embedding must cover the policy's tokens. Its dropout is the caller's to turn off."""
+    value_path = args.value_model_path or args.reward_model_path or args.sft_model_path
+    value_flag = (
+        "--value-model-path"
+        if args.value_model_path
+        else "--reward-model-path"
+        if args.reward_model_path
+        else "--sft-model-path"
+    )
+    value_model = load_pretrained(
+        AutoModelForSequenceClassification, value_path, args, "value model", value_flag, num_labels=1
+    )
+    if len(tokenizer) > value_model.config.vocab_size:
+        raise SystemExit(
+            f"error: the value model ({value_flag} {value_path}) has {value_model.config.vocab_size} "
+            f"embedding rows, fewer than the policy's {len(tokenizer)} tokens; start it from the same SFT "
+            "model"
+        )
+    return value_model

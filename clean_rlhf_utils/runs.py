@@ -262,16 +262,19 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
 
 
 def start_run(
-    args, presets: dict, sync_with_dataloader: bool = True, zero_means_none: tuple[str, ...] = ()
+    args, presets: dict, sync_with_dataloader: bool = True, zero_means_none: tuple[str, ...] = (), check=None
 ) -> tuple[Accelerator, Run]:
     """The start of every run, before anything loads: the accelerator (`make_accelerator`), one BLAS pool per process on
     CPU (or the processes fight over the cores), the default run name `{exp_name}__{seed}`, the argument checks
-    (`check_args`) and the `Run`, which refuses a used run directory now."""
+    (`check_args`, then the script's own `check(args)`, if given) and the `Run`, which refuses a used run directory
+    now."""
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader)
     if accelerator.device.type == "cpu":
         torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     check_args(args, zero_means_none)
+    if check is not None:
+        check(args)
     return accelerator, Run(args, accelerator, presets)
 
 

@@ -14,4 +14,5 @@ Modules, by job:
   evaluation  harnesses that take the script's scoring as arguments, and the tiny-world judges
   generation  the samplers (KV cache, vLLM), the asynchronous sampling thread
   packing   padding-free batches that give the padded numbers faster (speed work)
+  ppo_plumbing  ppo_rlhf.py's own checks, prompt loading, resume, logged statistics and evaluation glue
 """

@@ -561,6 +561,7 @@ def prepare_prompts(
     evaluation: bool,
     reference_text,
     extract_answer=None,
+    *,
     train_facts: str | None = None,
     null_as_missing: bool = False,
 ) -> list[dict]:

@@ -72,12 +72,28 @@ def load_prompts(args, tokenizer, config, reference_text, extract_answer) -> tup
     max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
     train_rows = prepare_prompts(
-        train_ds, tokenizer, args, args.train_split, max_positions, False, reference_text, extract_answer, True
+        train_ds,
+        tokenizer,
+        args,
+        args.train_split,
+        max_positions,
+        False,
+        reference_text,
+        extract_answer,
+        null_as_missing=True,
     )
     eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
     eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
     eval_rows = prepare_prompts(
-        eval_ds, tokenizer, args, args.eval_split, max_positions, True, reference_text, extract_answer, True
+        eval_ds,
+        tokenizer,
+        args,
+        args.eval_split,
+        max_positions,
+        True,
+        reference_text,
+        extract_answer,
+        null_as_missing=True,
     )
     if len(train_rows) < args.per_device_batch_size:  # the endless loader would never yield a batch
         raise SystemExit(

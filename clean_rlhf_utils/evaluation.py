@@ -143,10 +143,10 @@ def evaluate_sft(
                 synced_gpus=zero3(accelerator),
             )
             responses = truncate(out[:, ids.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
-            for e, loss, r in zip(batch, losses, responses):
+            for e, row_loss, r in zip(batch, losses, responses):
                 text = tokenizer.decode(r, skip_special_tokens=True)
                 rec = {
-                    "loss": loss,
+                    "loss": row_loss,
                     "response": text,
                     "reference": e["response"],
                     "ends_with_eos": bool((r == tokenizer.eos_token_id).any()),

@@ -118,6 +118,7 @@ def test_short_run_writes_run_directory(assets, tmp_path):
         per_device_train_batch_size=8,
         learning_rate=1e-3,
         num_eval_examples=8,
+        per_device_eval_batch_size=4,  # two evaluation batches: the harness's state carries over between them
         eval_every=4,
         log_every=2,
         eval_task="tldr",

@@ -1295,7 +1295,7 @@ def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
     assets = _real_assets()
     args = grpo.PRESETS["math-qwen2.5-math-1.5b"][1]
     tokenizer = AutoTokenizer.from_pretrained(assets / "tokenizers" / "qwen2.5-math")
-    tokenizer = grpo.ensure_pad_token(tokenizer, args.add_pad_token, "qwen2.5-math")
+    tokenizer = loading.ensure_pad_token(tokenizer, args.add_pad_token, "qwen2.5-math")
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
     assert args.max_prompt_length + args.max_completion_length <= 4096
     instruction = "Please reason step by step, and put your final answer within \\boxed{}."

@@ -86,16 +86,8 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import (
-    collate_preference_pairs,
-    left_pad,
-    prepare_prompts,
-    prompt_token_ids,
-    render,
-    tokenize_preference_pairs,
-    whole_field_messages,
-)
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_dpo_args, check_dpo_steps
+from clean_rlhf_utils.data import left_pad, prepare_prompts, prompt_token_ids
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
@@ -121,7 +113,8 @@ from clean_rlhf_utils.loading import (
     model_positions,
 )
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
-from clean_rlhf_utils.runs import Run, check_dpo_args, check_dpo_steps, dpo_loop_state, stop_dpo_non_finite
+from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
+from clean_rlhf_utils.runs import Run, dpo_loop_state, stop_dpo_non_finite
 
 
 @dataclass
@@ -631,7 +624,7 @@ def main(args: Args) -> dict:
         flag = "--prompt-dataset-name-or-path"
         ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config, flag)
         ds = ds.select(range(min(args.num_eval_examples, len(ds))))
-        eval_rows = prepare_prompts(ds, tokenizer, args, args.eval_split, positions, True, reference_text)
+        eval_rows = prepare_prompts(ds, tokenizer, args, args.eval_split, positions, True)
     if args.num_eval_pairs > 0:
         ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
         ds = ds.select(range(min(args.num_eval_pairs, len(ds))))
@@ -645,9 +638,7 @@ def main(args: Args) -> dict:
         ds = ds.select(range(min(args.max_train_samples, len(ds))))
     if online:
         facts = "--judge gold" if args.judge == "gold" else None  # the gold judge reads the prompts' facts
-        train = prepare_prompts(
-            ds, tokenizer, args, args.train_split, positions, False, reference_text, train_facts=facts
-        )
+        train = prepare_prompts(ds, tokenizer, args, args.train_split, positions, False, train_facts=facts)
     else:
         train = tokenize_pairs(ds, tokenizer, args, args.train_split, positions)
 
@@ -701,10 +692,9 @@ def main(args: Args) -> dict:
         f"run {args.run_name}: {args.mode} DPO ({args.loss_type}, beta {args.beta}), {total_steps} steps of "
         f"{batch_pairs} pairs" + (threads_note if asynchronous else "")
     )
-    # the evaluations take this script's logprobs, losses, truncation, judges and KL estimate, by name
+    # the evaluations take this script's logprobs, losses, truncation and reward model's score, by name
     pieces = dict(forward_logprobs=forward_logprobs, pair_losses=pair_losses, implicit_accuracy=implicit_accuracy)
-    pieces.update(truncate_response=truncate_response, outcome_reward=outcome_reward, gold_judge=gold_judge)
-    pieces.update(sampled_kl=sampled_kl)
+    pieces.update(truncate_response=truncate_response, outcome_reward=outcome_reward)
     models = (unwrapped, ref_policy, reward_model, tokenizer)
 
     # ---- 5. resume (the batches drawn so far replayed, online the batch sampled for the next step), or evaluate ----
@@ -829,8 +819,8 @@ def main(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Dropout off, the learning-rate schedule, truncation, the judges (reward model, tiny world's gold judge) and
-# evaluation's KL estimate: algorithmic pieces copied between scripts, kept equal by tests/test_conventions.py
+# Dropout off, the learning-rate schedule, truncation and the judges (reward model, tiny world's gold judge):
+# algorithmic pieces copied between scripts, kept equal by tests/test_conventions.py
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -931,63 +921,9 @@ def gold_judge(summary: str, facts: list[str]) -> float:
     return covered - 0.5 * invented - 0.1 * too_long
 
 
-@torch.no_grad()
-def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
-    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
-    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
-    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
-    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
-    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(queries.sum()))
-        out = policy.generate(
-            input_ids=queries,
-            attention_mask=qmask,
-            max_new_tokens=response_length,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            synced_gpus=synced,
-        )
-    responses = out[:, queries.shape[1] :]
-    ended = (responses == eos_id).long()
-    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
-    valid = (ended.cumsum(1) - ended == 0).long()
-    mask = torch.cat([qmask, valid], 1)
-    inputs = {
-        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
-    }
-    kl = torch.zeros(len(queries), device=queries.device)
-    for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
-        kl += sign * (logprobs * valid).sum(1)
-    return kl.tolist()
-
-
 # ----------------------------------------------------------------------------------------------------
 # Plumbing: loading, prompts and evaluation bookkeeping specific to this script (the rest is in clean_rlhf_utils/)
 # ----------------------------------------------------------------------------------------------------
-
-
-def reference_text(row: dict, index: int, split: str, args: Args) -> str:
-    """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
-    (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
-    messages = whole_field_messages(args.reference_template, row)
-    if messages is None:
-        return render(args.reference_template, row, index, split, "reference", "--reference-template")
-    text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
-    if not text.strip():
-        raise SystemExit(
-            f"error: row {index} of split '{split}': the chat messages of --reference-template "
-            f"{args.reference_template!r} hold no assistant turn to take the reference from"
-        )
-    return text
 
 
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None = None) -> list[dict]:

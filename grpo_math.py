@@ -115,6 +115,7 @@ from clean_rlhf_utils.generation import (
     sample_with_kv_cache,
     split_cpu_threads,
 )
+from clean_rlhf_utils.judges import sampled_kl
 from clean_rlhf_utils.loading import load_causal_lm, load_scorer, load_split, load_tokenizer, require_hub
 from clean_rlhf_utils.packing import check_packing, pack_rows
 from clean_rlhf_utils.runs import Run, StepSums, check_args
@@ -1313,45 +1314,6 @@ class Sampling:
                     b["old_logprobs"] += [lp[j, : len(b["completions"][i])] for j, i in enumerate(idx.tolist())]
         out["gen_time"] = time.time() - t0
         return out
-
-
-@torch.no_grad()
-def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
-    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
-    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
-    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
-    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
-    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(queries.sum()))
-        out = policy.generate(
-            input_ids=queries,
-            attention_mask=qmask,
-            max_new_tokens=response_length,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            synced_gpus=synced,
-        )
-    responses = out[:, queries.shape[1] :]
-    ended = (responses == eos_id).long()
-    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
-    valid = (ended.cumsum(1) - ended == 0).long()
-    mask = torch.cat([qmask, valid], 1)
-    inputs = {
-        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
-    }
-    kl = torch.zeros(len(queries), device=queries.device)
-    for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
-        kl += sign * (logprobs * valid).sum(1)
-    return kl.tolist()
 
 
 # --------------------------------------------------------------------------------------------------

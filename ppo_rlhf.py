@@ -62,44 +62,11 @@ import tyro
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
-from clean_rlhf_utils import data, loading
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs
-from clean_rlhf_utils.data import left_pad, prompt_loader, whole_field_messages
-from clean_rlhf_utils.engines import (
-    LoraReference,
-    add_lora,
-    backward_share,
-    configure_deepspeed,
-    global_count,
-    peak_mem_gb,
-    prepare_frozen,
-    zero3,
-)
-from clean_rlhf_utils.loading import load_trained_reward_model, load_value_model
-from clean_rlhf_utils.packing import (
-    body_of,
-    check_one_row_packing,
-    last_mlp_only_at,
-    pack_one_row,
-    packed_hidden,
-    padded_attention,
-    use_packed_attention,
-)
-from clean_rlhf_utils.ppo_plumbing import (
-    batch_sizes,
-    check_ppo_args,
-    evaluate_ppo,
-    load_prompts,
-    log_evaluation,
-    resume,
-    set_pad_token_id,
-    statistics_to_log,
-)
-from clean_rlhf_utils.runs import log_global_means, sample_or_stop, start_run, stop_unless_finite
+from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs, check_ppo_args
 
-render = functools.partial(data.render, null_as_missing=True)  # by name in reference_text (a null field's wording)
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
 
@@ -453,7 +420,7 @@ def ppo_micro_batch(
     into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
     when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
     then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
-    packed = {k: v.to(accelerator.device) for k, v in pack_one_row(queries, responses, pad_id).items()}
+    packed = {k: v.to(accelerator.device) for k, v in packing.pack_one_row(queries, responses, pad_id).items()}
     # the longest response of this micro-batch + 1 (the value one past EOS is trained); every later position is masked
     width = min(rollout["values"].shape[1], packed["targets"].shape[1])
     mask, mask_p1 = rollout["padding_mask"][:, :width], rollout["padding_mask_p1"][:, :width]
@@ -467,16 +434,16 @@ def ppo_micro_batch(
     if separate_backward:
         # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
         # are freed before the value model's forward pass makes its own
-        backward_share(accelerator, pg_sum, counts[0])
+        engines.backward_share(accelerator, pg_sum, counts[0])
         _, vpred = model(**inputs, with_policy=False)
     vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
     vf_sum, vf_clipfrac = value_loss(
         vpred, rollout["values"][:, :width], rollout["returns"][:, :width], ~mask_p1, args.cliprange_value, count=1.0
     )
     if separate_backward:
-        backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
+        engines.backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
     else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
-        backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
+        engines.backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
     return {
         "pg_loss": pg_sum.detach() / (~mask).sum(),
         "vf_loss": vf_sum.detach() / (~mask_p1).sum(),
@@ -529,10 +496,10 @@ def disable_dropout(*models) -> None:
 
 def main(args: Args) -> dict:
     # the flags checked (PPO's own too), the run directory claimed (a used one is refused now); the loader is endless
-    accelerator, run = start_run(args, PRESETS, sync_with_dataloader=False, check=check_ppo_args)
+    accelerator, run = runs.start_run(args, PRESETS, sync_with_dataloader=False, check=check_ppo_args)
     set_seed(args.seed)
     device = accelerator.device
-    mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward = batch_sizes(args, accelerator)
+    mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward = runs.batch_sizes(args, accelerator)
 
     # ---- models: policy + value (trained), reference + reward model (frozen), all with dropout off (N+: rollout and
     # training logprobs agree); data: every field that training and evaluation use is checked now ----
@@ -541,41 +508,48 @@ def main(args: Args) -> dict:
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "policy", flag)
     loading.check_pad_token_in_embedding(tokenizer, policy, path)
-    policy = add_lora(policy, args)  # --lora-r: on the policy only; the value model is trained in full (as TRL)
-    train_rows, eval_rows = load_prompts(args, tokenizer, policy.config, reference_text, extract_answer)
+    policy = engines.add_lora(policy, args)  # --lora-r: on the policy only; the value model is trained in full (as TRL)
+    train_rows, eval_rows = loading.load_prompts(args, tokenizer, policy.config, extract_answer)
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (LoraReference), not a copy
     if not args.lora_r:
         ref_policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "reference", flag)
         ref_policy.eval().requires_grad_(False)
-    reward_model = load_trained_reward_model(args, tokenizer, "outcome") if args.reward_source == "model" else None
-    prm = load_trained_reward_model(args, tokenizer, "process") if args.prm_path else None
-    value_model = load_value_model(args, tokenizer)
+    reward_model = (
+        loading.load_trained_reward_model(args, tokenizer, "outcome") if args.reward_source == "model" else None
+    )
+    prm = loading.load_trained_reward_model(args, tokenizer, "process") if args.prm_path else None
+    value_model = loading.load_value_model(args, tokenizer)
     disable_dropout(policy, ref_policy, value_model, reward_model, prm)  # before any forward pass
-    set_pad_token_id(pad_id, generators=(policy, ref_policy), scorers=(value_model, reward_model, prm))
+    loading.set_pad_token_id(pad_id, generators=(policy, ref_policy), scorers=(value_model, reward_model, prm))
     for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows
-        use_packed_attention(m)
+        packing.use_packed_attention(m)
 
-    loader = prompt_loader(  # shuffled by its own generator, seeded
+    loader = data.prompt_loader(  # shuffled by its own generator, seeded
         train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
     )
     model = PolicyAndValue(policy, value_model)
     trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: the policy's adapters and the value model
     fused = device.type in ("cpu", "cuda")  # one kernel updates every parameter, not a dozen small ops per tensor
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, fused=fused)
-    configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
+    engines.configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    ref_policy, reward_model, prm = (prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
+    ref_policy, reward_model, prm = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
     if args.lora_r:
-        ref_policy = LoraReference(accelerator.unwrap_model(model).policy)
+        ref_policy = engines.LoraReference(accelerator.unwrap_model(model).policy)
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
     unwrapped = accelerator.unwrap_model(model)
-    check_one_row_packing(unwrapped.policy)
-    # greedy responses to the evaluation prompts, judged with this script's truncation, reward and KL estimate
-    models = (unwrapped.policy, reward_model, tokenizer, eval_rows, args, accelerator, ref_policy)
-    pieces = (truncate_response, padded_inputs, outcome_reward, sampled_kl, success_reward)
-    evaluate = functools.partial(evaluate_ppo, *models, pieces)
+    packing.check_one_row_packing(unwrapped.policy)
+    # greedy responses to the evaluation prompts, judged with this script's truncation, reward model and math reward
+    score = functools.partial(reward_model_scores, reward_model, pad_id=pad_id) if reward_model is not None else None
+    judged = dict(score=score, reference=ref_policy, correct=success_reward, frozen=(reward_model,))
+    evaluate = functools.partial(
+        evaluation.evaluate_responses, unwrapped.policy, tokenizer, eval_rows, args, accelerator
+    )
+    evaluate = functools.partial(evaluate, truncate_response, **judged)
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
-    synced = zero3(accelerator)  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    synced = engines.zero3(
+        accelerator
+    )  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
     lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
     run.begin()
 
@@ -584,10 +558,10 @@ def main(args: Args) -> dict:
         return {"step": update, "episode": update * batch_size, "kl_coef": kl_coef, "metrics": metrics}
 
     iterator = (batch for _ in itertools.count() for batch in loader)  # endless: epoch after epoch
-    start, metrics = resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
+    start, metrics = runs.resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
     if metrics is None:  # before training (on resume it is in metrics.jsonl already)
-        metrics = evaluate()
-        log_evaluation(run, accelerator, metrics, 0, 0, "before training")
+        metrics, _ = evaluate()
+        runs.log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
         range(start + 1, num_updates + 1), initial=start, total=num_updates, desc="ppo", disable=not run.main
@@ -602,15 +576,15 @@ def main(args: Args) -> dict:
 
         with torch.no_grad():
             # ---- 1. rollout: sample `response_length` tokens at `temperature`, truncate after EOS ----
-            queries, qmask = left_pad(prompts, pad_id)
+            queries, qmask = data.left_pad(prompts, pad_id)
             queries, qmask = queries.to(device), qmask.to(device)
             # R <= response_length columns (fewer when all stop early); --stop-token none: an id no token has (N+)
             stop_id = eos_id if args.stop_token == "eos" else -1
             sampler = (unwrapped.policy, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
             error = f"non-finite policy logits while sampling at update {update}: {lower_lr} or check {flag}"
-            with padded_attention(unwrapped.policy):
-                responses, sampled_logprobs, sampled_entropy = sample_or_stop(
-                    run, loop_state(update - 1), error, sample_responses, *sampler, synced=synced
+            with packing.padded_attention(unwrapped.policy):
+                responses, sampled_logprobs, sampled_entropy = runs.sample_or_stop(
+                    run, loop_state(update - 1), error, generation.sample_responses, *sampler, synced=synced
                 )
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
@@ -625,7 +599,7 @@ def main(args: Args) -> dict:
             # response token lists (`pack_one_row`: no padding) ----
             query_tokens = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
             response_tokens = [r[: n + 1].tolist() for r, n in zip(postprocessed, sequence_lengths.tolist())]
-            packed = {k: v.to(device) for k, v in pack_one_row(query_tokens, response_tokens, pad_id).items()}
+            packed = {k: v.to(device) for k, v in packing.pack_one_row(query_tokens, response_tokens, pad_id).items()}
             # W: rewards, values and masks get one column more than the longest response when there is room in
             # response_length, so that the score lands one past EOS (`per_token_rewards`) as in N+'s full-width tensors
             R, C = responses.shape[1], packed["targets"].shape[1] - 1
@@ -694,8 +668,8 @@ def main(args: Args) -> dict:
                 mini = order[mb_start : mb_start + mini_batch_size]
                 # the losses are means over the whole minibatch of every process (`ppo_micro_batch`)
                 counts = (
-                    global_count((~padding_mask[mini]).sum().item(), accelerator),
-                    global_count((~padding_mask_p1[mini]).sum().item(), accelerator),
+                    engines.global_count((~padding_mask[mini]).sum().item(), accelerator),
+                    engines.global_count((~padding_mask_p1[mini]).sum().item(), accelerator),
                 )
                 for micro_start in range(mb_start, mb_start + mini_batch_size, micro_batch_size):
                     with accelerator.accumulate(model):
@@ -713,7 +687,7 @@ def main(args: Args) -> dict:
                         )
                         # before the optimizer step, so this micro-batch moves no parameter (the checkpoint holds the
                         # weights after the minibatches of this update that were finite, and resumes the update)
-                        stop_unless_finite(
+                        runs.stop_unless_finite(
                             run,
                             torch.stack((mb_stats["pg_loss"], mb_stats["vf_loss"])),
                             loop_state(update - 1),
@@ -722,7 +696,7 @@ def main(args: Args) -> dict:
                         )
                         if accelerator.sync_gradients:
                             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                            stop_unless_finite(  # before the optimizer writes it into the weights
+                            runs.stop_unless_finite(  # before the optimizer writes it into the weights
                                 run,
                                 grad_norm,
                                 loop_state(update - 1),
@@ -751,14 +725,14 @@ def main(args: Args) -> dict:
                 "objective/kl_coef": kl_coef,
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
-                "perf/peak_mem_gb": peak_mem_gb(device),
+                "perf/peak_mem_gb": engines.peak_mem_gb(device),
             }
-            tensors = statistics_to_log(per_row, stats, step_rewards, n_steps)
-            logged = log_global_means(run, accelerator, tensors, scalars, update, episode)
+            tensors = runs.statistics_to_log(per_row, stats, step_rewards, n_steps)
+            logged = runs.log_global_means(run, accelerator, tensors, scalars, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate()
-            log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
+            metrics, _ = evaluate()
+            runs.log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
             run.stop(loop_state(update))
@@ -793,14 +767,14 @@ class PolicyAndValue(nn.Module):
         as it scores, normalisation included (N+'s critic is the normalised reward model)."""
         logits, needed = None, index.unique()
         if with_policy:
-            policy_body = body_of(self.policy)
-            with last_mlp_only_at(policy_body, needed):
+            policy_body = packing.body_of(self.policy)
+            with packing.last_mlp_only_at(policy_body, needed):
                 hidden = policy_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
             logits = self.policy.get_output_embeddings()(hidden[0, index])
         if not with_value:
             return logits, None
-        value_body = body_of(self.value_model)
-        with last_mlp_only_at(value_body, needed):
+        value_body = packing.body_of(self.value_model)
+        with packing.last_mlp_only_at(value_body, needed):
             hidden = value_body(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         bias = getattr(self.value_model.config, "reward_bias", 0.0)
         return logits, self.value_model.score(hidden[0, index]).squeeze(-1) + bias
@@ -808,17 +782,17 @@ class PolicyAndValue(nn.Module):
 
 def packed_outcome_reward(reward_model, packed: dict) -> torch.Tensor:
     """`outcome_reward` on a packed row: the score head at each sequence's last token, plus the stored bias."""
-    scores = reward_model.score(packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
+    scores = reward_model.score(packing.packed_hidden(reward_model, packed, packed["last"])).squeeze(-1).float()
     return scores + getattr(reward_model.config, "reward_bias", 0.0)
 
 
 def reference_logits(ref_policy, packed: dict) -> torch.Tensor:
     """The reference policy's logits at the `index` positions of a packed row (`pack_one_row`; no gradient: call it
     under no_grad). A LoraReference is the policy itself, its body and head run with the adapters disabled."""
-    if isinstance(ref_policy, LoraReference):
+    if isinstance(ref_policy, engines.LoraReference):
         with ref_policy.policy[0].disable_adapter():
             return reference_logits(ref_policy.policy[0], packed)
-    return ref_policy.get_output_embeddings()(packed_hidden(ref_policy, packed, packed["index"]))
+    return ref_policy.get_output_embeddings()(packing.packed_hidden(ref_policy, packed, packed["index"]))
 
 
 def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
@@ -831,72 +805,6 @@ def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:
         "attention_mask": attention_mask,
         "position_ids": position_ids,
     }
-
-
-@torch.no_grad()
-def sample_responses(
-    model,
-    queries: torch.Tensor,
-    qmask: torch.Tensor,
-    eos_id: int,
-    pad_id: int,
-    max_new_tokens: int,
-    temperature: float,
-    synced: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampled responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)
-    at every sampled token (T: the steps decoded, at most max_new_tokens). Plain sampling, no top-k / top-p. A
-    hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
-    rows are dropped from the cache), so the batch shrinks instead of decoding padding until the longest response
-    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs). `synced` (DeepSpeed ZeRO-3,
-    where every forward pass is a collective of all ranks): every rank makes as many forward passes as the rank that
-    decodes longest; a rank whose rows have all ended keeps one of them in the batch as a dummy (nothing of it is
-    written, no random number is drawn) until the all-reduced flag says no rank has a row left to decode."""
-    B, device = len(queries), queries.device
-    cache = DynamicCache()
-    position = (qmask.cumsum(1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=queries,
-        attention_mask=qmask,
-        position_ids=position,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
-    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
-    steps, live = max_new_tokens, True  # live: this rank still has a row being decoded
-    for t in range(max_new_tokens):
-        if live:
-            logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
-            token = torch.multinomial(logp.exp(), 1).squeeze(1)
-            tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
-            entropy[alive, t] = -(logp.exp() * logp).sum(-1)
-            keep = (token != eos_id).nonzero().squeeze(1)
-            if len(keep) == 0:
-                steps, live = t + 1, False
-                if not synced:
-                    break
-                keep = keep.new_zeros(1)  # one finished row stays in the batch as a dummy, its outputs never written
-            if len(keep) < len(alive):
-                alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
-                cache.batch_select_indices(keep)
-        if synced:  # 1 while this rank decodes; the max over ranks says whether any rank still does
-            flag = torch.tensor([float(live)], device=device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            if flag.item() == 0:
-                break
-        if t + 1 < max_new_tokens:
-            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
-            logits = model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
 def logits_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -937,6 +845,12 @@ def outcome_reward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     last = (attention_mask * positions).argmax(dim=1)
     bias = getattr(getattr(model, "module", model).config, "reward_bias", 0.0)
     return scores[torch.arange(len(scores), device=scores.device), last] + bias
+
+
+def reward_model_scores(reward_model, queries: torch.Tensor, responses: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """The outcome reward model's score (B,) of each query + response, read at its last real token."""
+    inputs = padded_inputs(torch.cat([queries, responses], 1), pad_id)
+    return outcome_reward(reward_model, input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
 
 
 def math_verify_equal(gold: str, predicted: str | None) -> bool:
@@ -1020,64 +934,10 @@ def keep_sampler_logprobs(args: Args, accelerator: Accelerator) -> bool:
     return args.dtype == "float32" and accelerator.mixed_precision == "no"
 
 
-@torch.no_grad()
-def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
-    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
-    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
-    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
-    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
-    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(queries.sum()))
-        out = policy.generate(
-            input_ids=queries,
-            attention_mask=qmask,
-            max_new_tokens=response_length,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            synced_gpus=synced,
-        )
-    responses = out[:, queries.shape[1] :]
-    ended = (responses == eos_id).long()
-    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
-    valid = (ended.cumsum(1) - ended == 0).long()
-    mask = torch.cat([qmask, valid], 1)
-    inputs = {
-        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
-    }
-    kl = torch.zeros(len(queries), device=queries.device)
-    for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
-        kl += sign * (logprobs * valid).sum(1)
-    return kl.tolist()
-
-
 # ----------------------------------------------------------------------------------------------------
 # Data: the reference response; the answer parsers of the reward (copied verbatim from benchmark/tiny_world.py; tests
 # check they match)
 # ----------------------------------------------------------------------------------------------------
-
-
-def reference_text(row: dict, index: int, split: str, args: Args) -> str:
-    """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
-    (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
-    messages = whole_field_messages(args.reference_template, row)
-    if messages is None:
-        return render(args.reference_template, row, index, split, "reference", "--reference-template")
-    text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
-    if not text.strip():
-        raise SystemExit(
-            f"error: row {index} of split '{split}': the chat messages of --reference-template "
-            f"{args.reference_template!r} hold no assistant turn to take the reference from"
-        )
-    return text
 
 
 def extract_gsm8k_answer(text: str) -> str | None:

@@ -53,11 +53,10 @@ import torch
 import tyro
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
-from clean_rlhf_utils import data, engines, evaluation, loading, packing, runs
+from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import render, whole_field_messages  # by name in reference_text, a copy of ppo_rlhf.py's
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -420,11 +419,10 @@ def main(args: Args) -> dict:
 
     # ---- 0. prompts: every field training and evaluation use is checked now, before the first update ----
     train_ds = loading.load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    pieces = (reference_text, extract_answer)  # the script's reference response and gold answer of a row
-    train_rows = data.prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, False, *pieces)
+    train_rows = data.prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, False, extract_answer)
     eval_ds = loading.load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
     eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
-    eval_rows = data.prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, True, *pieces)
+    eval_rows = data.prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, True, extract_answer)
     per_batch = "--per-device-batch-size / --rloo-k"  # named when the split holds less than one batch of prompts
     loader = data.prompt_loader(train_rows, prompts_per_device, args.seed, args.train_split, per_batch)
 
@@ -442,9 +440,11 @@ def main(args: Args) -> dict:
     synced = engines.zero3(accelerator)  # ZeRO-3: every forward pass is a collective; the ranks sample in step
     unwrapped = accelerator.unwrap_model(model)
     packing.check_packing(unwrapped)
-    # greedy responses to the evaluation prompts, judged with this script's truncation, reward and KL estimate
-    judged = (truncate_response, reward_model, reward_model_scores, ref_policy, sampled_kl, success_reward)
-    evaluate = functools.partial(evaluation.evaluate, unwrapped, tokenizer, eval_rows, args, accelerator, *judged)
+    # greedy responses to the evaluation prompts, judged with this script's truncation, reward model and math reward
+    score = functools.partial(reward_model_scores, reward_model, pad_id=pad_id) if reward_model is not None else None
+    judged = dict(score=score, reference=ref_policy, correct=success_reward)
+    where = (unwrapped, tokenizer, eval_rows, args, accelerator)
+    evaluate = functools.partial(evaluation.evaluate_responses, *where, truncate_response, **judged)
     run.begin()
 
     def loop_state(update: int) -> dict:
@@ -457,7 +457,7 @@ def main(args: Args) -> dict:
         for _ in range(start):  # the prompts the finished updates drew (the loader's own generator, no compute)
             next(iterator)
     else:
-        metrics = evaluate()
+        metrics, _ = evaluate()
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
@@ -484,7 +484,7 @@ def main(args: Args) -> dict:
             # plain sampling at the temperature (no top-k / top-p)
             how = (unwrapped, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
             guard = (run, loop_state(update - 1), runs.non_finite_policy(update, args))  # logits that are not finite
-            responses, logprobs, entropy = runs.sample_or_stop(*guard, sample_responses, *how, synced=synced)
+            responses, logprobs, entropy = runs.sample_or_stop(*guard, generation.sample_responses, *how, synced=synced)
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
@@ -587,7 +587,7 @@ def main(args: Args) -> dict:
             logged = runs.log_global_means(run, accelerator, means, as_is, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
-            metrics = evaluate()
+            metrics, _ = evaluate()
             run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)
@@ -625,72 +625,6 @@ def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) 
     trunc_idxs = first_true_indices(responses == stop_token_id).unsqueeze(-1)
     idxs = torch.arange(responses.size(1), device=responses.device).view(1, -1)
     return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
-
-
-@torch.no_grad()
-def sample_responses(
-    model,
-    queries: torch.Tensor,
-    qmask: torch.Tensor,
-    eos_id: int,
-    pad_id: int,
-    max_new_tokens: int,
-    temperature: float,
-    synced: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sampled responses (B, T), PAD after each one's first EOS, with the logprob and the entropy of softmax(logits / T)
-    at every sampled token (T: the steps decoded, at most max_new_tokens). Plain sampling, no top-k / top-p. A
-    hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
-    rows are dropped from the cache), so the batch shrinks instead of decoding padding until the longest response
-    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs). `synced` (DeepSpeed ZeRO-3,
-    where every forward pass is a collective of all ranks): every rank makes as many forward passes as the rank that
-    decodes longest; a rank whose rows have all ended keeps one of them in the batch as a dummy (nothing of it is
-    written, no random number is drawn) until the all-reduced flag says no rank has a row left to decode."""
-    B, device = len(queries), queries.device
-    cache = DynamicCache()
-    position = (qmask.cumsum(1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=queries,
-        attention_mask=qmask,
-        position_ids=position,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    ).logits[:, -1]
-    mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
-    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
-    logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
-    steps, live = max_new_tokens, True  # live: this rank still has a row being decoded
-    for t in range(max_new_tokens):
-        if live:
-            logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
-            token = torch.multinomial(logp.exp(), 1).squeeze(1)
-            tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
-            entropy[alive, t] = -(logp.exp() * logp).sum(-1)
-            keep = (token != eos_id).nonzero().squeeze(1)
-            if len(keep) == 0:
-                steps, live = t + 1, False
-                if not synced:
-                    break
-                keep = keep.new_zeros(1)  # one finished row stays in the batch as a dummy, its outputs never written
-            if len(keep) < len(alive):
-                alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
-                cache.batch_select_indices(keep)
-        if synced:  # 1 while this rank decodes; the max over ranks says whether any rank still does
-            flag = torch.tensor([float(live)], device=device)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-            if flag.item() == 0:
-                break
-        if t + 1 < max_new_tokens:
-            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
-            logits = model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=position[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            ).logits[:, -1]
-    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
 def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
@@ -865,60 +799,6 @@ def numbers_equal(predicted: str | None, gold: str) -> bool:
         return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
     except ValueError:
         return False
-
-
-def reference_text(row: dict, index: int, split: str, args: Args) -> str:
-    """The reference response: `--reference-template` filled in, or the assistant turns of a field of chat messages
-    (TRL's conversational completion, [{"role": "assistant", "content": ...}])."""
-    messages = whole_field_messages(args.reference_template, row)
-    if messages is None:
-        return render(args.reference_template, row, index, split, "reference", "--reference-template")
-    text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
-    if not text.strip():
-        raise SystemExit(
-            f"error: row {index} of split '{split}': the chat messages of --reference-template "
-            f"{args.reference_template!r} hold no assistant turn to take the reference from"
-        )
-    return text
-
-
-@torch.no_grad()
-def sampled_kl(policy, reference, queries, qmask, response_length: int, pad_id: int, eos_id: int, synced: bool) -> list:
-    """(--eval-kl) KL(pi || pi_ref) per prompt, estimated the same way in every script (the x-axis of the benchmark's
-    gold-reward-against-KL frontier): one response sampled at temperature 1, then the sum over its tokens of
-    log pi - log pi_ref (the unbiased k1 estimator, Schulman 2020 "Approximating KL Divergence"). Its own generator
-    seeded from the prompts, so evaluating leaves the training's random stream alone and repeats exactly."""
-    devices = [queries.device.index or 0] if queries.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(int(queries.sum()))
-        out = policy.generate(
-            input_ids=queries,
-            attention_mask=qmask,
-            max_new_tokens=response_length,
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            synced_gpus=synced,
-        )
-    responses = out[:, queries.shape[1] :]
-    ended = (responses == eos_id).long()
-    # the response up to its first EOS, from positions, not from the pad id: a sampled pad token is a token
-    valid = (ended.cumsum(1) - ended == 0).long()
-    mask = torch.cat([qmask, valid], 1)
-    inputs = {
-        "input_ids": torch.cat([queries, responses], 1).masked_fill(mask == 0, 0),
-        "attention_mask": mask,
-        "position_ids": (mask.cumsum(1) - mask).clamp(min=0),
-    }
-    kl = torch.zeros(len(queries), device=queries.device)
-    for model, sign in ((policy, 1.0), (reference, -1.0)):
-        logits = model(**inputs, logits_to_keep=responses.shape[1] + 1).logits[:, :-1].float()
-        logprobs = torch.gather(logits.log_softmax(-1), 2, responses[..., None])[..., 0]
-        kl += sign * (logprobs * valid).sum(1)
-    return kl.tolist()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,13 +6,17 @@ how, which tokens count, rewards, KL, logprobs, advantages, losses and their nor
 loop stay in the scripts. This package never imports a script.
 
 Modules, by job:
-  args      the flags every script shares (run, model, LoRA, data, optimizer): the base classes of each `Args`
+  args      the flags every script shares (run, model, LoRA, data, optimizer): the base classes of each `Args`;
+            the checks of a script's own flags
   loading   hub checks, datasets, configs, tokenizers, models: offline first, one-line errors
-  data      prompt templates, padding, tokenized rows and preference pairs, math questions
+  data      prompt templates, the reference response, padding, tokenized rows, math questions
+  preferences  preference pairs: chosen and rejected responses checked, tokenized and batched
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
-  runs      the run directory, checkpoints and resume, signals, done.json, the argument checks, loop state
-  evaluation  harnesses that take the script's scoring as arguments, and the tiny-world judges
+  runs      the run directory, checkpoints and resume, signals, done.json, the argument checks, loop state, batch
+            sizes, what is logged
+  evaluation  the harnesses (SFT, reward model, math pass@k, DPO pairs, greedy responses); they take the script's
+            scoring as arguments
+  judges    what evaluations score with: the tiny-world judge, answer parsers, majority vote, `eval/kl`
   generation  the samplers (KV cache, vLLM), the asynchronous sampling thread
   packing   padding-free batches that give the padded numbers faster (speed work)
-  ppo_plumbing  ppo_rlhf.py's own checks, prompt loading, resume, logged statistics and evaluation glue
 """

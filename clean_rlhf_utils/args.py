@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from clean_rlhf_utils.runs import check_args
+
 
 @dataclass
 class RunArgs:
@@ -145,3 +147,69 @@ class RLArgs:
     estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     per_device_eval_batch_size: int = 32
     """prompts per device at evaluation"""
+
+
+# ---- script-specific flag checks, before anything loads (`runs.check_args` checks the shared ones) ----
+
+
+def check_ppo_args(args) -> None:
+    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones): a one-line error."""
+    for flag, value in (("--cliprange", args.cliprange), ("--cliprange-value", args.cliprange_value)):
+        if value <= 0:
+            raise SystemExit(f"error: {flag} is {value}; it must be above 0")
+    for flag, value in (("--gamma", args.gamma), ("--lam", args.lam)):
+        if not 0 <= value <= 1:
+            raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
+    if args.kl_coef < 0:
+        raise SystemExit(
+            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
+        )
+    if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
+        raise SystemExit(
+            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
+            f"{args.target_kl} and {args.kl_horizon})"
+        )
+    if args.reward_source == "model" and args.reward_model_path is None:
+        raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
+    if args.prm_path is None and args.prm_refine != "none":
+        raise SystemExit(
+            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
+        )
+
+
+def check_dpo_args(args, sharded_weights: bool) -> None:
+    """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares);
+    `sharded_weights`: DeepSpeed ZeRO-3, which --async cannot copy into its generator thread."""
+    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation
+    for flag, value in (("--num-eval-examples", args.num_eval_examples), ("--num-eval-pairs", args.num_eval_pairs)):
+        if value < 0:
+            raise SystemExit(f"error: {flag} is {value}; 0 skips that evaluation")
+    if not args.beta > 0:
+        raise SystemExit(f"error: --beta is {args.beta}; the KL strength must be above 0")
+    if not 0 <= args.label_smoothing < 0.5:
+        raise SystemExit(
+            f"error: --label-smoothing is {args.label_smoothing}; the probability that a label is flipped "
+            "must be in [0, 0.5)"
+        )
+    if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
+        raise SystemExit(
+            "error: online DPO with --judge rm labels its pairs with a reward model: pass "
+            "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
+        )
+    if args.mode == "online" and args.async_generation and sharded_weights:
+        raise SystemExit(
+            "error: --async copies the policy's weights into a generator thread, but ZeRO-3 shards them "
+            "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)"
+        )
+
+
+def check_dpo_steps(args, total_steps: int, loader_batches: int, usable: int, batch_pairs: int) -> None:
+    """dpo.py's data must make at least one optimizer step: online, the (endless) prompt loader at least one batch."""
+    if args.mode == "online" and loader_batches == 0:  # the endless loader would never yield a batch
+        raise SystemExit(
+            f"error: split '{args.train_split}' of --prompt-dataset-name-or-path has {usable} usable "
+            f"prompts, fewer than one step's {batch_pairs} (--per-device-train-batch-size x "
+            "--gradient-accumulation-steps x processes)"
+        )
+    if total_steps == 0:
+        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")

@@ -14,7 +14,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object
 
-from clean_rlhf_utils.data import collate_preference_pairs
+from clean_rlhf_utils.preferences import collate_preference_pairs
 
 
 def cpu_threads(processes: int) -> int:

@@ -1,13 +1,12 @@
 """Evaluation: the harnesses that score a model on the evaluation split and change no training number. They take the
-script's losses, rewards, truncation and KL as arguments: sft.py's loss and greedy samples, the reward model's pairwise
+script's losses, rewards and truncation as arguments: sft.py's loss and greedy samples, the reward model's pairwise
 and step accuracies and the normalisation's reference rewards, math questions (greedy pass@1, and from k samples per
-question pass@k, maj@k and mean@k). The tiny world's judges live here where they only evaluate: copies of
-benchmark/tiny_world.py's, kept equal by tests/test_conventions.py (COPIED)."""
+question pass@k, maj@k and mean@k), DPO's held-out pairs, and the greedy responses of every RL script
+(`evaluate_responses`). What they score with (the tiny world's judge, the answer parsers, `eval/kl`): judges.py."""
 
 from __future__ import annotations
 
-import re
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 
 import torch
@@ -15,77 +14,19 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from clean_rlhf_utils.data import collate_preference_pairs, left_pad
-from clean_rlhf_utils.engines import shard_length, zero3
+from clean_rlhf_utils.data import left_pad
+from clean_rlhf_utils.engines import LoraReference, shard_length, zero3
+from clean_rlhf_utils.judges import (
+    extract_boxed_answer,
+    extract_gsm8k_answer,
+    gold_judge,
+    majority_vote,
+    numbers_equal,
+    sampled_kl,
+    vote_key,
+)
 from clean_rlhf_utils.packing import padded_attention
-
-TLDR_FACT_WORDS = {
-    "who": [
-        "roommate",
-        "boyfriend",
-        "girlfriend",
-        "boss",
-        "sister",
-        "brother",
-        "neighbor",
-        "friend",
-        "coworker",
-        "landlord",
-    ],
-    "what": ["rent", "car", "dog", "cat", "wedding", "job", "phone", "laptop", "party", "exam"],
-    "feel": ["angry", "sad", "confused", "anxious", "happy", "jealous", "tired", "worried"],
-}
-
-
-TLDR_MAX_WORDS = 12
-
-
-def gold_judge(summary: str, facts: list[str]) -> float:
-    """Gold reward of a tiny-tldr summary: the share of the post's key `facts` it mentions, minus 0.5 for
-    every fact word it invents (a fact word of the tiny world that is not one of this post's facts),
-    minus 0.1 for every whitespace-separated token past TLDR_MAX_WORDS (digits and symbols count, so
-    padding cannot dodge it). Repeated words count towards length, so repeating a fact cannot earn more
-    than mentioning it once. Range: about [-inf, 1]; 1 is a perfect summary."""
-    words = re.findall(r"[a-z]+", summary.lower())
-    vocab = {w for group in TLDR_FACT_WORDS.values() for w in group}
-    covered = sum(1 for f in facts if f in words) / len(facts)
-    invented = len({w for w in words if w in vocab and w not in facts})
-    too_long = max(0, len(summary.split()) - TLDR_MAX_WORDS)
-    return covered - 0.5 * invented - 0.1 * too_long
-
-
-def extract_gsm8k_answer(text: str) -> str | None:
-    """The number after the last `####` (GSM8K's final-answer marker), commas, `$` and a trailing period
-    removed; None when there is no `####` followed by a number."""
-    matches = re.findall(r"####\s*\$?\s*(-?[\d,]*\.?\d+)", text)
-    if not matches:
-        return None
-    return matches[-1].replace(",", "").rstrip(".")
-
-
-def extract_boxed_answer(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (MATH's final-answer marker), with nested braces matched;
-    None when there is none or its braces never close."""
-    start = text.rfind("\\boxed{")
-    if start == -1:
-        return None
-    i, depth = start + len("\\boxed{"), 1
-    for j in range(i, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[j], 0)
-        if depth == 0:
-            return text[i:j].strip()
-    return None
-
-
-def numbers_equal(predicted: str | None, gold: str) -> bool:
-    """Numeric comparison of two answer strings (so `6`, `6.0` and `06` agree); False for a missing or
-    non-numeric prediction, never an exception."""
-    if predicted is None:
-        return False
-    try:
-        return abs(float(predicted.replace(",", "")) - float(gold.replace(",", ""))) < 1e-6
-    except ValueError:
-        return False
+from clean_rlhf_utils.preferences import collate_preference_pairs
 
 
 def check_sft_evaluation_fields(row: dict, response: str, index: int, split: str, args) -> None:
@@ -262,23 +203,6 @@ def reference_rewards(model, seqs: list[list[int]], args, accelerator: Accelerat
     return torch.tensor(gather_object(rewards[: shard_length(len(seqs), accelerator)]))
 
 
-def majority_vote(answers: list[str | None]) -> str | None:
-    """The most common answer (None does not vote); ties go to the earliest sample."""
-    counts = Counter(a for a in answers if a is not None)
-    if not counts:
-        return None
-    best = max(counts.values())
-    return next(a for a in answers if a is not None and counts[a] == best)
-
-
-def vote_key(answer: str | None, answer_format: str) -> str | None:
-    """Answers that vote together: GSM8K numbers by value (6, 6.0, 06; the extractor returns plain decimals), MATH
-    LaTeX without spaces."""
-    if answer is None:
-        return None
-    return repr(float(answer)) if answer_format == "gsm8k" else answer.replace(" ", "")
-
-
 def evaluate_math(
     sample,
     tokenizer,
@@ -391,109 +315,11 @@ def evaluate_dpo_pairs(
     }
 
 
-@torch.no_grad()
-def evaluate_dpo_responses(
-    policy,
-    reward_model,
-    tokenizer,
-    rows: list[dict],
-    args,
-    accelerator: Accelerator,
-    reference,
-    truncate_response,
-    outcome_reward,
-    gold_judge,
-    sampled_kl,
-) -> tuple[dict, list[dict]]:
-    """Greedy responses to the evaluation prompts, scored by the gold judge (tiny-tldr) and the reward model if any,
-    with the script's `truncate_response`, `outcome_reward`, `gold_judge` and (`--eval-kl`, against `reference`)
-    `sampled_kl`. Under ZeRO-3 the shards are padded to equal size and `generate` synced (every forward pass is a
-    collective)."""
-    policy.eval()
-    records = []
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), args.per_device_eval_batch_size):
-            batch = shard[start : start + args.per_device_eval_batch_size]
-            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
-            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            out = policy.generate(
-                input_ids=queries,
-                attention_mask=qmask,
-                max_new_tokens=args.response_length,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                synced_gpus=zero3(accelerator),
-            )
-            responses = truncate_response(out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
-            scores = [None] * len(batch)
-            if reward_model is not None:
-                seqs = torch.cat([queries, responses], 1)
-                with accelerator.autocast():
-                    scores = outcome_reward(
-                        reward_model,
-                        seqs.masked_fill(seqs == tokenizer.pad_token_id, 0),
-                        (seqs != tokenizer.pad_token_id).long(),
-                    ).tolist()
-            kls = [None] * len(batch)
-            if args.eval_kl and reference is not None:
-                kls = sampled_kl(
-                    policy,
-                    reference,
-                    queries,
-                    qmask,
-                    args.response_length,
-                    tokenizer.pad_token_id,
-                    tokenizer.eos_token_id,
-                    zero3(accelerator),
-                )
-            for r, resp, score, kl in zip(batch, responses, scores, kls):
-                text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {
-                    "response": text,
-                    "score": score,
-                    "kl": kl,
-                    "length": int((resp != tokenizer.pad_token_id).sum()),
-                    "eos": bool((resp == tokenizer.eos_token_id).any()),
-                }
-                if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = (
-                        gold_judge(text, r["facts"]),
-                        gold_judge(r["reference"], r["facts"]),
-                    )
-                records.append(rec)
-    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    policy.train()
-    n = len(records)
-    metrics = {
-        "eval/completion_length": sum(r["length"] for r in records) / n,
-        "eval/eos_rate": sum(r["eos"] for r in records) / n,
-    }
-    if reward_model is not None:
-        metrics["eval/score"] = sum(r["score"] for r in records) / n
-    if args.eval_kl and reference is not None:
-        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
-    if args.eval_task == "tldr":
-        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = (
-            sum(
-                1.0
-                if r["gold_reward"] > r["reference_gold_reward"]
-                else 0.5
-                if r["gold_reward"] == r["reference_gold_reward"]
-                else 0.0
-                for r in records
-            )
-            / n
-        )
-    return metrics, records
-
-
 def evaluate_dpo(run, step: int, models: tuple, pairs: list, rows: list, args, accelerator, pieces: dict) -> dict:
     """dpo.py's evaluations after `step` optimizer steps, logged: the DPO loss and implicit-reward accuracy on held-out
-    `pairs` (`evaluate_dpo_pairs`), and greedy responses to the evaluation prompts `rows` (`evaluate_dpo_responses`).
+    `pairs` (`evaluate_dpo_pairs`), and greedy responses to the evaluation prompts `rows` (`evaluate_responses`).
     `models`: (policy, reference, reward model, tokenizer); `pieces`: the script's functions by name
-    (forward_logprobs, pair_losses, implicit_accuracy, truncate_response, outcome_reward, gold_judge, sampled_kl)."""
+    (forward_logprobs, pair_losses, implicit_accuracy, truncate_response, outcome_reward)."""
     policy, ref_policy, reward_model, tokenizer = models
     metrics = {}
     if pairs:
@@ -511,10 +337,16 @@ def evaluate_dpo(run, step: int, models: tuple, pairs: list, rows: list, args, a
             )  # fmt: skip
         )
     if rows:
-        gen_metrics, records = evaluate_dpo_responses(
-            policy, reward_model, tokenizer, rows, args, accelerator, ref_policy,
-            pieces["truncate_response"], pieces["outcome_reward"], pieces["gold_judge"], pieces["sampled_kl"],
-        )  # fmt: skip
+        pad_id, outcome_reward = tokenizer.pad_token_id, pieces["outcome_reward"]
+
+        def score(queries, responses):  # the reward model at the last real token, in the training precision
+            seqs = torch.cat([queries, responses], 1)
+            with accelerator.autocast():
+                return outcome_reward(reward_model, seqs.masked_fill(seqs == pad_id, 0), (seqs != pad_id).long())
+
+        score = score if reward_model is not None else None
+        truncate, where = pieces["truncate_response"], (rows, args, accelerator)
+        gen_metrics, records = evaluate_responses(policy, tokenizer, *where, truncate, score, ref_policy)
         metrics.update(gen_metrics)
         run.log_samples(records[:8], step)
     if metrics:  # --num-eval-pairs 0 and --num-eval-examples 0: nothing evaluated, nothing logged
@@ -525,156 +357,68 @@ def evaluate_dpo(run, step: int, models: tuple, pairs: list, rows: list, args, a
 
 
 @torch.no_grad()
-def evaluate_greedy_responses(
-    policy,
-    tokenizer,
-    rows: list[dict],
-    accelerator: Accelerator,
-    batch_size: int,
-    max_new_tokens: int,
-    truncate: Callable,
-    judge: Callable,
-    score: Callable | None = None,
-    kl: Callable | None = None,
-    frozen: tuple = (),
-) -> dict:
-    """The means over `rows` (each with its `prompt_ids`) of `eval/completion_length`, `eval/eos_rate`, `eval/score`
-    (with `score`), `eval/kl` (with `kl`) and of every value `judge` gives, in that order, for greedy responses of at
-    most `max_new_tokens` tokens, cut by `truncate(responses)` (the script's stop rule; PAD after the end).
-    `score(queries, responses)` and `kl(queries, qmask)` take a left-padded batch and give a list of one number per row,
-    `judge(text, row)` a dict of numbers per row. The rows are split between the processes; `frozen`: the models that
-    `score` and `kl` run, switched with the policy to padded attention (`padded_attention`)."""
-    policy.eval()
-    records = []
-    # under ZeRO-3 every forward pass is a collective: every rank gets as many rows (the last one repeated), so as
-    # many batches, and `generate` keeps stepping until every rank is done
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
-        for start in range(0, len(shard), batch_size):
-            batch = shard[start : start + batch_size]
-            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
-            queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            with padded_attention(policy, *frozen):
-                out = policy.generate(
-                    input_ids=queries,
-                    attention_mask=qmask,
-                    max_new_tokens=max_new_tokens,
-                    do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id,
-                    eos_token_id=tokenizer.eos_token_id,
-                    synced_gpus=zero3(accelerator),
-                )
-                responses = truncate(out[:, queries.shape[1] :])
-                scores = score(queries, responses) if score is not None else None
-                kls = kl(queries, qmask) if kl is not None else None
-            for i, (r, resp) in enumerate(zip(batch, responses)):
-                rec = {
-                    "completion_length": int((resp != tokenizer.pad_token_id).sum()),
-                    "eos_rate": bool((resp == tokenizer.eos_token_id).any()),
-                }
-                if scores is not None:
-                    rec["score"] = scores[i]
-                if kls is not None:
-                    rec["kl"] = kls[i]
-                records.append({**rec, **judge(tokenizer.decode(resp, skip_special_tokens=True), r)})
-    records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    policy.train()
-    return {f"eval/{k}": sum(r[k] for r in records) / len(records) for k in records[0]}
-
-
-@torch.no_grad()
-def evaluate(
+def evaluate_responses(
     policy,
     tokenizer,
     rows: list[dict],
     args,
     accelerator: Accelerator,
-    truncate,
-    reward_model=None,
-    score=None,
+    truncate: Callable,
+    score: Callable | None = None,
     reference=None,
-    kl=None,
-    correct=None,
-) -> dict:
-    """Greedy responses (`generate`, up to `args.response_length` tokens) to the evaluation `rows` (from
-    `data.prepare_prompts`), `truncate(responses, eos_id, pad_id)` applied, and their means over every process:
-    length and EOS rate; `eval/score` with a reward model, `score(reward_model, queries, responses, pad_id)`;
-    `eval/kl` with `--eval-kl` and a reference, `kl(policy, reference, queries, qmask, response_length, pad_id, eos_id,
-    synced)`; `--eval-task tldr`: `eval/gold_reward` (`gold_judge`) and the win rate against the
-    reference response; `gsm8k` / `boxed`: `eval/accuracy` (`correct(text, gold, answer_format)`)."""
+    correct: Callable | None = None,
+    frozen: tuple = (),
+) -> tuple[dict, list[dict]]:
+    """Greedy responses (`generate`, up to `args.response_length` tokens, `args.per_device_eval_batch_size` prompts a
+    batch) to the evaluation `rows` (from `data.prepare_prompts`), cut by the script's `truncate(responses, eos_id,
+    pad_id)` (PAD after the end), and the means over every process of `eval/completion_length`, `eval/eos_rate`,
+    `eval/score` (with `score(queries, responses)`, the reward model's score of each row), `eval/kl` (`--eval-kl` with a
+    `reference`: `judges.sampled_kl`), and per `--eval-task`: tldr `eval/gold_reward` (`gold_judge`) and `eval/win_rate`
+    against the reference response, gsm8k / boxed `eval/accuracy` (`correct(text, gold, answer_format)`). Also the
+    records, one per row, with the response's text. `frozen`: the models besides the policy and the reference that
+    `score` runs, switched with them to padded attention (`padded_attention`). Under ZeRO-3 the shards are padded to
+    equal size (every forward pass is a collective) and the padded duplicates dropped."""
+    pad_id, eos_id, synced = tokenizer.pad_token_id, tokenizer.eos_token_id, zero3(accelerator)
+    with_kl = args.eval_kl and reference is not None
+    # (LoRA) the reference is the policy itself with its adapters disabled, whose attention is switched with it
+    ref_model = (reference.policy[0] if isinstance(reference, LoraReference) else reference) if with_kl else None
     policy.eval()
     records = []
-    # under ZeRO-3 every forward pass is a collective: every rank gets as many rows (the last one repeated), so as
-    # many batches, and `generate` keeps stepping until every rank is done
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(rows, apply_padding=synced) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = shard[start : start + args.per_device_eval_batch_size]
-            queries, qmask = left_pad([r["prompt_ids"] for r in batch], tokenizer.pad_token_id)
+            queries, qmask = left_pad([r["prompt_ids"] for r in batch], pad_id)
             queries, qmask = queries.to(accelerator.device), qmask.to(accelerator.device)
-            out = policy.generate(
-                input_ids=queries,
-                attention_mask=qmask,
-                max_new_tokens=args.response_length,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                synced_gpus=zero3(accelerator),
-            )
-            responses = truncate(out[:, queries.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
-            scores = [None] * len(batch)
-            if reward_model is not None:
-                scores = score(reward_model, queries, responses, tokenizer.pad_token_id).tolist()
-            kls = [None] * len(batch)
-            if args.eval_kl and reference is not None:
-                kls = kl(
-                    policy,
-                    reference,
-                    queries,
-                    qmask,
-                    args.response_length,
-                    tokenizer.pad_token_id,
-                    tokenizer.eos_token_id,
-                    zero3(accelerator),
+            with padded_attention(policy, ref_model, *frozen):
+                out = policy.generate(
+                    input_ids=queries,
+                    attention_mask=qmask,
+                    max_new_tokens=args.response_length,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                    eos_token_id=eos_id,
+                    synced_gpus=synced,
                 )
-            for r, resp, score_, kl_ in zip(batch, responses, scores, kls):
+                responses = truncate(out[:, queries.shape[1] :], eos_id, pad_id)
+                scores = score(queries, responses).tolist() if score is not None else None
+                kls = None
+                if with_kl:
+                    kls = sampled_kl(policy, reference, queries, qmask, args.response_length, pad_id, eos_id, synced)
+            for i, (row, resp) in enumerate(zip(batch, responses)):
                 text = tokenizer.decode(resp, skip_special_tokens=True)
-                rec = {
-                    "score": score_,
-                    "kl": kl_,
-                    "length": int((resp != tokenizer.pad_token_id).sum()),
-                    "eos": bool((resp == tokenizer.eos_token_id).any()),
-                }
+                rec = {"completion_length": int((resp != pad_id).sum()), "eos_rate": bool((resp == eos_id).any())}
+                if scores is not None:
+                    rec["score"] = scores[i]
+                if kls is not None:
+                    rec["kl"] = kls[i]
                 if args.eval_task == "tldr":
-                    rec["gold_reward"], rec["reference_gold_reward"] = (
-                        gold_judge(text, r["facts"]),
-                        gold_judge(r["reference"], r["facts"]),
-                    )
+                    gold, reference_gold = gold_judge(text, row["facts"]), gold_judge(row["reference"], row["facts"])
+                    rec["gold_reward"] = gold
+                    rec["win_rate"] = 1.0 if gold > reference_gold else 0.5 if gold == reference_gold else 0.0
                 elif args.eval_task in ("gsm8k", "boxed"):
-                    rec["correct"] = correct(text, r["gold"], args.answer_format)
-                records.append(rec)
+                    rec["accuracy"] = correct(text, row["gold"], args.answer_format)
+                records.append({"response": text, **rec})
     records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
     policy.train()
-    n = len(records)
-    metrics = {
-        "eval/completion_length": sum(r["length"] for r in records) / n,
-        "eval/eos_rate": sum(r["eos"] for r in records) / n,
-    }
-    if reward_model is not None:
-        metrics["eval/score"] = sum(r["score"] for r in records) / n
-    if args.eval_kl and reference is not None:
-        metrics["eval/kl"] = sum(r["kl"] for r in records) / n
-    if args.eval_task == "tldr":
-        metrics["eval/gold_reward"] = sum(r["gold_reward"] for r in records) / n
-        metrics["eval/win_rate"] = (
-            sum(
-                1.0
-                if r["gold_reward"] > r["reference_gold_reward"]
-                else 0.5
-                if r["gold_reward"] == r["reference_gold_reward"]
-                else 0.0
-                for r in records
-            )
-            / n
-        )
-    elif args.eval_task in ("gsm8k", "boxed"):
-        metrics["eval/accuracy"] = sum(r["correct"] for r in records) / n
-    return metrics
+    keys = [k for k in records[0] if k != "response"]
+    return {f"eval/{k}": sum(r[k] for r in records) / len(records) for k in keys}, records

@@ -1,4 +1,6 @@
-"""Generation: the samplers. A KV-cache sampling loop whose batch shrinks as completions finish, vLLM colocated on each
+"""Generation: the samplers. Two KV-cache sampling loops whose batch shrinks as completions finish (`sample_responses`,
+left-padded tensors and the N+ temperature division, for PPO, RLOO and ReMax; `sample_with_kv_cache`, token lists in
+chunks, for GRPO; merging them would move the logprobs' last bits), vLLM colocated on each
 process's GPU, the asynchronous sampling thread (`--async`) and the endless question stream. Nothing here decides what
 is sampled: the temperature, the stop token and the length budget are the caller's arguments (plain sampling from
 softmax(logits / T), no top-k / top-p / repetition penalty), so swapping a sampler for another correct one changes
@@ -116,6 +118,74 @@ def sample_with_kv_cache(
                 completions.append(row[:n])
                 logprobs.append(lp[:n])
     return completions, logprobs
+
+
+@torch.no_grad()
+def sample_responses(
+    model,
+    queries: torch.Tensor,
+    qmask: torch.Tensor,
+    eos_id: int,
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    synced: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled (temperature > 0) or greedy (temperature 0, ReMax's baseline) responses (B, T), PAD after each one's
+    first EOS, with the logprob and the entropy of softmax(logits / (temperature + 1e-7)) at every sampled token (the
+    N+ code's division, which the scripts' logprobs repeat; T: the steps decoded, at most max_new_tokens), for
+    ppo_rlhf.py, rloo.py and remax.py. Plain sampling, no top-k / top-p. A
+    hand-written loop over the model's KV cache rather than `model.generate`: a finished response leaves the batch (its
+    rows are dropped from the cache), so the batch shrinks instead of decoding padding until the longest response
+    ends, and the logprobs of the sampling policy come for free (see --sampler-logprobs). `synced` (DeepSpeed ZeRO-3,
+    where every forward pass is a collective of all ranks): every rank makes as many forward passes as the rank that
+    decodes longest; a rank whose rows have all ended keeps one of them in the batch as a dummy (nothing of it is
+    written, no random number is drawn) until the all-reduced flag says no rank has a row left to decode."""
+    B, device = len(queries), queries.device
+    cache = DynamicCache()
+    position = (qmask.cumsum(1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=queries,
+        attention_mask=qmask,
+        position_ids=position,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    ).logits[:, -1]
+    mask, position, alive = qmask, position[:, -1], torch.arange(B, device=device)  # alive: rows still being decoded
+    tokens = torch.full((B, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    logprobs, entropy = torch.zeros(B, max_new_tokens, device=device), torch.zeros(B, max_new_tokens, device=device)
+    steps, live = max_new_tokens, True  # live: this rank still has a row being decoded
+    for t in range(max_new_tokens):
+        if live:
+            logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
+            token = torch.multinomial(logp.exp(), 1).squeeze(1) if temperature > 0 else logp.argmax(-1)
+            tokens[alive, t], logprobs[alive, t] = token, logp.gather(1, token[:, None]).squeeze(1)
+            entropy[alive, t] = -(logp.exp() * logp).sum(-1)
+            keep = (token != eos_id).nonzero().squeeze(1)
+            if len(keep) == 0:
+                steps, live = t + 1, False
+                if not synced:
+                    break
+                keep = keep.new_zeros(1)  # one finished row stays in the batch as a dummy, its outputs never written
+            if len(keep) < len(alive):
+                alive, token, mask, position = alive[keep], token[keep], mask[keep], position[keep]
+                cache.batch_select_indices(keep)
+        if synced:  # 1 while this rank decodes; the max over ranks says whether any rank still does
+            flag = torch.tensor([float(live)], device=device)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            if flag.item() == 0:
+                break
+        if t + 1 < max_new_tokens:
+            mask, position = torch.cat([mask, mask.new_ones(len(alive), 1)], 1), position + 1
+            logits = model(
+                input_ids=token[:, None],
+                attention_mask=mask,
+                position_ids=position[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            ).logits[:, -1]
+    return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
 class VLLMSampler:

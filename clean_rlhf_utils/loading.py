@@ -16,6 +16,8 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from clean_rlhf_utils.data import prepare_prompts
+
 
 def hub_reachable(timeout: float = 3.0) -> bool:
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
@@ -443,3 +445,35 @@ def load_value_model(args, tokenizer):
             "model"
         )
     return value_model
+
+
+def load_prompts(args, tokenizer, config, extract_answer) -> tuple[list[dict], list[dict]]:
+    """The training and evaluation prompts (`data.prepare_prompts`, with the script's `extract_answer`), every field
+    checked now, before the first update."""
+    max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_rows = prepare_prompts(
+        train_ds, tokenizer, args, args.train_split, max_positions, False, extract_answer, null_as_missing=True
+    )
+    eval_ds = load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
+    eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
+    eval_rows = prepare_prompts(
+        eval_ds, tokenizer, args, args.eval_split, max_positions, True, extract_answer, null_as_missing=True
+    )
+    if len(train_rows) < args.per_device_batch_size:  # the endless loader would never yield a batch
+        raise SystemExit(
+            f"error: split '{args.train_split}' has {len(train_rows)} usable prompts, fewer than one "
+            f"batch of --per-device-batch-size {args.per_device_batch_size}"
+        )
+    return train_rows, eval_rows
+
+
+def set_pad_token_id(pad_id: int, generators: tuple, scorers: tuple) -> None:
+    """The pad id for `generate` (the policy and reference) and for the classifiers' own forward, which refuses batches
+    without one (the score is read by position)."""
+    for m in generators:
+        if m is not None:
+            m.generation_config.pad_token_id = pad_id
+    for m in scorers:
+        if m is not None:
+            m.config.pad_token_id = pad_id

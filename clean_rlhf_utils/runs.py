@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, peak_mem_gb, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
@@ -359,44 +359,6 @@ class StepSums:
         return self.accelerator.reduce(torch.stack(self.entries[name]).max().to(self.accelerator.device), "max").item()
 
 
-def check_dpo_args(args, sharded_weights: bool) -> None:
-    """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares);
-    `sharded_weights`: DeepSpeed ZeRO-3, which --async cannot copy into its generator thread."""
-    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation
-    for flag, value in (("--num-eval-examples", args.num_eval_examples), ("--num-eval-pairs", args.num_eval_pairs)):
-        if value < 0:
-            raise SystemExit(f"error: {flag} is {value}; 0 skips that evaluation")
-    if not args.beta > 0:
-        raise SystemExit(f"error: --beta is {args.beta}; the KL strength must be above 0")
-    if not 0 <= args.label_smoothing < 0.5:
-        raise SystemExit(
-            f"error: --label-smoothing is {args.label_smoothing}; the probability that a label is flipped "
-            "must be in [0, 0.5)"
-        )
-    if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
-        raise SystemExit(
-            "error: online DPO with --judge rm labels its pairs with a reward model: pass "
-            "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
-        )
-    if args.mode == "online" and args.async_generation and sharded_weights:
-        raise SystemExit(
-            "error: --async copies the policy's weights into a generator thread, but ZeRO-3 shards them "
-            "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)"
-        )
-
-
-def check_dpo_steps(args, total_steps: int, loader_batches: int, usable: int, batch_pairs: int) -> None:
-    """dpo.py's data must make at least one optimizer step: online, the (endless) prompt loader at least one batch."""
-    if args.mode == "online" and loader_batches == 0:  # the endless loader would never yield a batch
-        raise SystemExit(
-            f"error: split '{args.train_split}' of --prompt-dataset-name-or-path has {usable} usable "
-            f"prompts, fewer than one step's {batch_pairs} (--per-device-train-batch-size x "
-            "--gradient-accumulation-steps x processes)"
-        )
-    if total_steps == 0:
-        raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
-
-
 def dpo_loop_state(step: int, drawn: int, metrics: dict, pending: dict | None, args, accelerator: Accelerator) -> dict:
     """dpo.py's loop state after `step` optimizer steps: the batches drawn so far (replayed on resume), the last
     evaluation, and online the batch already sampled for the next step (`pending`, every process's own, with its
@@ -485,3 +447,67 @@ def updates_in_budget(args, num_processes: int) -> tuple[int, int]:
 def non_finite_error(what: str, update: int, learning_rate: float, hint: str = "") -> str:
     """The error line of a non-finite loss or gradient norm, for `stop_unless_finite`."""
     return f"non-finite {what} at update {update}: lower --learning-rate (now {learning_rate:g}){hint}"
+
+
+def batch_sizes(args, accelerator: Accelerator) -> tuple[int, int, int, int, bool]:
+    """(minibatch, micro-batch, batch of all processes, updates, separate_backward), or a one-line error."""
+    mini_batch_size = args.per_device_batch_size // args.num_mini_batches
+    micro_batch_size = mini_batch_size // args.gradient_accumulation_steps
+    if micro_batch_size * args.gradient_accumulation_steps * args.num_mini_batches != args.per_device_batch_size:
+        raise SystemExit(
+            f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
+            f"--num-mini-batches {args.num_mini_batches} x --gradient-accumulation-steps "
+            f"{args.gradient_accumulation_steps} equal micro-batches"
+        )
+    batch_size, num_updates = updates_in_budget(args, accelerator.num_processes)
+    separate_backward = (
+        args.separate_backward
+        if args.separate_backward is not None
+        else accelerator.distributed_type == DistributedType.NO
+    )
+    if separate_backward and accelerator.distributed_type != DistributedType.NO:
+        raise SystemExit(
+            f"error: --separate-backward needs a plain single process; under {accelerator.distributed_type.value} the "
+            "policy and value model are one engine that takes one backward pass per step (leave --separate-backward "
+            "unset)"
+        )
+    return mini_batch_size, micro_batch_size, batch_size, num_updates, separate_backward
+
+
+def resume(run: Run, kl_ctl, iterator) -> tuple[int, dict | None]:
+    """With `--resume`: the checkpoint's weights, optimizer and RNGs loaded (`Run.resume`), the adaptive KL coefficient
+    restored and the prompts the finished updates drew replayed; returns (updates done, last evaluation). A new run:
+    (0, None)."""
+    state = run.resume()
+    if not state:
+        return 0, None
+    if kl_ctl and state["kl_coef"] is not None:  # None: checkpointed without --adaptive-kl
+        kl_ctl.value = state["kl_coef"]
+    for _ in range(state["step"]):  # the loader's own generator, no compute
+        next(iterator)
+    return state["step"], state["metrics"]
+
+
+STATISTICS = {  # `ppo_micro_batch`'s statistics, averaged over the micro-batches of every process
+    "approxkl": "policy/approxkl_avg",
+    "clipfrac": "policy/clipfrac_avg",
+    "pg_loss": "loss/policy_avg",
+    "vf_loss": "loss/value_avg",
+    "vf_clipfrac": "val/clipfrac_avg",
+    "ratio": "val/ratio",
+}
+
+
+def statistics_to_log(per_row: dict, stats: list[dict], step_rewards, n_steps) -> dict:
+    """The tensors whose means over every process are logged (`runs.log_global_means`): the rollout's `per_row`, the
+    micro-batches' `stats` and the process rewards and steps, if any."""
+    tensors = per_row | {name: torch.stack([s[k] for s in stats]) for k, name in STATISTICS.items()}
+    if step_rewards is not None:
+        tensors["objective/process_reward"] = step_rewards.sum(1)
+        tensors["objective/num_steps"] = torch.tensor(n_steps, dtype=torch.float, device=step_rewards.device)
+    return tensors
+
+
+def log_evaluation(run: Run, accelerator: Accelerator, metrics: dict, step: int, episode: int, when: str) -> None:
+    run.log(metrics, step, episode)
+    accelerator.print(f"{when}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

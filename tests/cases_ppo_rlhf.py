@@ -12,6 +12,7 @@ from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 import ppo_rlhf as ppo
+from clean_rlhf_utils import engines, packing
 
 PAD, EOS, W = 0, 2, 6  # W: the rollout's width, response_length here
 ARGS = ppo.Args(temperature=0.7, cliprange=0.2, cliprange_value=0.2, vf_coef=0.5)
@@ -37,7 +38,7 @@ def make_model() -> ppo.PolicyAndValue:
     value_model = LlamaForSequenceClassification(LlamaConfig(**config, num_labels=1)).float()
     value_model.config.reward_bias = 0.3  # the value model starts as a reward model: its bias is part of every value
     for m in (policy, value_model):
-        ppo.use_packed_attention(m)
+        packing.use_packed_attention(m)
     return ppo.PolicyAndValue(policy, value_model)
 
 
@@ -46,7 +47,7 @@ def alone(model: ppo.PolicyAndValue, query: list[int], response: list[int]) -> t
     at its last token, clamped (W,), from one unpacked forward pass under SDPA."""
     ids = torch.tensor([query + response])
     at = (torch.arange(W) + len(query) - 1).clamp(max=ids.shape[1] - 1)
-    with ppo.padded_attention(model.policy, model.value_model):
+    with packing.padded_attention(model.policy, model.value_model):
         logits = model.policy(input_ids=ids).logits[0, len(query) - 1 : -1].float() / (ARGS.temperature + 1e-7)
         hidden = model.value_model.model(input_ids=ids).last_hidden_state[0, at]
     logprobs = logits.log_softmax(-1).gather(1, torch.tensor(response)[:, None]).squeeze(1)
@@ -113,7 +114,7 @@ def count(items: list[dict]) -> torch.Tensor:
 
 
 def global_count(accelerator, c: torch.Tensor) -> tuple[float, float]:
-    return ppo.global_count(c[0].item(), accelerator), ppo.global_count(c[1].item(), accelerator)
+    return engines.global_count(c[0].item(), accelerator), engines.global_count(c[1].item(), accelerator)
 
 
 def stepper(separate: bool):

@@ -16,6 +16,7 @@ import tyro
 from safetensors.torch import load_file
 
 import remax
+from clean_rlhf_utils import generation
 from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
@@ -128,7 +129,7 @@ def test_remax_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(
     """Weights whose update was finite but whose logits are not (met by sampling at update 3 here): one line naming the
     update that moved them and the learning rate, and a checkpoint of step 2, not torch.multinomial's RuntimeError.
     (The greedy baseline's argmax raises nothing; the sampled responses come first.)"""
-    real, calls = remax.sample_responses, []
+    real, calls = generation.sample_responses, []
 
     def blows_up_at_update_3(*args, **kwargs):
         calls.extend([1] if args[6] > 0 else [])  # temperature: sampled, not greedy
@@ -136,7 +137,7 @@ def test_remax_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(remax, "sample_responses", blows_up_at_update_3)
+    monkeypatch.setattr(generation, "sample_responses", blows_up_at_update_3)
     message = error_line(remax_flags(assets, tmp_path, "nan"))
     assert message.startswith(
         "error: the policy's logits are not finite at update 3 (sampling met inf or nan): "

@@ -16,7 +16,7 @@ import tyro
 from safetensors.torch import load_file
 
 import rloo
-from clean_rlhf_utils import data
+from clean_rlhf_utils import data, generation
 from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
@@ -132,7 +132,7 @@ def test_rloo_learning_rate_that_blows_up_the_policy_ends_in_one_line_and_a_chec
 def test_rloo_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(assets, tmp_path, monkeypatch):
     """Weights whose update was finite but whose logits are not (met by sampling at update 3 here): one line naming the
     update that moved them and the learning rate, and a checkpoint of step 2, not torch.multinomial's RuntimeError."""
-    real, calls = rloo.sample_responses, []
+    real, calls = generation.sample_responses, []
 
     def blows_up_at_update_3(*args, **kwargs):
         calls.append(1)
@@ -140,7 +140,7 @@ def test_rloo_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(a
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rloo, "sample_responses", blows_up_at_update_3)
+    monkeypatch.setattr(generation, "sample_responses", blows_up_at_update_3)
     message = error_line(rloo_flags(assets, tmp_path, "nan"))
     assert message.startswith(
         "error: the policy's logits are not finite at update 3 (sampling met inf or nan): "
@@ -173,7 +173,7 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(assets, scri
     plain_args = module.Args(
         prompt_template="{question}", reference_template="{answer}", use_chat_template=True, **common
     )
-    pieces = (module.reference_text, module.extract_answer)  # the script's reference response and gold answer
+    pieces = (module.extract_answer,)  # the script's gold answer parser
     got = data.prepare_prompts(chat, tokenizer, chat_args, "train", 512, True, *pieces)
     want = data.prepare_prompts(plain, tokenizer, plain_args, "train", 512, True, *pieces)
     assert got == want and got[0]["gold"] == "5" and got[0]["reference"] == answer

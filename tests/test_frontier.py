@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import ppo_rlhf
 from benchmark import tiny_world
 from benchmark.frontier import Curve, best_within, frontier_tables, overoptimised, plot_frontier
+from clean_rlhf_utils import data, judges
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def models(assets):
 def _queries(tokenizer):
     texts = ["SUBREDDIT: r/advice\n\nTITLE: my roommate\n\nPOST: hello\n\nTL;DR:", "TL;DR:", "my dog ate the cake"]
     ids = [tokenizer(t)["input_ids"] for t in texts]
-    return ids, ppo_rlhf.left_pad(ids, tokenizer.pad_token_id)
+    return ids, data.left_pad(ids, tokenizer.pad_token_id)
 
 
 def test_sampled_kl_is_the_k1_sum_over_each_sampled_response(models, monkeypatch):
@@ -50,7 +50,7 @@ def test_sampled_kl_is_the_k1_sum_over_each_sampled_response(models, monkeypatch
 
     monkeypatch.setattr(policy, "generate", generate_with_an_early_eos)
     before = torch.get_rng_state()
-    kl = ppo_rlhf.sampled_kl(policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
+    kl = judges.sampled_kl(policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
     assert torch.equal(torch.get_rng_state(), before)
     responses = sampled[0][:, queries.shape[1] :]
     expected = []
@@ -67,14 +67,12 @@ def test_sampled_kl_is_the_k1_sum_over_each_sampled_response(models, monkeypatch
     np.testing.assert_allclose(kl, expected, atol=1e-4)
     # the same prompts draw the same responses whatever the training's random state (its own seed)
     torch.manual_seed(123)
-    again = ppo_rlhf.sampled_kl(
-        policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0
-    )
+    again = judges.sampled_kl(policy, reference, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0)
     assert again == kl
     # the policy against itself: exactly 0 (eval/kl at step 0 of every run)
-    assert ppo_rlhf.sampled_kl(
-        policy, policy, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0
-    ) == [0.0] * len(ids)
+    assert judges.sampled_kl(policy, policy, queries, qmask, 12, tokenizer.pad_token_id, tokenizer.eos_token_id, 0) == [
+        0.0
+    ] * len(ids)
 
 
 def test_noisy_labels_disagree_with_gold_and_validation_is_gold():

@@ -17,7 +17,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import grpo_math as grpo
-from clean_rlhf_utils import data, evaluation, loading, packing
+from clean_rlhf_utils import data, judges, loading, packing
 from tests.launch import free_port, launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -163,10 +163,10 @@ def test_format_reward():
 
 
 def test_majority_vote_groups_equal_numbers():
-    keys = [evaluation.vote_key(a, "gsm8k") for a in ["6", "6.0", "7", None, "7", "06"]]
-    assert evaluation.majority_vote(keys) == repr(6.0)
-    assert evaluation.majority_vote([None, None]) is None
-    assert evaluation.majority_vote(["b", "a", "a", "b"]) == "b"  # ties go to the earliest sample
+    keys = [judges.vote_key(a, "gsm8k") for a in ["6", "6.0", "7", None, "7", "06"]]
+    assert judges.majority_vote(keys) == repr(6.0)
+    assert judges.majority_vote([None, None]) is None
+    assert judges.majority_vote(["b", "a", "a", "b"]) == "b"  # ties go to the earliest sample
 
 
 # ---------------------------------------------------------------------------------------------------------------

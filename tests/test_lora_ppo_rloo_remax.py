@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 import ppo_rlhf
 import remax
 import rloo
-from clean_rlhf_utils import engines, loading, runs
+from clean_rlhf_utils import engines, loading, packing, runs
 from tests.faults import REPO, assert_same_run, env
 from tests.launch import launch_cmd
 
@@ -186,7 +186,7 @@ def test_lora_reference_is_the_policy_with_its_adapters_disabled(lora_run):
     assert (_logits(lora_run["policy"]) - _logits(initial)).abs().max() > 1e-3
     if lora_run["script"] == "ppo_rlhf":  # PPO's rollout reads the reference's body and head on a packed row itself
         queries, responses = [[5, 6, 7, 8], [9, 10]], [[11, 12, 13], [14, 15, 16, 17]]
-        got = ppo_rlhf.reference_logits(reference, ppo_rlhf.pack_one_row(queries, responses, pad_id=1))
+        got = ppo_rlhf.reference_logits(reference, packing.pack_one_row(queries, responses, pad_id=1))
         for i, (q, r) in enumerate(zip(queries, responses)):  # each sequence alone through the initial model
             with torch.no_grad():
                 want = initial(input_ids=torch.tensor([q + r])).logits[0, len(q) - 1 :]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ppo_rlhf as ppo
-from clean_rlhf_utils import packing
+from clean_rlhf_utils import data, generation, packing
 
 
 def test_truncate_response_after_first_eos():
@@ -273,18 +273,20 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     reward_model = AutoModelForSequenceClassification.from_pretrained(assets / "models" / arch, num_labels=1).eval()
     reward_model.config.reward_bias = 0.25
     for m in (policy, value_model, reward_model):
-        assert ppo.use_packed_attention(m).config._attn_implementation == "packed_sdpa"
+        assert packing.use_packed_attention(m).config._attn_implementation == "packed_sdpa"
     model = ppo.PolicyAndValue(policy, value_model)
-    ppo.check_one_row_packing(policy)
+    packing.check_one_row_packing(policy)
     eos, pad = policy.config.eos_token_id, 1
     queries = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14], [15, 16, 17, 18]]
-    queries_t, qmask = ppo.left_pad(queries, pad)
-    with ppo.padded_attention(policy):
-        responses, sampled_logprobs, _ = ppo.sample_responses(policy, queries_t, qmask, eos, pad, 10, temperature=0.7)
+    queries_t, qmask = data.left_pad(queries, pad)
+    with packing.padded_attention(policy):
+        responses, sampled_logprobs, _ = generation.sample_responses(
+            policy, queries_t, qmask, eos, pad, 10, temperature=0.7
+        )
     assert policy.config._attn_implementation == "packed_sdpa"  # switched back after sampling
     lists = [row[: row.index(eos) + 1] if eos in row else row for row in responses.tolist()]
     lists[-1] = lists[-1][:1]  # a one-token response
-    packed = ppo.pack_one_row(queries, lists, pad)
+    packed = packing.pack_one_row(queries, lists, pad)
     lengths = [len(q) + len(r) for q, r in zip(queries, lists)]
     assert (
         packed["input_ids"].shape == (1, sum(lengths)) and packed["targets"].shape[1] == max(len(r) for r in lists) + 1
@@ -300,7 +302,7 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     logits, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")})
     logprobs = ppo.response_logprobs(logits, packed["targets"], temperature=0.7)
     with torch.no_grad():
-        rewards = reward_model.score(ppo.packed_hidden(reward_model, packed, packed["last"])).squeeze(-1) + 0.25
+        rewards = reward_model.score(packing.packed_hidden(reward_model, packed, packed["last"])).squeeze(-1) + 0.25
     response_positions = sum(len(r) + 1 for r in lists)  # the logits of each response token, and its last token's value
     assert last_mlp_tokens == [response_positions, response_positions, len(lists)]
     mask, mask_p1 = torch.zeros_like(logprobs, dtype=torch.bool), torch.zeros_like(values, dtype=torch.bool)
@@ -311,7 +313,7 @@ def test_packed_logprobs_values_rewards_and_gradients_equal_each_sequence_alone(
     packed_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
 
-    with ppo.padded_attention(policy, value_model, reward_model):
+    with packing.padded_attention(policy, value_model, reward_model):
         assert policy.config._attn_implementation == "sdpa"
         for i, (q, r) in enumerate(zip(queries, lists)):
             ids = torch.tensor([q + r])
@@ -375,10 +377,10 @@ def test_packed_attention_keeps_no_fused_qkv_output_for_backward(assets, arch):
     saved in all are fewer bytes than with that copy undone (Llama's separate projections have nothing to copy)."""
     from transformers import AutoModelForCausalLM
 
-    policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / arch)).train()
+    policy = packing.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / arch)).train()
     hidden = policy.config.hidden_size
     queries, responses = [[5 + i for i in range(n)] for n in (7, 4, 9)], [[40, 41, 42], [43], [44, 45]]
-    packed = ppo.pack_one_row(queries, responses, 1)
+    packed = packing.pack_one_row(queries, responses, 1)
     T = packed["input_ids"].shape[1]
 
     def saved_storages():
@@ -413,10 +415,10 @@ def test_packed_attention_refuses_what_it_cannot_compute(assets, ignores_positio
     batch or without position ids fails loudly instead of attending across sequences."""
     from transformers import AutoModelForCausalLM
 
-    policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval())
-    ppo.check_one_row_packing(policy)
+    policy = packing.use_packed_attention(AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-neox").eval())
+    packing.check_one_row_packing(policy)
     with pytest.raises(SystemExit, match="does not read packed sequences"):
-        ppo.check_one_row_packing(ignores_positions(policy))
+        packing.check_one_row_packing(ignores_positions(policy))
     with pytest.raises(RuntimeError, match="one packed row"):
         policy(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), use_cache=False)
 
@@ -503,11 +505,11 @@ def test_value_at_eos_plus_one_starts_at_the_reward_models_score(assets):
     path = assets / "models" / "tiny-llama"
     reward_model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
     reward_model.config.reward_bias = 3.0
-    value_model = ppo.use_packed_attention(copy.deepcopy(reward_model))
-    policy = ppo.use_packed_attention(AutoModelForCausalLM.from_pretrained(path).eval())
+    value_model = packing.use_packed_attention(copy.deepcopy(reward_model))
+    policy = packing.use_packed_attention(AutoModelForCausalLM.from_pretrained(path).eval())
     model, eos = ppo.PolicyAndValue(policy, value_model), policy.config.eos_token_id
     queries, responses = [[5, 6, 7, 8], [10, 11]], [[20, 21, eos], [30, 31, 32, 33, eos]]
-    packed = ppo.pack_one_row(queries, responses, pad_id=1)
+    packed = packing.pack_one_row(queries, responses, pad_id=1)
     with torch.no_grad():
         _, values = model(**{k: packed[k] for k in ("input_ids", "position_ids", "index")}, with_policy=False)
         for i, (q, r) in enumerate(zip(queries, responses)):

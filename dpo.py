@@ -87,7 +87,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_dpo_args, check_dpo_steps
-from clean_rlhf_utils.data import left_pad, prepare_prompts, prompt_token_ids
+from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
@@ -114,6 +114,7 @@ from clean_rlhf_utils.loading import (
 )
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
+from clean_rlhf_utils.prompts import prepare_prompts, prompt_token_ids
 from clean_rlhf_utils.runs import Run, dpo_loop_state, stop_dpo_non_finite
 
 
@@ -927,7 +928,7 @@ def gold_judge(summary: str, facts: list[str]) -> float:
 
 
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None = None) -> list[dict]:
-    """The preference pairs of a split, checked and tokenized (`data.tokenize_preference_pairs`)."""
+    """The preference pairs of a split, checked and tokenized (`preferences.tokenize_preference_pairs`)."""
     return tokenize_preference_pairs(ds, tokenizer, args, split, max_positions, prompt_token_ids)
 
 

@@ -79,10 +79,8 @@ Usage:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -94,31 +92,11 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
-from clean_rlhf_utils.data import concat_batches, prepare_math_questions, select_groups
-from clean_rlhf_utils.engines import (
-    LoraReference,
-    add_lora,
-    backward_share,
-    configure_deepspeed,
-    make_accelerator,
-    peak_mem_gb,
-    prepare_frozen,
-    zero3,
-)
-from clean_rlhf_utils.evaluation import evaluate_math
-from clean_rlhf_utils.generation import (
-    BackgroundSampler,
-    VLLMSampler,
-    max_over_processes,
-    question_stream,
-    sample_with_kv_cache,
-    split_cpu_threads,
-)
-from clean_rlhf_utils.judges import sampled_kl
-from clean_rlhf_utils.loading import load_causal_lm, load_scorer, load_split, load_tokenizer, require_hub
-from clean_rlhf_utils.packing import check_packing, pack_rows
-from clean_rlhf_utils.runs import Run, StepSums, check_args
+from clean_rlhf_utils import engines, evaluation, generation, judges, loading, packing, runs
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_grpo_args, check_grpo_setup
+from clean_rlhf_utils.data import concat_batches, right_pad, select_groups
+from clean_rlhf_utils.metrics import StepSums, grouped_step_metrics
+from clean_rlhf_utils.prompts import prepare_math_questions
 
 
 @dataclass
@@ -767,7 +745,7 @@ def frozen_logprobs(
     with torch.no_grad(), accelerator.autocast():  # the frozen reference in the training precision too
         for start in range(0, B, args.micro_batch_size):
             idx = torch.arange(start, min(start + args.micro_batch_size, B), device=device)
-            packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
+            packed, c_end = packing.pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
             if need_old and not use_sampler_logprobs and async_old is None:
                 old_logprobs[idx, :c_end] = completion_logprobs(policy, packed, args.temperature)[0]
             if ref_policy is not None:
@@ -791,45 +769,47 @@ def main(args: Args) -> dict:
     # ---- 0. setup: the arguments and the variant's defaults, the processes (accelerate), the run directory, the
     # models, the data, the optimizer, the samplers and the evaluation ----
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
+    runs.check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
     # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
     # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
     mini_size = args.questions_per_device * args.num_generations // args.num_mini_batches
     micro_steps = math.ceil(mini_size / args.micro_batch_size)
-    accelerator = make_accelerator(micro_steps, sync_with_dataloader=False)
+    accelerator = engines.make_accelerator(micro_steps, sync_with_dataloader=False)
     use_sampler_logprobs = resolve_variant(args, accelerator)  # the old logprobs: the sampler's own, or a forward pass
-    gen_threads = split_cpu_threads(accelerator, args.num_threads, args.async_generation, args.generation_threads)
-    run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
+    gen_threads = generation.split_cpu_threads(
+        accelerator, args.num_threads, args.async_generation, args.generation_threads
+    )
+    run = runs.Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
     set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
     device, G = accelerator.device, args.num_generations
-    synced = zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
+    synced = engines.zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
 
     # models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models, the teacher
     # (distillation); dropout off in every causal LM, so sampling and training see the same model
-    tokenizer = load_tokenizer(
+    tokenizer = loading.load_tokenizer(
         args.model_name_or_path, "--model-name-or-path", args.trust_remote_code, args.add_pad_token, args.revision
     )
-    policy = load_causal_lm(args, tokenizer)
+    policy = loading.load_causal_lm(args, tokenizer)
     disable_dropout(policy)
-    policy = add_lora(policy, args)
+    policy = engines.add_lora(policy, args)
     ref_policy = None  # with LoRA the reference is the policy with its adapters disabled (after `prepare`)
     if (args.beta > 0 or args.eval_kl) and not args.lora_r:  # --eval-kl needs it too
-        ref_policy = load_causal_lm(args, tokenizer).eval().requires_grad_(False)
+        ref_policy = loading.load_causal_lm(args, tokenizer).eval().requires_grad_(False)
         disable_dropout(ref_policy)
     rm = None
     if args.reward_model_path:
-        rm = load_scorer(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
-    prm = load_scorer(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
-    teacher = load_teacher(args, tokenizer) if args.teacher_model_path else None
+        rm = loading.load_scorer(args.reward_model_path, args, "--reward-model-path", "outcome", tokenizer)
+    prm = loading.load_scorer(args.prm_path, args, "--prm-path", "process", tokenizer) if args.prm_path else None
+    teacher = loading.load_teacher(args, tokenizer) if args.teacher_model_path else None
     if teacher is not None:
         disable_dropout(teacher)
 
     # data: every process samples its own shard of questions, and a question's whole group stays on its process, so
     # group statistics (mean, std, the dynamic-sampling filter) need no communication
     positions = getattr(policy.config, "max_position_embeddings", None)  # prompt + completion budget must fit
-    train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
+    train_ds = loading.load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
     train_rows = prepare_math_questions(train_ds, tokenizer, args, args.train_split, extract_answer, positions)
-    eval_ds = load_split(
+    eval_ds = loading.load_split(
         args.eval_dataset_name_or_path or args.dataset_name_or_path,
         args.eval_split,
         None if args.eval_dataset_name_or_path else args.dataset_config,
@@ -837,37 +817,37 @@ def main(args: Args) -> dict:
     )
     eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
     eval_rows = prepare_math_questions(eval_ds, tokenizer, args, args.eval_split, extract_answer, positions)
-    stream = question_stream(
+    stream = generation.question_stream(
         train_rows[accelerator.process_index :: accelerator.num_processes], args.seed + accelerator.process_index
     )
 
     trainable = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
-    configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
+    engines.configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
     model, optimizer = accelerator.prepare(policy, optimizer)
-    check_setup(accelerator, micro_steps, args, positions)
-    ref_policy, rm, prm, teacher = (prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
+    check_grpo_setup(accelerator, micro_steps, args, positions)
+    ref_policy, rm, prm, teacher = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
     unwrapped = accelerator.unwrap_model(model)
     if args.lora_r and (args.beta > 0 or args.eval_kl):
-        ref_policy = LoraReference(unwrapped)
+        ref_policy = engines.LoraReference(unwrapped)
     kl_models = (unwrapped, ref_policy) if args.eval_kl else None  # (policy, reference) for `eval/kl`
     ref_policy = ref_policy if args.beta > 0 else None  # beta 0: the loss has no KL term
-    check_packing(unwrapped)
+    packing.check_packing(unwrapped)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup_steps) if args.warmup_steps else 1.0
     )
     accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
-    vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
+    vllm_sampler = generation.VLLMSampler(args, accelerator, tokenizer.eos_token_id) if args.use_vllm else None
     sampling = Sampling(
         args, accelerator, tokenizer, unwrapped, stream, rm, prm, vllm_sampler, synced, use_sampler_logprobs
     )
     eval_kl = None  # (--eval-kl) KL(pi || pi_ref) of one response sampled at temperature 1, as in every script
     if kl_models is not None:
         pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-        eval_kl = functools.partial(sampled_kl, *kl_models, response_length=args.max_completion_length)
+        eval_kl = functools.partial(judges.sampled_kl, *kl_models, response_length=args.max_completion_length)
         eval_kl = functools.partial(eval_kl, pad_id=pad_id, eos_id=eos_id, synced=synced)
     evaluate = functools.partial(  # (k, temperature): greedy pass@1 is (1, 0.0); the graders are the rewards'
-        evaluate_math,
+        evaluation.evaluate_math,
         sampling.sample,
         tokenizer,
         eval_rows,
@@ -901,7 +881,9 @@ def main(args: Args) -> dict:
     )
     # --async: the generator samples with its own copy of the weights, synced before each step
     background = (
-        BackgroundSampler(unwrapped, sampling.collect, start_step, gen_threads) if args.async_generation else None
+        generation.BackgroundSampler(unwrapped, sampling.collect, start_step, gen_threads)
+        if args.async_generation
+        else None
     )
     for step in progress:
         t_step = time.time()
@@ -960,7 +942,7 @@ def main(args: Args) -> dict:
                 for micro_start in range(0, mini_size, args.micro_batch_size):
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
                     with accelerator.accumulate(model):
-                        packed, c_end = pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
+                        packed, c_end = packing.pack_rows(batch, idx, tokenizer.pad_token_id, capacity)
                         mask = loss_mask[idx, :c_end]
                         old = old_logprobs[idx, :c_end] if off_policy else None
                         ref = ref_logprobs[idx, :c_end] if ref_policy is not None else None
@@ -973,7 +955,7 @@ def main(args: Args) -> dict:
                             halt(run, background, grpo_loop_state(*before), error)
                         # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
                         # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens)
-                        backward_share(accelerator, out["loss"], accelerator.num_processes)
+                        engines.backward_share(accelerator, out["loss"], accelerator.num_processes)
                     update_loss += out["surrogate"]
                     sums.add(**micro_batch_stats(out, mask, completion_mask[idx, :c_end], iteration == 0))
                 sums.add(loss=update_loss)
@@ -996,7 +978,7 @@ def main(args: Args) -> dict:
             teacher_kl = None if teacher is None else ((old_logprobs - teacher_logprobs) * completion_mask).sum(1)
             speed = n_sampled / (time.time() - t_step)
             lr = scheduler.get_last_lr()[0]
-            logged = step_metrics(sums, data, args, B, lr, speed, teacher_kl, kl=ref_policy is not None)
+            logged = grouped_step_metrics(sums, data, args, B, lr, speed, teacher_kl, kl=ref_policy is not None)
             if background is not None:  # the batch came from the weights one step back (0 on the first step)
                 logged["async/policy_lag"] = (step - 1) - data["version"]
                 logged["perf/generation_wait_sec"], logged["perf/generation_sec"] = wait, data["gen_time"]
@@ -1096,17 +1078,6 @@ def success_reward(text: str, gold: str, answer_format: str) -> float:
     """1.0 if the completion's final answer equals the gold answer (numerically for GSM8K, math-verify for MATH)."""
     predicted = extract_answer(text, answer_format)
     return float(numbers_equal(predicted, gold) if answer_format == "gsm8k" else math_verify_equal(gold, predicted))
-
-
-def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right padding for training: every sequence starts at column 0."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-        mask[i, : len(s)] = 1
-    return ids, mask
 
 
 def token_scores(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -1219,7 +1190,7 @@ class Sampling:
         args, tok = self.args, self.tokenizer
         if self.vllm_sampler is not None:
             return self.vllm_sampler(prompts, args.max_completion_length, temperature)
-        return sample_with_kv_cache(
+        return generation.sample_with_kv_cache(
             sampler or self.policy,
             prompts,
             tok.pad_token_id,
@@ -1283,7 +1254,7 @@ class Sampling:
         t0 = time.time()
         sampled, kept, dropped, rounds, n = [], [], [], 0, 0
         # under ZeRO-3 every process samples as many questions as the one that misses most (the same forward calls)
-        while (need := max_over_processes(Q - len(kept), self.accelerator.device, self.synced)) > 0:
+        while (need := generation.max_over_processes(Q - len(kept), self.accelerator.device, self.synced)) > 0:
             batch = self.sample_and_score([next(self.stream) for _ in range(need)], sampler)
             n += need
             sampled.append(batch)
@@ -1309,7 +1280,7 @@ class Sampling:
             with torch.no_grad():
                 b["old_logprobs"] = []
                 for idx in torch.arange(len(b["completions"])).split(mb):
-                    packed, _ = pack_rows(b, idx, self.tokenizer.pad_token_id, capacity)
+                    packed, _ = packing.pack_rows(b, idx, self.tokenizer.pad_token_id, capacity)
                     lp = completion_logprobs(sampler, packed, args.temperature)[0].cpu()
                     b["old_logprobs"] += [lp[j, : len(b["completions"][i])] for j, i in enumerate(idx.tolist())]
         out["gen_time"] = time.time() - t0
@@ -1321,37 +1292,6 @@ class Sampling:
 # --------------------------------------------------------------------------------------------------
 
 
-def load_teacher(args: Args, tokenizer):
-    """(distill) The frozen teacher of --teacher-model-path: a causal LM on the policy's tokenizer."""
-    if not os.path.isdir(args.teacher_model_path):
-        require_hub(args.teacher_model_path, "model", "--teacher-model-path")
-    teacher_args = dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None)
-    teacher = load_causal_lm(teacher_args, tokenizer).eval().requires_grad_(False)
-    if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
-        raise SystemExit(
-            f"error: --teacher-model-path {args.teacher_model_path} has "
-            f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
-            f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer"
-        )
-    return teacher
-
-
-def check_setup(accelerator: Accelerator, micro_steps: int, args: Args, positions: int | None) -> None:
-    """The engine's accumulation is GRPO's, and vLLM's context holds a prompt and a completion."""
-    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
-        raise SystemExit(
-            f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
-            f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
-            f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config"
-        )
-    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
-        raise SystemExit(
-            f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
-            f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
-            "which vLLM refuses as its max_model_len; lower --max-prompt-length"
-        )
-
-
 def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
     """What the loop carries between steps, for a checkpoint after `step`: the counters, the last evaluation, and the
     number of questions each process drew from its stream (dynamic sampling draws a varying number per step), gathered
@@ -1359,72 +1299,21 @@ def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
     return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
 
 
-def halt(run: Run, background: BackgroundSampler | None, state: dict, error: str | None = None) -> None:
+def halt(run: runs.Run, background: generation.BackgroundSampler | None, state: dict, error: str | None = None) -> None:
     """`run.stop` (a checkpoint, then exit), once the generator thread (--async) has finished its batch."""
     if background is not None:
         background.settle()
     run.stop(state, error)
 
 
-def step_metrics(
-    sums: StepSums, data: dict, args: Args, B: int, lr: float, speed: float, teacher_kl=None, kl: bool = False
-) -> dict:
-    """Step 5's training metrics, over every process: the rewards of every sampled completion (kept by dynamic
-    sampling or not), the loss and its pieces from the micro-batches' `sums` (B completions per process were trained
-    on), the sampler-trainer mismatch, `teacher_kl` per completion (distillation) and the KL to the reference (`kl`)."""
-    everything, G, processes = data["everything"], args.num_generations, sums.accelerator.num_processes
-    tokens = max(sums.total("tokens"), 1.0)
-    logged = {
-        "objective/reward": sums.mean(everything["reward"]),
-        "objective/reward_std": sums.mean(everything["reward"].view(-1, G).std(dim=1)),
-        "objective/entropy": sums.total("entropy") / (B * processes),
-        "objective/completion_length": sums.mean(everything["lengths"]),
-        "objective/num_steps": sums.mean(everything["num_steps"]),
-        "objective/truncated_rate": sums.mean(everything["truncated"]),
-        "loss/policy": sums.mean("loss"),
-        "policy/clipfrac": sums.total("clipped") / tokens,
-        "policy/ratio": sums.total("ratio") / tokens,
-        "train/grad_norm": sums.mean("grad_norm"),
-        "lr": lr,
-        "perf/episodes_per_sec": speed,
-        "perf/peak_mem_gb": peak_mem_gb(sums.accelerator.device),
-        **{
-            f"objective/{k}": sums.mean(everything[k])
-            for k in ("success", "format", "overlong", "outcome_rm", "process_rm")
-            if k in everything
-        },
-    }
-    if teacher_kl is not None:  # reverse KL(student || teacher) per completion, from the student's samples
-        logged["objective/teacher_kl"] = sums.mean(teacher_kl)
-    if "is_weight" in sums:  # the sampler-trainer mismatch, and its correction (Yao et al. 2025)
-        first = max(sums.total("first_tokens"), 1.0)
-        logged["mismatch/abs_logprob_diff"] = sums.total("mismatch_abs") / first
-        logged["mismatch/max_abs_logprob_diff"] = sums.max("mismatch_max")
-        logged["mismatch/ratio_error"] = sums.total("ratio_error") / first
-        logged["mismatch/is_weight"] = sums.total("is_weight") / tokens
-        logged["mismatch/capped_frac"] = sums.total("is_capped") / tokens
-    if kl:  # summed over each response's tokens, averaged over responses; beta 0 has no reference
-        logged["objective/kl"] = sums.total("kl") / (B * processes)
-    if args.dynamic_sampling:
-        logged["objective/groups_dropped"] = sums.mean(
-            torch.tensor(data["dropped"] / (len(everything["completions"]) // G))
-        )
-        logged["perf/sampling_rounds"] = sums.mean(torch.tensor(float(data["rounds"])))
-    return logged
-
-
 def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
-    """Fill the defaults that depend on --loss-type and on the sampler (each can still be set by hand) and check the
-    arithmetic and the engine (`accelerator`: its mixed precision and ZeRO-3; None: full precision, no ZeRO-3).
-    Returns whether the old logprobs are the sampler's own (--sampler-logprobs; default: when sampling with the policy
-    itself in float32 without mixed precision), which `--sampler-correction auto` then needs no correction for."""
+    """Fill the defaults that depend on --loss-type and on the sampler (each can still be set by hand), then check the
+    flags (`check_grpo_args`: the arithmetic, and the engine: `accelerator`'s mixed precision and ZeRO-3; None: full
+    precision, no ZeRO-3). Returns whether the old logprobs are the sampler's own (--sampler-logprobs; default: when
+    sampling with the policy itself in float32 without mixed precision), which `--sampler-correction auto` then needs
+    no correction for."""
     dapo, cispo = args.loss_type == "dapo", args.loss_type == "cispo"
     gspo = args.importance_sampling_level == "sequence"
-    if cispo and gspo:
-        raise SystemExit(
-            "error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
-            "clipped sequence ratio: pick one"
-        )
     if args.beta is None:  # DAPO, CISPO (MiniMax-M1), GSPO and distillation (the teacher anchors it) have no KL term
         args.beta = 0.0 if dapo or cispo or gspo or args.advantage_estimator == "distill" else 0.04
     if args.scale_rewards is None:
@@ -1437,53 +1326,12 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
         args.epsilon_high = 0.28 if dapo else 4e-4 if gspo else 4.0 if cispo else args.epsilon_low
     if args.kl_estimator is None:
         args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
-    if (args.advantage_estimator == "distill") != bool(args.teacher_model_path):
-        raise SystemExit(
-            "error: on-policy distillation takes both --advantage-estimator distill and "
-            "--teacher-model-path (the teacher that scores the student's tokens)"
-        )
     # MiniMax-M1 section 3.1: CISPO runs with "the dynamic sampling and length penalty techniques" of DAPO
     if args.dynamic_sampling is None:
         args.dynamic_sampling = dapo or cispo
     if args.overlong_buffer is None:
         args.overlong_buffer = args.max_completion_length // 5 if dapo or cispo else 0  # DAPO: 4096 of 20480
-    if args.num_generations < 2:
-        raise SystemExit(
-            f"error: --num-generations is {args.num_generations}; it must be at least 2: advantages are "
-            "relative to the group"
-        )
-    if args.questions_per_device < 1:
-        raise SystemExit(f"error: --questions-per-device is {args.questions_per_device}; it must be at least 1")
-    if args.overlong_buffer >= args.max_completion_length:
-        raise SystemExit(
-            f"error: --overlong-buffer {args.overlong_buffer} must be smaller than "
-            f"--max-completion-length {args.max_completion_length}"
-        )
-    if (args.questions_per_device * args.num_generations) % args.num_mini_batches:
-        raise SystemExit(
-            f"error: --questions-per-device {args.questions_per_device} x --num-generations "
-            f"{args.num_generations} = {args.questions_per_device * args.num_generations} completions per "
-            f"process do not split into --num-mini-batches {args.num_mini_batches} equal mini-batches; "
-            "change one of them"
-        )
-    for flag, value, least in (
-        ("--warmup-steps", args.warmup_steps, 0),
-        ("--pass-k", args.pass_k, 0),
-        ("--max-sampling-rounds", args.max_sampling_rounds, 1),
-    ):
-        if value < least:
-            raise SystemExit(f"error: {flag} is {value}; it must be at least {least}")
-    synced = accelerator is not None and zero3(accelerator)
-    if args.async_generation and (synced or args.use_vllm):
-        raise SystemExit(
-            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
-            "(sharded weights) nor with --use-vllm"
-        )
-    if args.use_vllm and synced:
-        raise SystemExit(
-            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
-            "processes; use DDP or ZeRO-2 with vLLM"
-        )
+    check_grpo_args(args, accelerator is not None and engines.zero3(accelerator))
     mixed_precision = accelerator.mixed_precision if accelerator is not None else "no"
     use_sampler_logprobs = (
         args.sampler_logprobs

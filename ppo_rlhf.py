@@ -66,6 +66,8 @@ from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs, check_ppo_args
+from clean_rlhf_utils.metrics import log_evaluation, log_global_means, statistics_to_log
+from clean_rlhf_utils.prompts import prompt_loader
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -524,7 +526,7 @@ def main(args: Args) -> dict:
     for m in (policy, ref_policy, value_model, reward_model):  # their forward passes run on packed rows
         packing.use_packed_attention(m)
 
-    loader = data.prompt_loader(  # shuffled by its own generator, seeded
+    loader = prompt_loader(  # shuffled by its own generator, seeded
         train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
     )
     model = PolicyAndValue(policy, value_model)
@@ -561,7 +563,7 @@ def main(args: Args) -> dict:
     start, metrics = runs.resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
     if metrics is None:  # before training (on resume it is in metrics.jsonl already)
         metrics, _ = evaluate()
-        runs.log_evaluation(run, accelerator, metrics, 0, 0, "before training")
+        log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
         range(start + 1, num_updates + 1), initial=start, total=num_updates, desc="ppo", disable=not run.main
@@ -727,12 +729,12 @@ def main(args: Args) -> dict:
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": engines.peak_mem_gb(device),
             }
-            tensors = runs.statistics_to_log(per_row, stats, step_rewards, n_steps)
-            logged = runs.log_global_means(run, accelerator, tensors, scalars, update, episode)
+            tensors = statistics_to_log(per_row, stats, step_rewards, n_steps)
+            logged = log_global_means(run, accelerator, tensors, scalars, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics, _ = evaluate()
-            runs.log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
+            log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
             run.stop(loop_state(update))

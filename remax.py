@@ -57,6 +57,8 @@ from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.metrics import log_global_means
+from clean_rlhf_utils.prompts import prepare_prompts, prompt_loader
 
 INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out of every loss and statistic
 
@@ -387,11 +389,11 @@ def main(args: Args) -> dict:
 
     # ---- 0. prompts: every field training and evaluation use is checked now, before the first update ----
     train_ds = loading.load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
-    train_rows = data.prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, False, extract_answer)
+    train_rows = prepare_prompts(train_ds, tokenizer, args, args.train_split, max_positions, False, extract_answer)
     eval_ds = loading.load_split(args.dataset_name_or_path, args.eval_split, args.dataset_config)
     eval_ds = eval_ds.select(range(min(args.num_eval_examples, len(eval_ds))))
-    eval_rows = data.prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, True, extract_answer)
-    loader = data.prompt_loader(
+    eval_rows = prepare_prompts(eval_ds, tokenizer, args, args.eval_split, max_positions, True, extract_answer)
+    loader = prompt_loader(
         train_rows, args.per_device_batch_size, args.seed, args.train_split, "--per-device-batch-size"
     )
 
@@ -544,7 +546,7 @@ def main(args: Args) -> dict:
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": engines.peak_mem_gb(device),
             }
-            logged = runs.log_global_means(run, accelerator, means, as_is, update, episode)
+            logged = log_global_means(run, accelerator, means, as_is, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics, _ = evaluate()

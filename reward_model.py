@@ -75,8 +75,9 @@ from clean_rlhf_utils.loading import (
     load_train_and_eval_rows,
     model_positions,
 )
+from clean_rlhf_utils.metrics import training_metrics
 from clean_rlhf_utils.packing import check_pair_packing, pack_reward_pairs, packed_pair_rewards
-from clean_rlhf_utils.runs import loop_state, start_run, training_metrics
+from clean_rlhf_utils.runs import loop_state, start_run
 
 
 @dataclass

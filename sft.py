@@ -54,7 +54,8 @@ from clean_rlhf_utils.data import tokenize_split
 from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspeed, global_count
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
 from clean_rlhf_utils.loading import config_positions, load_causal_lm, load_tokenizer, load_train_and_eval_rows
-from clean_rlhf_utils.runs import loop_state, start_run, training_metrics
+from clean_rlhf_utils.metrics import training_metrics
+from clean_rlhf_utils.runs import loop_state, start_run
 
 
 @dataclass

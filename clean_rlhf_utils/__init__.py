@@ -9,11 +9,13 @@ Modules, by job:
   args      the flags every script shares (run, model, LoRA, data, optimizer): the base classes of each `Args`;
             the checks of a script's own flags
   loading   hub checks, datasets, configs, tokenizers, models: offline first, one-line errors
-  data      prompt templates, the reference response, padding, tokenized rows, math questions
+  data      templates, chat messages, padding, sft.py's tokenized rows, batches of groups
+  prompts   the RL prompts and what rewards and evaluations need of each row (reference, gold answer, facts)
   preferences  preference pairs: chosen and rejected responses checked, tokenized and batched
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
   runs      the run directory, checkpoints and resume, signals, done.json, the argument checks, loop state, batch
-            sizes, what is logged
+            sizes
+  metrics   what a step logs, summed and averaged over the processes
   evaluation  the harnesses (SFT, reward model, math pass@k, DPO pairs, greedy responses); they take the script's
             scoring as arguments
   judges    what evaluations score with: the tiny-world judge, answer parsers, majority vote, `eval/kl`

@@ -213,3 +213,71 @@ def check_dpo_steps(args, total_steps: int, loader_batches: int, usable: int, ba
         )
     if total_steps == 0:
         raise SystemExit(f"error: the data makes no full batch of {batch_pairs} pairs (online: raise --total-episodes)")
+
+
+def check_grpo_setup(accelerator, micro_steps: int, args, positions: int | None) -> None:
+    """(grpo_math.py, once the policy is loaded) The engine's accumulation is GRPO's, and vLLM's context holds a
+    prompt and a completion."""
+    if accelerator.gradient_accumulation_steps != micro_steps:  # a DeepSpeed config that sets its own accumulation
+        raise SystemExit(
+            f"error: the accelerate/DeepSpeed config sets gradient_accumulation_steps "
+            f"{accelerator.gradient_accumulation_steps}, but one optimizer step of GRPO takes "
+            f"{micro_steps} backward passes (mini-batch / micro-batch); remove it from the config"
+        )
+    if args.use_vllm and positions and args.max_prompt_length + args.max_completion_length > positions:
+        raise SystemExit(
+            f"error: --use-vllm: --max-prompt-length {args.max_prompt_length} + --max-completion-length "
+            f"{args.max_completion_length} exceed the {positions} positions of {args.model_name_or_path}, "
+            "which vLLM refuses as its max_model_len; lower --max-prompt-length"
+        )
+
+
+def check_grpo_args(args, synced: bool) -> None:
+    """grpo_math.py's own flags, once `resolve_variant` has filled the variant's defaults: the variants that exclude
+    each other, the group and batch arithmetic, and what --async and --use-vllm cannot run under (`synced`: ZeRO-3)."""
+    if args.loss_type == "cispo" and args.importance_sampling_level == "sequence":
+        raise SystemExit(
+            "error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
+            "clipped sequence ratio: pick one"
+        )
+    if (args.advantage_estimator == "distill") != bool(args.teacher_model_path):
+        raise SystemExit(
+            "error: on-policy distillation takes both --advantage-estimator distill and "
+            "--teacher-model-path (the teacher that scores the student's tokens)"
+        )
+    if args.num_generations < 2:
+        raise SystemExit(
+            f"error: --num-generations is {args.num_generations}; it must be at least 2: advantages are "
+            "relative to the group"
+        )
+    if args.questions_per_device < 1:
+        raise SystemExit(f"error: --questions-per-device is {args.questions_per_device}; it must be at least 1")
+    if args.overlong_buffer >= args.max_completion_length:
+        raise SystemExit(
+            f"error: --overlong-buffer {args.overlong_buffer} must be smaller than "
+            f"--max-completion-length {args.max_completion_length}"
+        )
+    if (args.questions_per_device * args.num_generations) % args.num_mini_batches:
+        raise SystemExit(
+            f"error: --questions-per-device {args.questions_per_device} x --num-generations "
+            f"{args.num_generations} = {args.questions_per_device * args.num_generations} completions per "
+            f"process do not split into --num-mini-batches {args.num_mini_batches} equal mini-batches; "
+            "change one of them"
+        )
+    for flag, value, least in (
+        ("--warmup-steps", args.warmup_steps, 0),
+        ("--pass-k", args.pass_k, 0),
+        ("--max-sampling-rounds", args.max_sampling_rounds, 1),
+    ):
+        if value < least:
+            raise SystemExit(f"error: {flag} is {value}; it must be at least {least}")
+    if args.async_generation and (synced or args.use_vllm):
+        raise SystemExit(
+            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
+            "(sharded weights) nor with --use-vllm"
+        )
+    if args.use_vllm and synced:
+        raise SystemExit(
+            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
+            "processes; use DDP or ZeRO-2 with vLLM"
+        )

@@ -370,7 +370,7 @@ def evaluate_responses(
     frozen: tuple = (),
 ) -> tuple[dict, list[dict]]:
     """Greedy responses (`generate`, up to `args.response_length` tokens, `args.per_device_eval_batch_size` prompts a
-    batch) to the evaluation `rows` (from `data.prepare_prompts`), cut by the script's `truncate(responses, eos_id,
+    batch) to the evaluation `rows` (from `prompts.prepare_prompts`), cut by the script's `truncate(responses, eos_id,
     pad_id)` (PAD after the end), and the means over every process of `eval/completion_length`, `eval/eos_rate`,
     `eval/score` (with `score(queries, responses)`, the reward model's score of each row), `eval/kl` (`--eval-kl` with a
     `reference`: `judges.sampled_kl`), and per `--eval-task`: tldr `eval/gold_reward` (`gold_judge`) and `eval/win_rate`

@@ -5,6 +5,7 @@ Nothing here changes a number: it finds and checks what a run reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -16,7 +17,7 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from clean_rlhf_utils.data import prepare_prompts
+from clean_rlhf_utils.prompts import prepare_prompts
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -448,7 +449,7 @@ def load_value_model(args, tokenizer):
 
 
 def load_prompts(args, tokenizer, config, extract_answer) -> tuple[list[dict], list[dict]]:
-    """The training and evaluation prompts (`data.prepare_prompts`, with the script's `extract_answer`), every field
+    """The training and evaluation prompts (`prompts.prepare_prompts`, with the script's `extract_answer`), every field
     checked now, before the first update."""
     max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
     train_ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
@@ -477,3 +478,18 @@ def set_pad_token_id(pad_id: int, generators: tuple, scorers: tuple) -> None:
     for m in scorers:
         if m is not None:
             m.config.pad_token_id = pad_id
+
+
+def load_teacher(args, tokenizer):
+    """(distill) The frozen teacher of --teacher-model-path: a causal LM on the policy's tokenizer."""
+    if not os.path.isdir(args.teacher_model_path):
+        require_hub(args.teacher_model_path, "model", "--teacher-model-path")
+    teacher_args = dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None)
+    teacher = load_causal_lm(teacher_args, tokenizer).eval().requires_grad_(False)
+    if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
+        raise SystemExit(
+            f"error: --teacher-model-path {args.teacher_model_path} has "
+            f"{teacher.get_input_embeddings().num_embeddings} token embeddings for the policy's "
+            f"{len(tokenizer)} tokens: the teacher must use the policy's tokenizer"
+        )
+    return teacher

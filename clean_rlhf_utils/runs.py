@@ -18,7 +18,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, gather_object
 
-from clean_rlhf_utils.engines import cpu_threads, make_accelerator, peak_mem_gb, save_model
+from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
 
 
@@ -301,64 +301,6 @@ def loop_state(
     }
 
 
-def training_metrics(
-    accelerator: Accelerator,
-    losses: list,
-    n_steps: int,
-    means: dict,
-    lr: float,
-    epoch: int,
-    episodes_per_sec: float,
-    grad_norm,
-) -> dict:
-    """The training row logged every `--log-every` steps: each of `means` (lists of per-micro-batch scalars: accuracies,
-    margins) averaged over its micro-batches and the processes; `train/loss`, the mean over the `n_steps` logged steps
-    of each step's mean (`losses` holds each micro-batch's share of its step's mean over every process, so their sum
-    over the processes is the sum of the steps' means); the learning rate, the epoch, the speed, the peak memory, and
-    the gradient norm (None: DeepSpeed clips inside its own step and may report none). Every process calls it."""
-    logged = {k: accelerator.gather(torch.stack(v).mean()[None]).mean().item() for k, v in means.items()}
-    logged["train/loss"] = accelerator.gather(torch.stack(losses).sum()[None]).sum().item() / n_steps
-    logged.update(
-        {
-            "lr": lr,
-            "epoch": epoch,
-            "perf/episodes_per_sec": episodes_per_sec,
-            "perf/peak_mem_gb": peak_mem_gb(accelerator.device),
-        }
-    )
-    if grad_norm is not None:
-        logged["train/grad_norm"] = float(grad_norm)
-    return logged
-
-
-class StepSums:
-    """The logged sums of one training step, one entry per micro-batch (or mini-batch) and name, reduced over the
-    processes only when the step is logged: `total` sums every entry of every process, `mean` averages the processes'
-    means, `max` takes the largest. Every process calls them in the same order (collectives)."""
-
-    def __init__(self, accelerator: Accelerator):
-        self.accelerator, self.entries = accelerator, {}
-
-    def add(self, **values: torch.Tensor) -> None:
-        for name, value in values.items():
-            self.entries.setdefault(name, []).append(value)
-
-    def __contains__(self, name: str) -> bool:
-        return bool(self.entries.get(name))
-
-    def total(self, name: str) -> float:
-        x = self.entries[name]
-        return self.accelerator.reduce(torch.stack(x).sum().float().to(self.accelerator.device), "sum").item()
-
-    def mean(self, x: torch.Tensor | str) -> float:
-        """The mean of a tensor (or of a name's entries) over this process, averaged over the processes."""
-        x = torch.stack(self.entries[x]) if isinstance(x, str) else x
-        return self.accelerator.gather(x.float().mean().to(self.accelerator.device)[None]).mean().item()
-
-    def max(self, name: str) -> float:
-        return self.accelerator.reduce(torch.stack(self.entries[name]).max().to(self.accelerator.device), "max").item()
-
-
 def dpo_loop_state(step: int, drawn: int, metrics: dict, pending: dict | None, args, accelerator: Accelerator) -> dict:
     """dpo.py's loop state after `step` optimizer steps: the batches drawn so far (replayed on resume), the last
     evaluation, and online the batch already sampled for the next step (`pending`, every process's own, with its
@@ -422,15 +364,6 @@ def sample_or_stop(run: Run, state: dict, error: str, sample, *args, **kwargs):
     return sampled
 
 
-def log_global_means(run: Run, accelerator: Accelerator, tensors: dict, scalars: dict, step: int, episode: int) -> dict:
-    """Logs the mean of each tensor of `tensors` over all its elements and every process (in order: a collective per
-    tensor), then `scalars` as they are; returns the logged row."""
-    logged = {k: accelerator.gather(v.float().mean()[None]).mean().item() for k, v in tensors.items()}
-    logged.update(scalars)
-    run.log(logged, step, episode)
-    return logged
-
-
 def updates_in_budget(args, num_processes: int) -> tuple[int, int]:
     """(the batch over all processes, the updates `--total-episodes` pays for); less than one batch is an error."""
     batch_size = args.per_device_batch_size * num_processes
@@ -486,28 +419,3 @@ def resume(run: Run, kl_ctl, iterator) -> tuple[int, dict | None]:
     for _ in range(state["step"]):  # the loader's own generator, no compute
         next(iterator)
     return state["step"], state["metrics"]
-
-
-STATISTICS = {  # `ppo_micro_batch`'s statistics, averaged over the micro-batches of every process
-    "approxkl": "policy/approxkl_avg",
-    "clipfrac": "policy/clipfrac_avg",
-    "pg_loss": "loss/policy_avg",
-    "vf_loss": "loss/value_avg",
-    "vf_clipfrac": "val/clipfrac_avg",
-    "ratio": "val/ratio",
-}
-
-
-def statistics_to_log(per_row: dict, stats: list[dict], step_rewards, n_steps) -> dict:
-    """The tensors whose means over every process are logged (`runs.log_global_means`): the rollout's `per_row`, the
-    micro-batches' `stats` and the process rewards and steps, if any."""
-    tensors = per_row | {name: torch.stack([s[k] for s in stats]) for k, name in STATISTICS.items()}
-    if step_rewards is not None:
-        tensors["objective/process_reward"] = step_rewards.sum(1)
-        tensors["objective/num_steps"] = torch.tensor(n_steps, dtype=torch.float, device=step_rewards.device)
-    return tensors
-
-
-def log_evaluation(run: Run, accelerator: Accelerator, metrics: dict, step: int, episode: int, when: str) -> None:
-    run.log(metrics, step, episode)
-    accelerator.print(f"{when}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))

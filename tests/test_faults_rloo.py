@@ -16,7 +16,7 @@ import tyro
 from safetensors.torch import load_file
 
 import rloo
-from clean_rlhf_utils import data, generation
+from clean_rlhf_utils import generation, prompts
 from tests.faults import assert_same_run, check_stopped, metric_rows, script_cmd, stop_part_way
 
 
@@ -174,7 +174,7 @@ def test_conversational_prompts_are_rendered_with_the_chat_template(assets, scri
         prompt_template="{question}", reference_template="{answer}", use_chat_template=True, **common
     )
     pieces = (module.extract_answer,)  # the script's gold answer parser
-    got = data.prepare_prompts(chat, tokenizer, chat_args, "train", 512, True, *pieces)
-    want = data.prepare_prompts(plain, tokenizer, plain_args, "train", 512, True, *pieces)
+    got = prompts.prepare_prompts(chat, tokenizer, chat_args, "train", 512, True, *pieces)
+    want = prompts.prepare_prompts(plain, tokenizer, plain_args, "train", 512, True, *pieces)
     assert got == want and got[0]["gold"] == "5" and got[0]["reference"] == answer
     assert tokenizer.decode(got[0]["prompt_ids"]).rstrip().endswith("<|assistant|>")  # ready for the answer

@@ -17,7 +17,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 import grpo_math as grpo
-from clean_rlhf_utils import data, judges, loading, packing
+from clean_rlhf_utils import data, judges, loading, packing, prompts
 from tests.launch import free_port, launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -611,7 +611,7 @@ def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs
     enc = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompts = [enc("Question: Tom has 3 apples.\nAnswer:\n"), enc("Question: x\nAnswer:\n")] * 3
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    greedy, _ = grpo.sample_with_kv_cache(model, prompts, pad, eos, 12, 0.0, batch_size=4)
+    greedy, _ = grpo.generation.sample_with_kv_cache(model, prompts, pad, eos, 12, 0.0, batch_size=4)
     ids, mask = data.left_pad(prompts, pad)
     with torch.no_grad():
         ref = model.generate(
@@ -620,7 +620,7 @@ def test_sampler_greedy_matches_generate_and_returns_the_sampled_tokens_logprobs
     for row, out in zip(ref[:, ids.shape[1] :].tolist(), greedy):
         assert out == (row[: row.index(eos) + 1] if eos in row else row)
     torch.manual_seed(0)
-    sampled, logprobs = grpo.sample_with_kv_cache(model, prompts, pad, eos, 12, 1.3, batch_size=4)
+    sampled, logprobs = grpo.generation.sample_with_kv_cache(model, prompts, pad, eos, 12, 1.3, batch_size=4)
     assert all(
         1 <= len(c) <= 12 and (eos not in c or c.index(eos) == len(c) - 1) for c in sampled
     )  # stops at its first EOS
@@ -701,7 +701,7 @@ def test_malformed_rows_are_errors_naming_row_and_field(tiny):
     )
     ok = {"question": "Tom has 3 apples.", "answer": "#### 3"}
     with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'answer'"):
-        data.prepare_math_questions(
+        prompts.prepare_math_questions(
             Dataset.from_list([ok, {"question": "q", "solution": "#### 3"}]),
             tokenizer,
             args,
@@ -709,31 +709,31 @@ def test_malformed_rows_are_errors_naming_row_and_field(tiny):
             grpo.extract_answer,
         )
     with pytest.raises(SystemExit, match=r"row 1 of split 'train' has no field 'question'"):
-        data.prepare_math_questions(
+        prompts.prepare_math_questions(
             Dataset.from_list([ok, {"problem": "q", "answer": "#### 3"}]), tokenizer, args, "train", grpo.extract_answer
         )
     with pytest.raises(SystemExit, match=r"row 1 of split 'test': field\(s\) \['answer'\].*no final answer"):
-        data.prepare_math_questions(
+        prompts.prepare_math_questions(
             Dataset.from_list([ok, {"question": "q", "answer": "three"}]), tokenizer, args, "test", grpo.extract_answer
         )
     boxed = grpo.Args(prompt_template="{problem}", reference_template="{solution}", answer_format="boxed")
     with pytest.raises(SystemExit, match=r"row 0 .*\['solution'\].*boxed"):
-        data.prepare_math_questions(
+        prompts.prepare_math_questions(
             Dataset.from_list([{"problem": "p", "solution": "it is 3"}]), tokenizer, boxed, "train", grpo.extract_answer
         )
     with pytest.raises(SystemExit, match="max-prompt-length"):
-        data.prepare_math_questions(
+        prompts.prepare_math_questions(
             Dataset.from_list([{"question": "a " * 200, "answer": "#### 1"}]),
             tokenizer,
             args,
             "train",
             grpo.extract_answer,
         )
-    rows = data.prepare_math_questions(Dataset.from_list([ok]), tokenizer, args, "train", grpo.extract_answer)
+    rows = prompts.prepare_math_questions(Dataset.from_list([ok]), tokenizer, args, "train", grpo.extract_answer)
     assert rows[0]["gold"] == "3"
     too_long = r"row 0 of split 'train' has a \d+-token prompt, which with --max-completion-length 600 needs"
     with pytest.raises(SystemExit, match=too_long):
-        data.prepare_math_questions(
+        prompts.prepare_math_questions(
             Dataset.from_list([ok]),
             tokenizer,
             dataclasses.replace(args, max_completion_length=600),
@@ -752,9 +752,9 @@ def test_conversational_questions_are_rendered_with_the_chat_template(tiny):
         "prompt": [{"role": "user", "content": "Tom has 3 apples."}],
         "completion": [{"role": "assistant", "content": "3 = 3\n#### 3"}],
     }
-    got = data.prepare_math_questions(Dataset.from_list([row]), tokenizer, args, "train", grpo.extract_answer)[0]
+    got = prompts.prepare_math_questions(Dataset.from_list([row]), tokenizer, args, "train", grpo.extract_answer)[0]
     plain = Dataset.from_list([{"prompt": "Tom has 3 apples.", "completion": "#### 3"}])
-    text = data.prepare_math_questions(
+    text = prompts.prepare_math_questions(
         plain, tokenizer, dataclasses.replace(args, use_chat_template=True), "train", grpo.extract_answer
     )[0]
     assert got["prompt_ids"] == text["prompt_ids"] and got["gold"] == "3"
@@ -869,13 +869,13 @@ def test_gspo_cispo_and_reinforce_pp_run_end_to_end(assets, tmp_path, monkeypatc
 def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypatch):
     """The sampling loop's logprobs shifted by a known 0.3 per token (a sampler that disagrees with the trainer): the
     run logs the mismatch (mean |log pi_trainer - log pi_sampler| = 0.3) and the importance weights exp(0.3)."""
-    real = grpo.sample_with_kv_cache
+    real = grpo.generation.sample_with_kv_cache
 
     def shifted(*a, **kw):
         completions, logprobs = real(*a, **kw)
         return completions, [lp - 0.3 for lp in logprobs]
 
-    monkeypatch.setattr(grpo, "sample_with_kv_cache", shifted)
+    monkeypatch.setattr(grpo.generation, "sample_with_kv_cache", shifted)
     gen = torch.Generator().manual_seed(0)
     monkeypatch.setattr(
         grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
@@ -1113,9 +1113,9 @@ def test_two_processes(assets, tmp_path):
 
 def test_check_packing_fails_for_a_model_that_ignores_position_ids(tiny, ignores_positions):
     _, model, _ = tiny
-    grpo.check_packing(model)  # a transformers model reads the packing from the position ids
+    packing.check_packing(model)  # a transformers model reads the packing from the position ids
     with pytest.raises(SystemExit, match="does not read packed sequences"):
-        grpo.check_packing(ignores_positions(model))
+        packing.check_packing(ignores_positions(model))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -1239,9 +1239,9 @@ enc = lambda t: tok(t, add_special_tokens=False)["input_ids"]
 # rank 0: one prompt (one chunk); rank 1: five prompts of different lengths (three chunks of 2)
 prompts = [enc("Question: " + "x " * (i + 1) + "?\\nAnswer:\\n") for i in range(1 if rank == 0 else 5)]
 pad, eos = tok.pad_token_id, tok.eos_token_id
-synced, synced_lp = grpo.sample_with_kv_cache(model, prompts, pad, eos, 30, 0.0, batch_size=2, synced=True)
+synced, synced_lp = grpo.generation.sample_with_kv_cache(model, prompts, pad, eos, 30, 0.0, batch_size=2, synced=True)
 calls, model.calls = model.calls, 0
-alone, alone_lp = grpo.sample_with_kv_cache(model, prompts, pad, eos, 30, 0.0, batch_size=2)
+alone, alone_lp = grpo.generation.sample_with_kv_cache(model, prompts, pad, eos, 30, 0.0, batch_size=2)
 same = synced == alone and all(torch.equal(a, b) for a, b in zip(synced_lp, alone_lp))
 result = {"calls": calls, "alone_calls": model.calls, "same": same, "lengths": [len(c) for c in alone]}
 json.dump(result, open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w"))
@@ -1302,7 +1302,7 @@ def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
     for name in ("math500_test.jsonl", "math_test_1000.jsonl"):
         ds = load_dataset("json", data_files=str(assets / "math" / name), split="train")
         strict = grpo.Args(**{**dataclasses.asdict(args), "drop_overlong": False})  # every real row must fit
-        rows = data.prepare_math_questions(ds, tokenizer, strict, "test", grpo.extract_answer)
+        rows = prompts.prepare_math_questions(ds, tokenizer, strict, "test", grpo.extract_answer)
         assert len(rows) == len(ds)
         for row in rows:
             text = tokenizer.decode(row["prompt_ids"])

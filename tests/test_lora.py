@@ -78,15 +78,15 @@ def test_grpo_lora_trains_adapters_against_the_base_as_reference(assets, tmp_pat
     calls = itertools.count()  # rewards 1, 0, 1, 0, ...: every group of 4 has both, so step 1 always updates
     monkeypatch.setattr(grpo, "success_reward", lambda text, gold, fmt: float(next(calls) % 2 == 0))
     loads, refs = [], []
-    load = grpo.load_causal_lm
-    monkeypatch.setattr(grpo, "load_causal_lm", lambda *a, **k: loads.append(1) or load(*a, **k))
+    load = grpo.loading.load_causal_lm
+    monkeypatch.setattr(grpo.loading, "load_causal_lm", lambda *a, **k: loads.append(1) or load(*a, **k))
 
-    class Recorded(grpo.LoraReference):
+    class Recorded(grpo.engines.LoraReference):
         def __init__(self, policy):
             super().__init__(policy)
             refs.append(self)
 
-    monkeypatch.setattr(grpo, "LoraReference", Recorded)
+    monkeypatch.setattr(grpo.engines, "LoraReference", Recorded)
     grpo.main(_args(assets, tmp_path, run_name="lora", num_mini_batches=1))  # step 1: one update, from the base
     assert len(loads) == 1 and len(refs) == 1  # the reference is the policy itself, not a second load
     rows = [json.loads(line) for line in (tmp_path / "lora" / "metrics.jsonl").read_text().splitlines()]

@@ -1277,7 +1277,8 @@ class Sampling:
         }
         if sampler is not None and not self.use_sampler_logprobs:  # the sampling weights' own logprobs
             b, mb, capacity = out["batch"], args.micro_batch_size, args.max_prompt_length + args.max_completion_length
-            with torch.no_grad():
+            # in the learner's precision: autocast is per thread, and this runs in the generator thread
+            with torch.no_grad(), self.accelerator.autocast():
                 b["old_logprobs"] = []
                 for idx in torch.arange(len(b["completions"])).split(mb):
                     packed, _ = packing.pack_rows(b, idx, self.tokenizer.pad_token_id, capacity)
@@ -1345,7 +1346,7 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
     if args.sampler_correction != "none" and use_sampler_logprobs:
         raise SystemExit(
             f"error: --sampler-correction {args.sampler_correction} weights the trainer's old logprobs against the "
-            "sampler's, but --sampler-logprobs makes them the same; pass --no-sampler-logprobs"
+            "sampler's, but --sampler-logprobs makes them the same; pass --sampler-logprobs False"
         )
     return use_sampler_logprobs
 

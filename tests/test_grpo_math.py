@@ -1308,3 +1308,41 @@ def test_math_preset_prompt_has_the_instruction_once_and_fits(tmp_path):
             text = tokenizer.decode(row["prompt_ids"])
             assert text.count(instruction) == 1 and text.startswith("<|im_start|>system\n" + instruction + "<|im_end|>")
             assert len(row["prompt_ids"]) <= args.max_prompt_length
+
+
+# runs grpo_math.main from the command line; with "bare", the generator thread's copy of the policy loses the autocast
+# wrapper accelerate puts on the prepared model's forward (a copy made any other way has none): only an autocast taken
+# in the thread itself then keeps the old logprobs in the learner's precision
+_BF16_DRIVER = """
+import sys, tyro, grpo_math
+from clean_rlhf_utils import generation
+if sys.argv.pop(1) == "bare":
+    init = generation.BackgroundSampler.__init__
+    def bare(self, *a, **k):
+        init(self, *a, **k)
+        self.policy.__dict__.pop("forward", None)
+    generation.BackgroundSampler.__init__ = bare
+grpo_math.main(tyro.extras.overridable_config_cli(grpo_math.PRESETS))
+"""
+
+
+@pytest.mark.parametrize("how", ["sync", "async", "async-bare-copy"])
+def test_ratio_is_exactly_one_at_unmoved_weights_under_bf16_mixed_precision(assets, tmp_path, how):
+    """bf16 mixed precision (accelerate's autocast), the weights held still (learning rate 1e-30, below float32's
+    resolution) and one completion per micro-batch (the same packed rows for the old and the new logprobs): every ratio
+    is exactly 1, with --async too. Autocast is per thread: the generator thread computes the old logprobs under its
+    own `accelerator.autocast()`; without it a copy of the policy outside accelerate's wrapper gave float32 old
+    logprobs and a mean ratio of 1.00017 here (issue 41)."""
+    flags = ["--total-steps", "1", "--questions-per-device", "2", "--num-generations", "4", "--max-completion-length"]
+    flags += ["12", "--micro-batch-size", "1", "--num-iterations", "2", "--num-eval-examples", "2", "--pass-k", "0"]
+    flags += ["--num-threads", "1", "--run-name", "bf16", "--output-dir", str(tmp_path), "--dataset-config", "None"]
+    flags += ["--model-name-or-path", str(assets / "models" / "tiny-llama"), "--learning-rate", "1e-30"]
+    flags += ["--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), "--sampler-correction", "none"]
+    flags += ["--sampler-logprobs", "False"] + (["--async"] if how != "sync" else [])
+    env = {**os.environ, "ACCELERATE_MIXED_PRECISION": "bf16", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    bare = "bare" if how == "async-bare-copy" else "wrapped"
+    cmd = [sys.executable, "-c", _BF16_DRIVER, bare, "tiny", *flags]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    train = [r for r in _rows(tmp_path / "bf16" / "metrics.jsonl") if "policy/ratio" in r]
+    assert train[0]["policy/ratio"] == 1.0 and train[0]["policy/clipfrac"] == 0.0

@@ -1323,8 +1323,8 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
         args.loss_aggregation = LOSS_AGGREGATION[args.loss_type]
     if args.epsilon_low is None:
         args.epsilon_low = 3e-4 if gspo else 0.2  # GSPO section 5.1: 3e-4 and 4e-4 (sequence ratios stay near 1)
-    if args.epsilon_high is None:
-        args.epsilon_high = 0.28 if dapo else 4e-4 if gspo else 4.0 if cispo else args.epsilon_low
+    if args.epsilon_high is None:  # a sequence ratio takes GSPO's bounds whatever the loss type (docs/grpo_math.md)
+        args.epsilon_high = 4e-4 if gspo else 0.28 if dapo else 4.0 if cispo else args.epsilon_low
     if args.kl_estimator is None:
         args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
     # MiniMax-M1 section 3.1: CISPO runs with "the dynamic sampling and length penalty techniques" of DAPO

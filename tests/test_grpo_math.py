@@ -1346,3 +1346,40 @@ def test_ratio_is_exactly_one_at_unmoved_weights_under_bf16_mixed_precision(asse
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     train = [r for r in _rows(tmp_path / "bf16" / "metrics.jsonl") if "policy/ratio" in r]
     assert train[0]["policy/ratio"] == 1.0 and train[0]["policy/clipfrac"] == 0.0
+
+
+# docs/grpo_math.md's table: (beta, epsilon_low, epsilon_high, aggregation, scale_rewards, dynamic_sampling, overlong)
+# for each --loss-type and --importance-sampling-level; L = --max-completion-length
+VARIANT_TABLE = {
+    ("grpo", "token"): (0.04, 0.2, 0.2, "sequence", True, False, 0),
+    ("grpo", "sequence"): (0.0, 3e-4, 4e-4, "sequence", True, False, 0),
+    ("dr_grpo", "token"): (0.04, 0.2, 0.2, "fixed", False, False, 0),
+    ("dr_grpo", "sequence"): (0.0, 3e-4, 4e-4, "fixed", False, False, 0),
+    ("dapo", "token"): (0.0, 0.2, 0.28, "token", True, True, "L//5"),
+    ("dapo", "sequence"): (0.0, 3e-4, 4e-4, "token", True, True, "L//5"),
+    ("cispo", "token"): (0.0, 0.2, 4.0, "token", True, True, "L//5"),
+    ("cispo", "sequence"): None,  # refused
+}
+
+
+@pytest.mark.parametrize("aggregation", [None, "sequence", "fixed", "token", "prompt"])
+@pytest.mark.parametrize("loss_type, level", sorted(VARIANT_TABLE))
+def test_every_variant_combination_resolves_to_the_documented_row(loss_type, level, aggregation):
+    """Issue 41: `--loss-type dapo --importance-sampling-level sequence` resolved to GSPO's lower bound and DAPO's upper
+    (3e-4 / 0.28). Every combination resolves to its row of docs/grpo_math.md's table, or is refused in one line; an
+    explicit aggregation replaces the loss type's and changes nothing else."""
+    args = grpo.Args(loss_type=loss_type, importance_sampling_level=level, loss_aggregation=aggregation)
+    row = VARIANT_TABLE[(loss_type, level)]
+    if row is None:
+        with pytest.raises(SystemExit, match="pick one"):
+            grpo.resolve_variant(args)
+        return
+    grpo.resolve_variant(args)
+    beta, low, high, own_aggregation, scale, dynamic, overlong = row
+    overlong = args.max_completion_length // 5 if overlong == "L//5" else overlong
+    got = (args.beta, args.epsilon_low, args.epsilon_high, args.loss_aggregation, args.scale_rewards)
+    assert got == (beta, low, high, aggregation or own_aggregation, scale)
+    assert (args.dynamic_sampling, args.overlong_buffer) == (dynamic, overlong)
+    table = (REPO / "docs" / "grpo_math.md").read_text()
+    shown = f"| {loss_type} | {'sequence (GSPO)' if (loss_type, level) == ('grpo', 'sequence') else level} | "
+    assert shown in table, f"docs/grpo_math.md's variant table has no row {shown!r}"

@@ -593,14 +593,15 @@ def micro_batch_loss(
     kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
     kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward
     per_token = per_token + kl_coef * kl_loss
-    weights = capped = mismatch = None
+    weights = capped = mismatch = scored = None
     if sampler_logprobs is not None:  # the tokens were drawn by the sampler: reweight towards the trainer's policy
-        sampler_logprobs = torch.where(torch.isnan(sampler_logprobs), old, sampler_logprobs)  # unscored: weight 1
+        scored = ~torch.isnan(sampler_logprobs) & mask.bool()  # unscored (an EOS appended after vLLM stopped): weight 1
+        sampler_logprobs = torch.where(torch.isnan(sampler_logprobs), old, sampler_logprobs)
         weights, capped = sampler_weights(
             old, sampler_logprobs, mask, args.sampler_correction, args.sampler_correction_cap
         )
         per_token = per_token * weights
-        mismatch = (old - sampler_logprobs).detach() * mask  # log pi_trainer - log pi_sampler of each token
+        mismatch = (old - sampler_logprobs).detach() * scored  # log pi_trainer - log pi_sampler of each scored token
     agg = dict(
         aggregation=args.loss_aggregation,
         max_completion_length=args.max_completion_length,
@@ -618,6 +619,7 @@ def micro_batch_loss(
         "is_weight": weights,
         "is_capped": capped,
         "mismatch": mismatch,
+        "scored": scored,
     }
 
 
@@ -649,8 +651,8 @@ def compute_advantages(
 def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tensor, first_pass: bool) -> dict:
     """What one micro-batch adds to the logged sums of its step (`micro_batch_loss`'s detached pieces): clipped
     tokens, loss tokens and ratios over the loss mask; on the first pass over the batch the KL and the entropy over
-    every completion token, and, with a sampler correction, the sampler-trainer mismatch (the old logprobs are then
-    the trainer's at the weights that sampled)."""
+    every completion token, and, with a sampler correction, the sampler-trainer mismatch over the tokens the sampler
+    scored (the old logprobs are then the trainer's at the weights that sampled)."""
     stats = {
         "clipped": (out["clipped"] & mask.bool()).sum().float(),
         "tokens": mask.sum().float(),
@@ -663,8 +665,8 @@ def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tens
         if first_pass:
             stats["mismatch_abs"] = out["mismatch"].abs().sum()
             stats["mismatch_max"] = out["mismatch"].abs().max()
-            stats["ratio_error"] = ((out["mismatch"].exp() - 1).abs() * mask).sum()
-            stats["first_tokens"] = mask.sum().float()
+            stats["ratio_error"] = ((out["mismatch"].exp() - 1).abs() * out["scored"]).sum()
+            stats["first_tokens"] = out["scored"].sum().float()
     return stats
 
 

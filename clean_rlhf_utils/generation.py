@@ -239,7 +239,11 @@ class VLLMSampler:
         for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
             tokens = list(o.outputs[0].token_ids)
             lps = [step[t].logprob for t, step in zip(tokens, o.outputs[0].logprobs or [{}] * len(tokens)) if t in step]
-            lps = lps if len(lps) == len(tokens) else [float("nan")] * len(tokens)
+            if len(lps) != len(tokens):  # never a silent weight 1: the correction would be off for the whole completion
+                raise SystemExit(
+                    f"error: vLLM returned the logprobs of {len(lps)} of the {len(tokens)} tokens of a completion; "
+                    "--sampler-correction needs every sampled token's (vLLM 0.10.2 or later, processed_logprobs)"
+                )
             if o.outputs[0].finish_reason == "stop" and (not tokens or tokens[-1] != self.eos_id):
                 tokens.append(self.eos_id)  # stopped on EOS without returning it: the policy must learn to stop too
                 lps.append(float("nan"))

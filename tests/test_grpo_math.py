@@ -866,14 +866,20 @@ def test_gspo_cispo_and_reinforce_pp_run_end_to_end(assets, tmp_path, monkeypatc
     )
 
 
-def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypatch):
+@pytest.mark.parametrize("unscored_last", [False, True], ids=["scored", "unscored-last-token"])
+def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypatch, unscored_last):
     """The sampling loop's logprobs shifted by a known 0.3 per token (a sampler that disagrees with the trainer): the
-    run logs the mismatch (mean |log pi_trainer - log pi_sampler| = 0.3) and the importance weights exp(0.3)."""
+    run logs the mismatch (mean |log pi_trainer - log pi_sampler| = 0.3) and the importance weights exp(0.3). A token
+    the sampler did not score (NaN: the EOS that VLLMSampler appends) gets weight 1 and stays out of the mismatch
+    statistics, which are means over the scored tokens (issue 41: it counted as a mismatch of 0, 0.3 diluted)."""
     real = grpo.generation.sample_with_kv_cache
 
     def shifted(*a, **kw):
         completions, logprobs = real(*a, **kw)
-        return completions, [lp - 0.3 for lp in logprobs]
+        logprobs = [lp - 0.3 for lp in logprobs]
+        if unscored_last:
+            logprobs = [torch.cat([lp[:-1], torch.tensor([float("nan")])]) for lp in logprobs]
+        return completions, logprobs
 
     monkeypatch.setattr(grpo.generation, "sample_with_kv_cache", shifted)
     gen = torch.Generator().manual_seed(0)
@@ -895,6 +901,10 @@ def test_a_mismatched_sampler_is_logged_and_corrected(assets, tmp_path, monkeypa
     grpo.main(args)
     row = next(r for r in _rows(tmp_path / "tis" / "metrics.jsonl") if "loss/policy" in r)
     assert row["mismatch/abs_logprob_diff"] == pytest.approx(0.3, abs=1e-4)
+    assert row["mismatch/ratio_error"] == pytest.approx(math.exp(0.3) - 1, abs=1e-4)
+    if unscored_last:  # the unscored tokens weigh 1: the mean weight sits between 1 and exp(0.3)
+        assert 1.0 < row["mismatch/is_weight"] < math.exp(0.3) - 1e-3
+        return
     assert row["mismatch/is_weight"] == pytest.approx(math.exp(0.3), abs=1e-4) and row["mismatch/capped_frac"] == 0.0
     with pytest.raises(SystemExit, match="^error: --sampler-correction token_truncate weights"):
         grpo.main(_args(assets, tmp_path, run_name="x", sampler_logprobs=True, sampler_correction="token_truncate"))
@@ -1383,3 +1393,28 @@ def test_every_variant_combination_resolves_to_the_documented_row(loss_type, lev
     table = (REPO / "docs" / "grpo_math.md").read_text()
     shown = f"| {loss_type} | {'sequence (GSPO)' if (loss_type, level) == ('grpo', 'sequence') else level} | "
     assert shown in table, f"docs/grpo_math.md's variant table has no row {shown!r}"
+
+
+def test_vllm_sampler_appends_the_stop_eos_unscored_and_refuses_missing_logprobs():
+    """VLLMSampler (vLLM faked: no GPU here): a completion that stopped on EOS without returning it gets the EOS
+    appended with a NaN logprob (weight 1, outside the mismatch statistics); a completion whose logprobs miss a sampled
+    token is an error, where it was silently all NaN, weight 1 and mismatch 0 (issue 41)."""
+    from types import SimpleNamespace as NS
+
+    sampler = object.__new__(grpo.generation.VLLMSampler)
+    sampler.eos_id, sampler.vllm = 2, NS(SamplingParams=lambda **kw: kw)
+
+    def step(token, logprob):
+        return {token: NS(logprob=logprob)}
+
+    full = NS(outputs=[NS(token_ids=[5, 6], logprobs=[step(5, -0.1), step(6, -0.2)], finish_reason="length")])
+    stopped = NS(outputs=[NS(token_ids=[7], logprobs=[step(7, -0.3)], finish_reason="stop")])
+    sampler.llm = NS(generate=lambda prompts, params, use_tqdm: [full, stopped])
+    completions, logprobs = sampler([[1], [1]], 4, 1.0)
+    assert completions == [[5, 6], [7, 2]]
+    torch.testing.assert_close(logprobs[0], torch.tensor([-0.1, -0.2]))
+    assert logprobs[1][0].item() == pytest.approx(-0.3) and logprobs[1][1].isnan()
+    missing = NS(outputs=[NS(token_ids=[5, 6], logprobs=[step(5, -0.1), {}], finish_reason="length")])
+    sampler.llm = NS(generate=lambda prompts, params, use_tqdm: [missing])
+    with pytest.raises(SystemExit, match="^error: vLLM returned the logprobs of 1 of the 2 tokens"):
+        sampler([[1]], 4, 1.0)

@@ -99,6 +99,7 @@ from clean_rlhf_utils.engines import (
     mean_over_processes,
     peak_mem_gb,
     prepare_frozen,
+    seed_per_process,
     split_cpu_threads,
     zero3,
 )
@@ -664,6 +665,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
     configure_deepspeed(accelerator, args.per_device_train_batch_size, args.max_grad_norm)  # pairs per backward pass
     policy, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    seed_per_process(accelerator, args.seed)  # N+: from here each process its own random stream
     # offline: epochs over the pairs (the prepared loader is this process's shard); online: episodes = sampled pairs
     if online:
         total_steps = args.total_episodes // batch_pairs

@@ -782,7 +782,7 @@ def main(args: Args) -> dict:
         accelerator, args.num_threads, args.async_generation, args.generation_threads
     )
     run = runs.Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
-    set_seed(args.seed, device_specific=True)  # each process samples differently; the weights are loaded, not drawn
+    set_seed(args.seed)  # the same stream on every process until `seed_per_process`
     device, G = accelerator.device, args.num_generations
     synced = engines.zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
 
@@ -827,6 +827,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, weight_decay=0.0)
     engines.configure_deepspeed(accelerator, args.micro_batch_size, args.max_grad_norm)  # GRPO prepares no dataloader
     model, optimizer = accelerator.prepare(policy, optimizer)
+    engines.seed_per_process(accelerator, args.seed)  # N+: from here each process its own random stream
     check_grpo_setup(accelerator, micro_steps, args, positions)
     ref_policy, rm, prm, teacher = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, rm, prm, teacher))
     unwrapped = accelerator.unwrap_model(model)

@@ -535,6 +535,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps, fused=fused)
     engines.configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the responses of one backward pass
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    engines.seed_per_process(accelerator, args.seed)  # N+: from here each process its own random stream
     ref_policy, reward_model, prm = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, reward_model, prm))
     if args.lora_r:
         ref_policy = engines.LoraReference(accelerator.unwrap_model(model).policy)

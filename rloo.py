@@ -433,6 +433,7 @@ def main(args: Args) -> dict:
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, eps=args.adam_eps)
     engines.configure_deepspeed(accelerator, micro_batch_size, args.max_grad_norm)  # the samples of one backward pass
     model, optimizer, loader = accelerator.prepare(policy, optimizer, loader)
+    engines.seed_per_process(accelerator, args.seed)  # N+: from here each process its own random stream
     ref_policy, reward_model = (engines.prepare_frozen(m, accelerator) for m in (ref_policy, reward_model))
     if args.lora_r:
         ref_policy = engines.LoraReference(accelerator.unwrap_model(model))

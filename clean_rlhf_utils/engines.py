@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
 
 from clean_rlhf_utils.preferences import collate_preference_pairs
 
@@ -36,6 +36,16 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
     )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
+
+
+def seed_per_process(accelerator: Accelerator, seed: int) -> None:
+    """After `prepare`, each process's random streams (torch, numpy, random) seeded with seed + rank * 100003, as the N+
+    code does: the processes sample different completions for the same prompt, and a rerun repeats them. Before it,
+    `set_seed(seed)` gave every process the same stream, so the weights a script draws (fresh heads, LoRA) agree; the
+    loaders shuffle with generators of their own, which accelerate keeps in step. With one process there is nothing
+    to decorrelate: its stream goes on untouched, so a single-process run draws what it always drew."""
+    if accelerator.num_processes > 1:
+        set_seed(seed + accelerator.process_index * 100003)
 
 
 def zero3(accelerator: Accelerator) -> bool:

@@ -614,7 +614,7 @@ def main(args: Args) -> dict:
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy = add_lora(policy, args)
     reward_model = None
-    if args.reward_model_path and (args.judge == "rm" or not online):
+    if args.reward_model_path:  # labels online pairs under --judge rm; evaluation logs its score whatever the judge
         reward_model = load_reward_model(args, tokenizer)
         disable_dropout(reward_model)
         reward_model.config.pad_token_id = tokenizer.pad_token_id  # its forward refuses batches without a pad id

@@ -407,6 +407,19 @@ def test_online_dpo_runs(assets, tiny_rm, tmp_path, extra):
     assert lags == ([0, 1, 1, 1] if "--async" in extra else [0, 0, 0, 0])
     assert all(0.0 <= r["objective/tie_rate"] <= 1.0 for r in train)
     assert sum("eval/gold_reward" in r for r in rows) == 3  # steps 0, 2, 4
+    assert sum("eval/score" in r for r in rows) == 3  # --reward-model-path: its score at every evaluation
+
+
+def test_online_dpo_judged_by_gold_logs_the_reward_models_score(assets, tiny_rm, tmp_path):
+    """--judge gold labels the pairs; a --reward-model-path given too (as the tiny-tldr-online preset does) is still
+    the evaluation's `eval/score` (issue 41: it was not loaded under --judge gold, and no score was logged)."""
+    cmd = [sys.executable, str(REPO / "dpo.py"), "tiny-tldr-online", "--run-name", "gold", *_common(assets, tmp_path)]
+    cmd += ["--reward-model-path", str(tiny_rm), "--judge", "gold", "--total-episodes", "8"]
+    cmd += ["--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2", "--eval-every", "1"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    evaluations = [r for r in _rows(tmp_path / "runs" / "gold" / "metrics.jsonl") if "eval/gold_reward" in r]
+    assert len(evaluations) == 2 and all("eval/score" in r for r in evaluations)
 
 
 def test_offline_dpo_on_two_processes(assets, tmp_path):

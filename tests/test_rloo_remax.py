@@ -423,12 +423,15 @@ def test_packed_logprobs_and_sampler_logprobs_equal_each_sequence_alone(assets, 
 
 
 def test_remax_greedy_baseline_sampler_matches_generate(assets):
-    """ReMax's baseline: temperature 0 in the sampling loop is greedy decoding, token for token `model.generate`'s."""
+    """ReMax's baseline: temperature 0 in the sampling loop is greedy decoding (argmax), token for token
+    `model.generate`'s, and draws no random number (issue 41: not sampling at temperature 1e-7)."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama").eval()
     eos, pad = model.config.eos_token_id, 1
     queries, qmask = data.left_pad([[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]], pad)
+    rng = torch.get_rng_state()
     greedy, logprobs, _ = generation.sample_responses(model, queries, qmask, eos, pad, 12, 0.0)
+    assert torch.equal(rng, torch.get_rng_state())
     with torch.no_grad():
         ref = model.generate(
             input_ids=queries,

@@ -516,9 +516,8 @@ def main(args: Args) -> dict:
     if not args.lora_r:
         ref_policy = loading.load_pretrained(AutoModelForCausalLM, path, args, "reference", flag)
         ref_policy.eval().requires_grad_(False)
-    reward_model = (
-        loading.load_trained_reward_model(args, tokenizer, "outcome") if args.reward_source == "model" else None
-    )
+    outcome = args.reward_source == "model"  # else the verifiable math reward
+    reward_model = loading.load_trained_reward_model(args, tokenizer, "outcome") if outcome else None
     prm = loading.load_trained_reward_model(args, tokenizer, "process") if args.prm_path else None
     value_model = loading.load_value_model(args, tokenizer)
     disable_dropout(policy, ref_policy, value_model, reward_model, prm)  # before any forward pass
@@ -545,14 +544,10 @@ def main(args: Args) -> dict:
     # greedy responses to the evaluation prompts, judged with this script's truncation, reward model and math reward
     score = functools.partial(reward_model_scores, reward_model, pad_id=pad_id) if reward_model is not None else None
     judged = dict(score=score, reference=ref_policy, correct=success_reward, frozen=(reward_model,))
-    evaluate = functools.partial(
-        evaluation.evaluate_responses, unwrapped.policy, tokenizer, eval_rows, args, accelerator
-    )
-    evaluate = functools.partial(evaluate, truncate_response, **judged)
+    where = (unwrapped.policy, tokenizer, eval_rows, args, accelerator)
+    evaluate = functools.partial(evaluation.evaluate_responses, *where, truncate_response, **judged)
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
-    synced = engines.zero3(
-        accelerator
-    )  # ZeRO-3: every forward pass is a collective, so sampling steps in step on all ranks
+    synced = engines.zero3(accelerator)  # ZeRO-3: every forward pass is a collective: ranks sample in step
     lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
     run.begin()
 

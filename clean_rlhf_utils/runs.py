@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -88,20 +89,13 @@ class Run:
                 path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
             self.file = open(self.dir / "metrics.jsonl", "a")
             if args.track:
-                import wandb
-
-                id_file = self.dir / "wandb_id"  # a resumed run continues the same wandb run
-                run_id = id_file.read_text() if id_file.exists() else wandb.util.generate_id()
-                id_file.write_text(run_id)
-                self.wandb = wandb.init(
-                    project=args.wandb_project,
-                    entity=args.wandb_entity,
-                    name=args.run_name,
-                    id=run_id,
-                    resume="allow",
-                    config=dataclasses.asdict(args),
-                    dir=str(self.dir),
-                )
+                try:
+                    self.wandb = start_wandb(args, self.dir)
+                except SystemExit:
+                    if not args.resume:  # a new run that never started: no directory left to refuse the next try
+                        self.file.close()
+                        shutil.rmtree(self.dir)
+                    raise
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -227,6 +221,37 @@ class Run:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+def start_wandb(args, run_dir: Path):
+    """(--track) The run mirrored to Weights & Biases: every row of metrics.jsonl under the same names and steps, the
+    arguments as its config. The wandb run id is made here and kept in `wandb_id`, so `--resume` continues the same
+    wandb run (wandb 0.31 dropped the `wandb.util.generate_id` this used). `WANDB_MODE=offline` tracks without network
+    (`wandb sync` uploads later). A failure to start is a one-line error."""
+    try:
+        import wandb
+    except ImportError:
+        raise SystemExit("error: --track needs the wandb package: pip install 'wandb>=0.31,<0.32'") from None
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # 8 characters, as wandb's
+    try:
+        run = wandb.init(
+            project=args.wandb_project,
+            entity=args.wandb_entity,
+            name=args.run_name,
+            id=run_id,
+            resume="allow",
+            config=dataclasses.asdict(args),
+            dir=str(run_dir),
+        )
+    except Exception as e:  # no network, no login, a bad entity: wandb's own message, on one line
+        why = " ".join(str(e).split())[:300] or type(e).__name__
+        raise SystemExit(
+            f"error: --track: wandb did not start ({why}); log in (`wandb login`), set WANDB_MODE=offline to "
+            "track without network, or drop --track"
+        ) from None
+    id_file.write_text(run_id)
+    return run
 
 
 def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:

@@ -1,9 +1,17 @@
 """Run a reproduction suite end to end: `python -m benchmark.run SUITE [--seeds 1 2 3] [--dry-run]`.
 
 Suites:
-  tiny        tiny-tldr and tiny-math (CPU, offline): builds the tiny world, then every stage below
-  tiny-tldr   SFT -> reward model on tiny-tldr
-  tiny-math   SFT -> process reward model on tiny-math
+  quick          the README's main job: SFT and RM, then PPO, RLOO, ReMax, DPO, online DPO (tiny-tldr) and GRPO
+                 (tiny-math) at their `--quick` budgets (CPU, offline; the tiny world is built on first use)
+  learning       `quick` plus a few KL-frontier runs, at `--quick` budgets: the schedule of tests/test_learning.py
+  tiny           tiny-tldr and tiny-math at the presets' full budgets
+  tiny-tldr      SFT -> reward model -> PPO, RLOO, ReMax, DPO, online DPO on tiny-tldr
+  tiny-math      SFT -> process reward model -> GRPO and its variants on tiny-math
+  frontier-tldr  the KL frontier on tiny-tldr-noisy: each algorithm at several KL penalties (docs/frontier.md)
+  frontier-math  the KL frontier on tiny-math
+  frontier       both frontiers
+  tldr           the N+ reproduction on TL;DR with Pythia (GPUs, the hub)
+  math           GSM8K with Qwen2.5-0.5B-Instruct and MATH with Qwen2.5-Math-1.5B (GPUs, the hub)
 
 Each stage is one command of an algorithm script, run as a subprocess with its own run directory under
 `runs/`. A stage that fails is reported and the suite goes on with the stages that do not depend on it.
@@ -588,6 +596,9 @@ def run_suite(
     before `__`, e.g. `ppo_tiny-tldr`) is listed, plus the stages they need. `quick` appends each stage's
     shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES (or `only`), always `quick`; suite
     `learning` adds LEARNING_FRONTIER_STAGES."""
+    if jobs < 1:  # 0 never starts a stage and waits for one forever
+        raise SystemExit(f"error: --jobs is {jobs}; it must be at least 1")
+    asked = only
     if suite in ("quick", "learning"):
         only, quick = only or QUICK_STAGES + (LEARNING_FRONTIER_STAGES if suite == "learning" else []), True
     launcher = launcher or [sys.executable]
@@ -601,6 +612,14 @@ def run_suite(
             if st.run_name in keep:
                 keep |= set(st.needs)
         stages = [st for st in stages if st.run_name in keep]
+        names = {
+            part for st in SUITES[suite](seeds) for part in (st.run_name.split("_")[0], st.run_name.rsplit("__", 1)[0])
+        }
+        unknown = sorted(set(asked or []) - names)
+        if unknown:  # a misspelt name would run nothing and exit 0
+            raise SystemExit(
+                f"error: --only {' '.join(unknown)} names no stage of suite {suite}; its names are {sorted(names)}"
+            )
     status: dict[str, str] = {}
     if dry_run:
         for stage in stages:  # what is needed comes first; "dry-run" marks a stage that would be run now

@@ -256,3 +256,16 @@ def test_real_check_only_entries_with_a_caret_select_by_run_name_prefix():
     picked = {e: [n for n in names if any(matches(o, n) for o in only)] for e, only in ONLY.items()}
     assert {e: len(v) for e, v in picked.items()} == {"single": 6, "ddp": 2, "zero2": 5, "zero3": 2}, picked
     assert "grpo_gsm8k-qwen2.5-0.5b__1" in picked["zero2"] and "dr-grpo_math-qwen2.5-math-1.5b__1" in picked["single"]
+
+
+def test_a_bad_jobs_count_or_a_misspelt_only_is_an_error_not_a_silent_exit(tmp_path):
+    """`--jobs 0` waited forever at full CPU and a misspelt `--only` ran nothing and exited 0 (issue 42)."""
+    with pytest.raises(SystemExit, match="^error: --jobs is 0; it must be at least 1"):
+        run.run_suite("quick", [1], tmp_path, dry_run=True, jobs=0)
+    with pytest.raises(SystemExit, match="^error: --only pppo names no stage of suite tiny-tldr; its names are"):
+        run.run_suite("tiny-tldr", [1], tmp_path, dry_run=True, only=["ppo", "pppo"])
+
+
+def test_the_docstring_lists_every_suite():
+    listed = {line.split()[0] for line in run.__doc__.split("Suites:")[1].split("\n\n")[0].strip().splitlines()}
+    assert set(run.SUITES) <= listed, sorted(set(run.SUITES) - listed)

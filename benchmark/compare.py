@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")
     a = parser.parse_args(argv)
     paths = [Path(p) for p in a.runs]
-    for p in paths:  # e.g. the suite's runs/<run_name>.log and .stage.json, which a shell glob of runs/<group>__* takes
+    for p in paths:  # e.g. a log or file beside the run directories that a shell glob of runs/<group>__* takes
         if p.is_file():
             print(f"warning: {p} is a file, not a run directory; skipped", file=sys.stderr)
     runs = [read_run(p) for p in paths if not p.is_file()]

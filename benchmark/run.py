@@ -19,7 +19,7 @@ When the suite is rerun, a stage is
   skipped   when the script's `runs/<run_name>/done.json` (written at the end of a run that completed its budget)
             holds the same command arguments: a `--quick` run does not count as done for the full suite;
   resumed   (`--resume`) when the run stopped part way (a checkpoint, no done.json) and was started by the same
-            command, as recorded in `runs/<run_name>.stage.json` before each launch;
+            command, as recorded in `runs/_suite/<run_name>.stage.json` before each launch;
   rerun     (`--overwrite`) otherwise when its directory exists: another command, no checkpoint, or a stage it
             needs was (re)run now.
 `--num-threads`, `--resume` and `--overwrite` do not count as a different command. `--dry-run` prints what would
@@ -532,10 +532,14 @@ def _difference(was: list[str], now: list[str]) -> str:
     return f"was {show(was)}, now {show(now)}"
 
 
+SUITE_DIR = "_suite"  # the suite's own files under runs/: each stage's record and log
+
+
 def stage_record(runs_dir: Path, run_name: str) -> Path:
-    """Where the suite records the arguments it launched a stage with (outside the run directory, which the script's
-    `--overwrite` deletes and which a new run must find empty)."""
-    return runs_dir / f"{run_name}.stage.json"
+    """Where the suite records the arguments it launched a stage with: outside the run directory, which the script's
+    `--overwrite` deletes and which a new run must find empty, and in `runs/_suite/` with the stages' logs, so that a
+    glob of run directories (`runs/ppo_tiny-tldr__*`) takes run directories only."""
+    return runs_dir / SUITE_DIR / f"{run_name}.stage.json"
 
 
 def decide(runs_dir: Path, run_name: str, args: list[str], rebuilt: list[str] = ()) -> tuple[str, str]:
@@ -675,7 +679,7 @@ def run_suite(
             record.parent.mkdir(parents=True, exist_ok=True)
             if action != "resume":  # a resumed run keeps the record of the command that started it
                 record.write_text(json.dumps({"argv": stage.args(quick), "command": cmd}) + "\n")
-            log = runs_dir / f"{stage.run_name}.log"
+            log = runs_dir / SUITE_DIR / f"{stage.run_name}.log"  # beside the stage's record
             f = open(log, "a" if action == "resume" else "w")
             if action == "resume":
                 f.write(f"\n--- resumed: {shlex.join(cmd)}\n")

@@ -169,7 +169,9 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
         ["--run-name", "q__1", "--seed", "1"],
         ["--run-name", "q__1", "--seed", "1", "--resume"],
     ]
-    assert "resumed" in (tmp_path / "runs" / "q__1.log").read_text()
+    assert "resumed" in (tmp_path / "runs" / "_suite" / "q__1.log").read_text()
+    # the suite's files live in runs/_suite/: a glob of run directories takes run directories only (issue 43)
+    assert [p.name for p in (tmp_path / "runs").glob("q__*")] == ["q__1"]
     assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}, (
         "done.json holds the same command"
     )

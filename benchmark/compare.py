@@ -40,6 +40,8 @@ class Run:
     finished: bool = True
     """whether the run completed its budget: its done.json exists (run directories) or it is "finished" (wandb)"""
     unfinished_why: str = ""
+    provenance: dict | None = None
+    """what produced it (provenance.json: git commit, library versions, host); None for a run that predates it"""
 
     def curve(self, metric: str, x: str) -> tuple[np.ndarray, np.ndarray]:
         points = [(r[x], r[metric]) for r in self.rows if metric in r and x in r and _finite(r[metric])]
@@ -66,6 +68,11 @@ def read_run(run_dir: Path) -> Run:
             if (run_dir / "DONE").exists()
             else ""
         )
+    if (run_dir / "provenance.json").exists():
+        try:
+            run.provenance = json.loads((run_dir / "provenance.json").read_text())["started"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            run.problems.append(f"{run_dir}/provenance.json: unreadable, so its code and host are unknown")
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         run.problems.append(f"{run_dir}: no metrics.jsonl")
@@ -110,6 +117,30 @@ def finished_runs(runs: list[Run]) -> list[Run]:
         if not r.finished:
             print(f"warning: {r.name} did not finish its budget ({r.unfinished_why}); left out", file=sys.stderr)
     return [r for r in runs if r.finished]
+
+
+def provenance_differences(runs: list[Run]) -> list[str]:
+    """One line for each thing the runs combined here differ in (git commit, uncommitted changes, a library's version,
+    the CPU, the GPUs): such curves and intervals mix code or machines (tiny-math's SFT start moved 0.165 -> 0.225
+    between two CPUs). Runs without provenance.json (older ones) are not compared."""
+    known = [r for r in runs if r.provenance]
+    lines = []
+    facts = {
+        "git commit": lambda p: (p.get("git") or {}).get("commit"),
+        "uncommitted changes": lambda p: (p.get("git") or {}).get("dirty"),
+        "CPU": lambda p: (p.get("host") or {}).get("cpu"),
+        "GPUs": lambda p: ", ".join((p.get("host") or {}).get("gpus") or []) or "none",
+    }
+    for name in sorted({k for r in known for k in (r.provenance.get("versions") or {})}):
+        facts[name] = lambda p, name=name: (p.get("versions") or {}).get(name)
+    for what, get in facts.items():
+        values = defaultdict(list)
+        for r in known:
+            values[str(get(r.provenance))].append(r.name)
+        if len(values) > 1:
+            counts = "; ".join(f"{v}: {len(names)} run(s)" for v, names in sorted(values.items()))
+            lines.append(f"the runs differ in {what} ({counts})")
+    return lines
 
 
 def bootstrap_ci(
@@ -277,6 +308,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     plot(usable, a.metric, out.with_suffix(".png"))
     md = markdown_table(table, a.metric)
+    differences = provenance_differences(usable)
+    for line in differences:
+        print(f"warning: {line}", file=sys.stderr)
+    unknown = [r.name for r in usable if not r.provenance]
+    if unknown and len(unknown) < len(usable):
+        print(
+            f"warning: {len(unknown)} run(s) record no provenance.json (older runs): {', '.join(unknown[:5])}",
+            file=sys.stderr,
+        )
+    md += "".join(f"\n> warning: {line}\n" for line in differences)
     out.with_suffix(".md").write_text(md)
     print(md)
     print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.md')}")

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmark.assets import ensure_assets
-from benchmark.compare import read_run
+from benchmark.compare import provenance_differences, read_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -720,7 +720,9 @@ def run_suite(
             if k.startswith("eval/") and isinstance(v, float) and "confidence" not in k
         )
         lines.append(f"| {stage.run_name} | {status[stage.run_name]} | {shown} |")
-    summary = "\n".join(lines) + "\n"
+    finished = [read_run(runs_dir / st.run_name) for st in stages if (runs_dir / st.run_name / "done.json").exists()]
+    lines += ["", *(f"> warning: {line}" for line in provenance_differences(finished))]  # mixed code or hosts
+    summary = "\n".join(lines).rstrip() + "\n"
     (runs_dir / f"{suite}_summary.md").write_text(summary)
     print(summary)
     return status

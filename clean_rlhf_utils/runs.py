@@ -5,12 +5,15 @@ every script shares (docs/faults.md; tests/test_faults*.py). Nothing here change
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
+import platform
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,6 +85,7 @@ class Run:
             self.dir.mkdir(parents=True, exist_ok=True)
             shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
             (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
+            record_provenance(self.dir, resumed=self.state is not None)
             last = self.state["step"] if self.state else -1
             for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
                 path = self.dir / name
@@ -221,6 +225,52 @@ class Run:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+PROVENANCE_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft", "deepspeed", "trl", "vllm", "wandb")
+
+
+def provenance() -> dict:
+    """What produced a run (Open RL Benchmark's point: a curve compares only with runs of the same code, libraries and
+    machine): the git commit of this checkout and whether its tracked files had uncommitted changes (None outside a
+    git checkout), the versions of the libraries a result depends on (those installed), and the host."""
+    repo, git = Path(__file__).resolve().parent.parent, {"commit": None, "dirty": None}
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            changes = ["git", "status", "--porcelain", "--untracked-files=no"]
+            status = subprocess.run(changes, cwd=repo, capture_output=True, text=True, timeout=10)
+            git = {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    versions = {}
+    for name in PROVENANCE_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():  # Linux: the model name, which platform does not give
+        models = [
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name") and ":" in line
+        ]
+        cpu = models[0] if models else cpu
+    gpus = []
+    if torch.cuda.is_available():
+        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    host = {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, "python": platform.python_version()}
+    return {"git": git, "versions": versions, "host": host}
+
+
+def record_provenance(run_dir: Path, resumed: bool) -> None:
+    """`provenance.json` of a run: what started it, and what each `--resume` continued it with."""
+    path, now = run_dir / "provenance.json", provenance()
+    record = json.loads(path.read_text()) if resumed and path.exists() else {"started": now, "resumed": []}
+    if resumed:
+        record.setdefault("resumed", []).append(now)
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def start_wandb(args, run_dir: Path):

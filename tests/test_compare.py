@@ -243,3 +243,30 @@ def test_one_or_two_seeds_show_the_values_not_a_95_ci(tmp_path):
     md = compare.markdown_table(table, "eval/gold_reward")
     assert "| 95% CI (values below 3 seeds) |" in md.splitlines()[0]
     assert "| dpo_tiny-tldr | 1 | 0.470 | 0.470 |" in md and "| ppo_tiny-tldr | 3 | 0.510 | [0." in md
+
+
+def test_runs_that_differ_in_code_libraries_or_host_are_named_in_a_warning(tmp_path, capsys):
+    """Issue 43: results from two commits, two torch versions or two CPUs are not one experiment; compare says so (on
+    stderr and under the table). Runs that agree get no warning."""
+
+    def record(run: Path, commit: str, torch: str, cpu: str) -> None:
+        started = {
+            "git": {"commit": commit, "dirty": False},
+            "versions": {"torch": torch, "transformers": "5.24.0"},
+            "host": {"cpu": cpu, "cores": 2, "gpus": [], "python": "3.11.7"},
+        }
+        (run / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
+
+    same = [_write_run(tmp_path, f"ppo_tiny-tldr__{s}", [0.1, 0.5]) for s in (1, 2)]
+    for run in same:
+        record(run, "aaa", "2.13.0", "AMD EPYC")
+    out = tmp_path / "cmp"
+    assert compare.main([str(p) for p in same] + ["--out", str(out)]) == 0
+    assert "differ" not in capsys.readouterr().err and "warning" not in out.with_suffix(".md").read_text()
+    other = _write_run(tmp_path, "rloo_tiny-tldr__1", [0.2, 0.4])
+    record(other, "bbb", "2.12.0", "AMD EPYC")
+    assert compare.main([str(p) for p in [*same, other]] + ["--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the runs differ in git commit (aaa: 2 run(s); bbb: 1 run(s))" in err
+    assert "warning: the runs differ in torch (2.12.0: 1 run(s); 2.13.0: 2 run(s))" in err and "CPU" not in err
+    assert "> warning: the runs differ in git commit" in out.with_suffix(".md").read_text()

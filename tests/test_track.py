@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.bad_inputs import SCRIPTS, World, base_flags
 from tests.faults import stop_part_way
@@ -73,6 +74,10 @@ def test_track_mirrors_every_metrics_row(assets, tmp_path, script):
     assert records[0]["id"] == (run_dir / "wandb_id").read_text() and records[0]["name"] == "bad"
     assert records[0]["config"] == sorted(json.loads((run_dir / "config.json").read_text()))
     assert [(r["row"], r["step"]) for r in records[1:-1]] == [(row, row["step"]) for row in rows]
+    # issue 43: every run records what produced it (its git commit, library versions and host)
+    started = json.loads((run_dir / "provenance.json").read_text())["started"]
+    assert len(started["git"]["commit"]) == 40 and started["versions"]["torch"] == torch.__version__
+    assert started["host"]["cores"] == os.cpu_count() and started["host"]["cpu"]
 
 
 def test_track_resume_continues_the_same_wandb_run(assets, tmp_path, monkeypatch):
@@ -89,6 +94,8 @@ def test_track_resume_continues_the_same_wandb_run(assets, tmp_path, monkeypatch
     inits = [r for r in _records(tmp_path) if r["kind"] == "init"]
     assert len(inits) == 2 and inits[0]["id"] == inits[1]["id"] == (run_dir / "wandb_id").read_text()
     assert all(r["resume"] == "allow" for r in inits)
+    record = json.loads((run_dir / "provenance.json").read_text())  # what started it, and what resumed it
+    assert len(record["resumed"]) == 1 and record["resumed"][0]["git"] == record["started"]["git"]
 
 
 def test_a_tracking_failure_at_start_is_one_line_and_leaves_no_directory(assets, tmp_path):

@@ -4,8 +4,9 @@ Reads `metrics.jsonl` of any set of run directories (and, when asked with `--wan
 runs), groups runs by algorithm (the run name without its `__<seed>` suffix), aggregates the seeds of each group,
 and writes:
   * a PNG with the metric against episodes and against wall-clock time: per group the mean over seeds, over the x
-    range all its runs cover, with a band that the legend names: the 95% bootstrap confidence band with 3 or more
-    seeds, the min-max of the two seeds with 2, none with 1;
+    range all its runs cover, a marker where the runs evaluated, with a band that the legend names: the 95% bootstrap
+    interval of the mean with 3 or more seeds, the min-max of the two seeds with 2, none with 1; `--train-metrics`
+    adds panels of per-update training metrics (a point per update);
   * a markdown table of final values: mean, 95% bootstrap CI of the mean (3 or more seeds; with fewer, the seeds'
     values instead: "0.410, 0.520 (2 seeds)"), and the interquartile mean (IQM, the mean of the middle 50% of runs,
     as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" / rliable).
@@ -172,13 +173,19 @@ def band_kind(n_seeds: int) -> str | None:
     return "95% CI" if n_seeds >= MIN_SEEDS_FOR_CI else "min-max" if n_seeds == 2 else None
 
 
-def aggregate_curves(curves: list[tuple[np.ndarray, np.ndarray]], n_points: int = 50) -> dict:
+def aggregate_curves(curves: list[tuple[np.ndarray, np.ndarray]], n_points: int | None = None) -> dict:
     """Mean and band of several curves on a common grid, over the x range all of them cover (each curve is linearly
-    interpolated). `band` says what low and high are (`band_kind`): the 95% bootstrap band of the mean with 3 or
-    more curves, the min and max of 2, the curve itself for 1."""
+    interpolated). The grid is every x at which one of the curves was logged inside that range, so that a marker on
+    the mean stands where the runs evaluated (seeds evaluate at the same episodes); `n_points` asks for an even grid
+    instead. `band` says what low and high are (`band_kind`): the 95% bootstrap band of the mean with 3 or more
+    curves, the min and max of 2, the curve itself for 1."""
     lo = max(x[0] for x, _ in curves)
     hi = min(x[-1] for x, _ in curves)
-    grid = np.linspace(lo, hi, n_points) if hi > lo else np.array([lo])
+    if n_points is not None:
+        grid = np.linspace(lo, hi, n_points) if hi > lo else np.array([lo])
+    else:
+        xs = np.unique(np.concatenate([x for x, _ in curves]))
+        grid = xs[(xs >= lo) & (xs <= hi)]
     ys = np.stack([np.interp(grid, x, y) for x, y in curves])
     band = band_kind(len(curves))
     if band == "95% CI":
@@ -247,32 +254,58 @@ def group_curves(runs: list[Run], metric: str, x: str) -> dict[str, dict]:
 
 
 def curve_label(group: str, agg: dict) -> str:
-    """`ppo_tiny-tldr (3 seeds, band: 95% bootstrap CI)`, `(2 seeds, band: min-max)`, `(1 seed)`."""
+    """`ppo_tiny-tldr (band: 95% bootstrap interval over 3 seeds)`, `(band: min-max of 2 seeds)`, `(1 seed)`."""
     n = agg["seeds"]
-    band = {"95% CI": ", band: 95% bootstrap CI", "min-max": ", band: min-max"}.get(agg["band"], "")
-    return f"{group} ({n} seed{'s' if n > 1 else ''}{band})"
+    if agg["band"] == "95% CI":
+        return f"{group} (band: 95% bootstrap interval over {n} seeds)"
+    return f"{group} (band: min-max of {n} seeds)" if agg["band"] == "min-max" else f"{group} (1 seed)"
 
 
-def plot(runs: list[Run], metric: str, out_png: Path) -> None:
-    """The mean curve of each group against episodes and wall-clock time, with its band (`curve_label`); the caller
-    leaves unfinished runs out (`finished_runs`)."""
+def plot(
+    runs: list[Run], metric: str, out_png: Path, title: str | None = None, train_metrics: tuple[str, ...] = ()
+) -> None:
+    """The mean curve of each group against episodes and wall-clock time, with its band (`curve_label`) and a marker
+    at each evaluation; below them, per `train_metrics`, the per-update training metric against episodes (each
+    update a point: the curve between two evaluations). One legend for the figure, under it; `title` names what is
+    plotted. The caller leaves unfinished runs out (`finished_runs`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    panels = [(metric, "episode"), (metric, "time")] + [(m, "episode") for m in train_metrics]
+    rows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows + 1), squeeze=False)
     colors = plt.get_cmap("tab20").colors  # more than the default 10: no two curves share a colour
-    for ax, x in zip(axes, ("episode", "time")):
-        for i, (group, agg) in enumerate(group_curves(runs, metric, x).items()):
-            (line,) = ax.plot(agg["x"], agg["mean"], label=curve_label(group, agg), color=colors[2 * i % 20 + i // 10])
+    groups = sorted({r.group for r in runs})
+    color = {g: colors[2 * i % 20 + i // 10] for i, g in enumerate(groups)}
+    handles: dict[str, object] = {}
+    for ax, (m, x) in zip(axes.flat, panels):
+        for group, agg in group_curves(runs, m, x).items():
+            evaluation = m == metric
+            (line,) = ax.plot(
+                agg["x"],
+                agg["mean"],
+                marker="o" if evaluation else ".",
+                markersize=4 if evaluation else 2,
+                color=color[group],
+            )
             if agg["band"] is not None:
-                ax.fill_between(agg["x"], agg["low"], agg["high"], alpha=0.2, color=line.get_color())
+                ax.fill_between(agg["x"], agg["low"], agg["high"], alpha=0.2, color=color[group])
+            if evaluation:
+                handles.setdefault(curve_label(group, agg), line)
         ax.set_xlabel("episodes" if x == "episode" else "wall-clock seconds")
-        ax.set_ylabel(metric)
+        ax.set_ylabel(m)
+        ax.set_title(
+            f"{m} (evaluations: markers)" if m == metric else f"{m} (training samples, each update)", fontsize=9
+        )
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title or metric, fontsize=11)
+    ncol = min(3, max(1, len(handles)))
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8)
+    fig.tight_layout(rect=(0, 0.04 * ((len(handles) + ncol - 1) // ncol) / rows, 1, 1))
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)
     plt.close(fig)
@@ -283,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="*", help="run directories (each with a metrics.jsonl)")
     parser.add_argument("--metric", default="eval/gold_reward", help="metric to compare")
     parser.add_argument("--out", default="runs/compare", help="output prefix: writes OUT.png and OUT.md")
+    parser.add_argument(
+        "--train-metrics", nargs="*", default=[], help="per-update metrics plotted below, e.g. objective/reward"
+    )
     parser.add_argument("--wandb-project", default=None, help="also read the runs of this wandb project (online)")
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")
     a = parser.parse_args(argv)
@@ -306,7 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     table = summarize(usable, a.metric)
     out = Path(a.out)
-    plot(usable, a.metric, out.with_suffix(".png"))
+    plot(
+        usable,
+        a.metric,
+        out.with_suffix(".png"),
+        f"{a.metric}: {', '.join(sorted({r.group for r in usable}))}",
+        tuple(a.train_metrics),
+    )
     md = markdown_table(table, a.metric)
     differences = provenance_differences(usable)
     for line in differences:

@@ -5,9 +5,11 @@ For each tiny track it reads every RL run of the suite (`runs/<algo>_<track>__<s
 SFT policy, then each algorithm's final metrics as mean and 95% bootstrap CI over seeds, `0.600 [0.500, 0.700]`,
 with 3 or more seeds; with 2 the two values instead, `0.600 (0.500, 0.700: 2 seeds)`; with throughput and peak
 memory) and `runs/results_<track>.png` (the learning curves of the track's main metric against episodes and
-wall-clock time, mean over seeds with the band the legend names, see `benchmark.compare`).
+wall-clock time, a marker per evaluation, mean over seeds with the band the legend names, see `benchmark.compare`;
+below them the proxy reward and KL of the training samples, a point per update: TRAIN_METRICS).
 The "SFT (start)" row is the evaluation every RL run makes before its first update, so it is measured on
-the same prompts with the same code as the final numbers.
+the same prompts with the same code as the final numbers; it counts the SFT runs (the models evaluated), and shows
+one value when those evaluations agree.
 The KL-frontier suites (`frontier-tldr`) get `runs/frontier_<track>.md` and `.png` (benchmark/frontier.py).
 """
 
@@ -24,6 +26,13 @@ from benchmark.frontier import TRACKS as FRONTIER_TRACKS
 from benchmark.frontier import write_frontier
 
 TRACKS = {"tiny-tldr": ["eval/gold_reward", "eval/win_rate"], "tiny-math": ["eval/accuracy", "eval/completion_length"]}
+# per-update training metrics plotted under the evaluations: a point per update (offline DPO samples nothing and has
+# none); each script's own estimator, so KL compares runs of one algorithm, not algorithms (docs/frontier.md)
+TRAIN_METRICS = ("objective/reward", "objective/kl")
+TITLES = {
+    "tiny-tldr": "tiny-tldr: gold reward of greedy summaries (judge), and the reward model's score while training",
+    "tiny-math": "tiny-math: greedy accuracy on the 200 test problems, and the training reward",
+}
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
 # grpo_math.py's variants (benchmark/run.py's tiny-math stages), plotted on their own beside GRPO
 GRPO_FAMILY = [
@@ -53,6 +62,17 @@ def _cell(values: list[float]) -> str:
     return f"{v.mean():.3f} [{low:.3f}, {high:.3f}]"
 
 
+def _start_cell(values: list[float]) -> str:
+    """The SFT row: every RL run evaluates the SFT policy it starts from before its first update; those are
+    evaluations of one model, not seeds, so one value when they agree, else their mean and range."""
+    if not values:
+        return "-"
+    v = np.array(values, dtype=float)
+    if np.ptp(v) == 0:
+        return f"{v[0]:.3f}"
+    return f"{v.mean():.3f} (range {v.min():.3f}-{v.max():.3f} over {len(v)} RL runs' first evaluations)"
+
+
 def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     metrics = TRACKS[track]
     runs = [read_run(d) for d in sorted(runs_dir.glob(f"*_{track}__*")) if (d / "metrics.jsonl").exists()]
@@ -77,9 +97,10 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     cols = metrics + PERF + ["seconds"]
     head = "| algorithm | seeds | " + " | ".join(c.split("/")[-1] for c in cols) + " |"
     lines = [head, "|" + " --- |" * (len(cols) + 2)]
+    sft_runs = [d for d in runs_dir.glob(f"sft_{track}__*") if (d / "done.json").exists()]
     lines.append(
-        f"| SFT (start) | {len(start.get(metrics[0], []))} runs | "
-        + " | ".join(_cell(start.get(c, [])) for c in metrics)
+        f"| SFT (start) | {len(sft_runs) or '-'} SFT run{'s' if len(sft_runs) != 1 else ''} | "
+        + " | ".join(_start_cell(start.get(c, [])) for c in metrics)
         + " |"
         + " - |" * (len(PERF) + 1)
     )
@@ -135,10 +156,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{track}: no RL runs under {runs_dir}")
             continue
         (runs_dir / f"results_{track}.md").write_text(md)
-        plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png")
+        plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png", TITLES[track], TRAIN_METRICS)
         print(f"## {track}\n\n{md}\nwrote {runs_dir / f'results_{track}.md'} and {runs_dir / f'results_{track}.png'}")
         if track == "tiny-math" and (family := [r for r in runs if r.group.split("_")[0] in GRPO_FAMILY]):
-            plot(family, TRACKS[track][0], runs_dir / "results_tiny-math_grpo.png")  # the variants, beside GRPO
+            title = "tiny-math: GRPO's variants, greedy accuracy and the training reward"
+            plot(family, TRACKS[track][0], runs_dir / "results_tiny-math_grpo.png", title, TRAIN_METRICS)
             print(f"wrote {runs_dir / 'results_tiny-math_grpo.png'}")
         if track == "tiny-math" and (prm := prm_table(runs_dir)):
             (runs_dir / "results_tiny-math_prm.md").write_text(prm)

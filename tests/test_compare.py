@@ -122,7 +122,8 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, caps
     md, runs = results.track_table(tmp_path, "tiny-math")
     assert "warning: grpo_tiny-math__3 did not finish its budget (no done.json); left out" in capsys.readouterr().err
     lines = md.splitlines()
-    assert lines[2] == "| SFT (start) | 3 runs | 0.300 [0.300, 0.300] | 5.000 (5.000, 5.000: 2 seeds) | - | - | - |"
+    # the start row counts the SFT models evaluated, and one value when the RL runs' first evaluations agree
+    assert lines[2] == "| SFT (start) | 1 SFT run | 0.300 | 5.000 | - | - | - |"
     grpo = next(line for line in lines if line.startswith("| grpo |"))
     assert grpo.startswith("| grpo | 2 | 0.600 (0.500, 0.700: 2 seeds) |")  # 2 seeds: the values, not a 95% CI
     assert "| 32.000 (30.000, 34.000: 2 seeds) |" in grpo  # the secondary metric: mean of 30 and 34
@@ -184,10 +185,10 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
 
     drawn = {}
 
-    def spy(runs, metric, out_png):
+    def spy(runs, metric, out_png, *args):
         for x in ("episode", "time"):
             drawn[x] = compare.group_curves(runs, metric, x)
-        return plot(runs, metric, out_png)
+        return plot(runs, metric, out_png, *args)
 
     plot = compare.plot
     monkeypatch.setattr(compare, "plot", spy)
@@ -207,11 +208,11 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
     # the curves: PPO from its 2 finished runs, over all of their episodes (the crashed run stopped at 100)
     agg = drawn["episode"]["ppo_tiny-tldr"]
     assert agg["seeds"] == 2 and agg["x"][0] == 0 and agg["x"][-1] == 300 and agg["mean"][-1] == pytest.approx(0.8)
-    assert compare.curve_label("ppo_tiny-tldr", agg) == "ppo_tiny-tldr (2 seeds, band: min-max)"
+    assert compare.curve_label("ppo_tiny-tldr", agg) == "ppo_tiny-tldr (band: min-max of 2 seeds)"
     assert drawn["episode"]["rloo_tiny-tldr"]["x"][-1] == 320 and drawn["time"]["ppo_tiny-tldr"]["x"][-1] == 6.0
     assert (
         compare.curve_label("rloo_tiny-tldr", drawn["episode"]["rloo_tiny-tldr"])
-        == "rloo_tiny-tldr (3 seeds, band: 95% bootstrap CI)"
+        == "rloo_tiny-tldr (band: 95% bootstrap interval over 3 seeds)"
     )
     # an old suite's DONE marker does not make a run finished, and says why
     (ppo[2] / "DONE").write_text("{}")

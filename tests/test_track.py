@@ -74,6 +74,8 @@ def test_track_mirrors_every_metrics_row(assets, tmp_path, script):
     assert records[0]["id"] == (run_dir / "wandb_id").read_text() and records[0]["name"] == "bad"
     assert records[0]["config"] == sorted(json.loads((run_dir / "config.json").read_text()))
     assert [(r["row"], r["step"]) for r in records[1:-1]] == [(row, row["step"]) for row in rows]
+    # issue 43 item 6: the last line a run prints names its directory and its model
+    assert proc.stdout.strip().splitlines()[-1] == f"run finished: {run_dir} (model: {run_dir / 'model'})"
     # issue 43: every run records what produced it (its git commit, library versions and host)
     started = json.loads((run_dir / "provenance.json").read_text())["started"]
     assert len(started["git"]["commit"]) == 40 and started["versions"]["torch"] == torch.__version__

@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))
     a = parser.parse_args(argv)
     runs_dir = Path(a.runs_dir)
+    wrote: list[Path] = []  # listed at the end, where they are seen after the tables scrolled by
     for track in a.tracks:
         md, runs = track_table(runs_dir, track)
         if not runs:
@@ -157,21 +158,21 @@ def main(argv: list[str] | None = None) -> int:
             continue
         (runs_dir / f"results_{track}.md").write_text(md)
         plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png", TITLES[track], TRAIN_METRICS)
-        print(f"## {track}\n\n{md}\nwrote {runs_dir / f'results_{track}.md'} and {runs_dir / f'results_{track}.png'}")
+        wrote += [runs_dir / f"results_{track}.md", runs_dir / f"results_{track}.png"]
+        print(f"## {track}\n\n{md}")
         if track == "tiny-math" and (family := [r for r in runs if r.group.split("_")[0] in GRPO_FAMILY]):
             title = "tiny-math: GRPO's variants, greedy accuracy and the training reward"
             plot(family, TRACKS[track][0], runs_dir / "results_tiny-math_grpo.png", title, TRAIN_METRICS)
-            print(f"wrote {runs_dir / 'results_tiny-math_grpo.png'}")
+            wrote.append(runs_dir / "results_tiny-math_grpo.png")
         if track == "tiny-math" and (prm := prm_table(runs_dir)):
             (runs_dir / "results_tiny-math_prm.md").write_text(prm)
-            print(
-                f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}\nwrote "
-                f"{runs_dir / 'results_tiny-math_prm.md'}"
-            )
+            wrote.append(runs_dir / "results_tiny-math_prm.md")
+            print(f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}")
     for track in FRONTIER_TRACKS:  # the KL frontier suites (benchmark/frontier.py)
         if (md := write_frontier(runs_dir, track)) is not None:
-            head = f"## {track}: {FRONTIER_TRACKS[track][0]} against KL"
-            print(f"\n{head}\n\n{md}\nwrote {runs_dir / f'frontier_{track}.md'} and .png")
+            wrote += [runs_dir / f"frontier_{track}.md", runs_dir / f"frontier_{track}.png"]
+            print(f"\n## {track}: {FRONTIER_TRACKS[track][0]} against KL\n\n{md}")
+    print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]) if wrote else f"wrote nothing under {runs_dir}")
     return 0
 
 

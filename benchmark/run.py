@@ -24,7 +24,21 @@ When the suite is rerun, a stage is
             needs was (re)run now.
 `--num-threads`, `--resume` and `--overwrite` do not count as a different command. `--dry-run` prints what would
 be run, with these decisions. At the end a summary table of each run's final metrics is printed and written to
-`runs/<suite>_summary.md`.
+`runs/<suite>_summary.md`, and the paths of what was written are printed.
+
+While it runs, each stage's output (tqdm bars included) goes to `runs/_suite/<run_name>.log`, and the suite shows
+its status (benchmark/status.py): each stage waiting; running, with its time so far, progress, rate and time left
+from the last tqdm update in its log (`ppo_tiny-tldr__1  running  1m02s  12/32 updates  0.90 it/s  22s left`, or
+`starting` before the first); done, with its time and final headline metric (`eval/gold_reward`, `eval/accuracy`);
+skipped; blocked by a failed stage it needs; or failed, with its log's path. Above them, the elapsed time and an
+estimate of what is left: tqdm's remaining time of the running stages and, for the waiting ones, the durations of
+finished stages of the same algorithm or script, spread over the `--jobs` slots (`unknown` until there is one).
+On a terminal that status is a block redrawn in place about once a second, below the event lines. Otherwise (CI,
+`nohup`, a pipe; or with `--plain`) the output is one line per event, without ANSI codes: `[run] <command>` when a
+stage starts, `[ok] <run_name> in <s>s: <headline metric>`, `[FAILED] <run_name> (exit <code>); last lines of <log>:`
+(then those lines, indented), `[skip] <run_name>: <why>` (finished earlier, or blocked: `depends on failed [...]`),
+`[resume]` / `[rerun] <run_name>: <why>` before its `[run]`; a `[progress]` line (elapsed, estimate, each running
+stage's progress) every minute; and `[end]` when the last stage ends.
 """
 
 from __future__ import annotations
@@ -41,6 +55,7 @@ from pathlib import Path
 
 from benchmark.assets import ensure_assets
 from benchmark.compare import provenance_differences, read_run
+from benchmark.status import BLOCKED, DONE, FAILED, RUNNING, SKIPPED, Display, StageStatus, headline, log_tail
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -591,6 +606,7 @@ def run_suite(
     jobs: int = 1,
     only: list[str] | None = None,
     quick: bool = False,
+    live: bool | None = None,
 ) -> dict[str, str]:
     """Run the stages of `suite` with `workdir` as the working directory (runs land in workdir/runs).
 
@@ -599,7 +615,8 @@ def run_suite(
     `only` keeps the stages whose algorithm (run name before `_`, e.g. `ppo`) or algorithm and track (run name
     before `__`, e.g. `ppo_tiny-tldr`) is listed, plus the stages they need. `quick` appends each stage's
     shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES (or `only`), always `quick`; suite
-    `learning` adds LEARNING_FRONTIER_STAGES."""
+    `learning` adds LEARNING_FRONTIER_STAGES. `live`: redraw a status block on the terminal (benchmark/status.py);
+    False prints event lines only, None (the default) does so when stdout is not a terminal."""
     if jobs < 1:  # 0 never starts a stage and waits for one forever
         raise SystemExit(f"error: --jobs is {jobs}; it must be at least 1")
     asked = only
@@ -642,6 +659,16 @@ def run_suite(
         ensure_assets(runs_dir / "assets")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # allowed ones
     threads = max(1, cores // max(jobs, 1))
+    suite_dir = runs_dir / SUITE_DIR
+    display = Display(  # every line below goes through it: on a terminal, above the redrawn block
+        f"{suite} suite",
+        [
+            StageStatus(st.run_name, script=Path(st.script).name, log=str(suite_dir / f"{st.run_name}.log"))
+            for st in stages
+        ],
+        jobs,
+        live,
+    )
     pending = list(stages)
     running: dict[str, tuple[subprocess.Popen, float, Path, object]] = {}
     while pending or running:
@@ -650,8 +677,9 @@ def run_suite(
                 break
             bad = [d for d in stage.needs if status.get(d) in ("failed", "blocked")]
             if bad:
-                print(f"[skip] {stage.run_name}: depends on failed {bad}")
                 status[stage.run_name] = "blocked"
+                display[stage.run_name].state, display[stage.run_name].note = BLOCKED, f"needs failed {', '.join(bad)}"
+                display.event(f"[skip] {stage.run_name}: depends on failed {bad}")
                 pending.remove(stage)
                 continue
             if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
@@ -659,22 +687,28 @@ def run_suite(
             rebuilt = [d for d in stage.needs if status.get(d) == "ok"]
             action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
             if action == "skip":
-                print(f"[skip] {stage.run_name}: {why}")
                 status[stage.run_name] = "skipped"
+                display[stage.run_name].state = SKIPPED
+                display[stage.run_name].headline = headline(final_metrics(runs_dir / stage.run_name))
+                display.event(f"[skip] {stage.run_name}: {why}")
                 pending.remove(stage)
                 continue
             if not (Path(workdir) / stage.script).exists() and not (REPO / stage.script).exists():
-                print(f"[missing] {stage.run_name}: {stage.script} does not exist")
                 status[stage.run_name] = "failed"
+                display[stage.run_name].state, display[stage.run_name].note = FAILED, f"{stage.script} does not exist"
+                display[stage.run_name].log = ""  # nothing was launched, so there is no log to read
+                display.event(f"[missing] {stage.run_name}: {stage.script} does not exist")
                 pending.remove(stage)
                 continue
             cmd = stage.command(launcher, quick)
             if jobs > 1 and not stage.accelerate_config:
                 cmd += ["--num-threads", str(threads)]
             cmd += LAUNCH[action]
-            if action != "run":
-                print(f"[{action}] {stage.run_name}: {why}")
-            print(f"[run] {shlex.join(cmd)}", flush=True)
+            shown = display[stage.run_name]
+            shown.state, shown.started, shown.progress = RUNNING, time.time(), None
+            display.event(
+                *([f"[{action}] {stage.run_name}: {why}"] if action != "run" else []), f"[run] {shlex.join(cmd)}"
+            )
             record = stage_record(runs_dir, stage.run_name)
             record.parent.mkdir(parents=True, exist_ok=True)
             if action != "resume":  # a resumed run keeps the record of the command that started it
@@ -696,21 +730,28 @@ def run_suite(
                 continue
             f.close()
             del running[name]
+            shown = display[name]
+            shown.seconds = time.time() - t0
             if rc == 0:
                 status[name] = "ok"
-                print(f"[ok] {name} in {time.time() - t0:.0f}s", flush=True)
+                shown.state, shown.headline = DONE, headline(final_metrics(runs_dir / name))
+                lines = [f"[ok] {name} in {shown.seconds:.0f}s" + (f": {shown.headline}" if shown.headline else "")]
                 if not (runs_dir / name / "done.json").exists():
-                    print(
+                    lines.append(
                         f"warning: {name} exited 0 without writing {runs_dir / name / 'done.json'}; it will be run "
-                        "again by the next invocation",
-                        flush=True,
+                        "again by the next invocation"
                     )
+                display.event(*lines)
             else:
                 status[name] = "failed"
-                print(f"[FAILED] {name} (exit {rc}); last lines of {log}:")
-                print("\n".join(log.read_text().splitlines()[-5:]), flush=True)
+                shown.state, shown.note = FAILED, f"exit {rc}"
+                # the log's last lines as a terminal shows them (a tqdm bar once, not each update), indented
+                tail = log_tail(log.read_text(errors="replace"))
+                display.event(f"[FAILED] {name} (exit {rc}); last lines of {log}:", *(f"    {line}" for line in tail))
         if running:
+            display.tick()
             time.sleep(0.5)
+    display.close()
     lines = [f"# {suite} suite", "", "| run | status | final metrics |", "| --- | --- | --- |"]
     for stage in stages:
         m = final_metrics(runs_dir / stage.run_name)
@@ -725,6 +766,7 @@ def run_suite(
     summary = "\n".join(lines).rstrip() + "\n"
     (runs_dir / f"{suite}_summary.md").write_text(summary)
     print(summary)
+    print(f"wrote {runs_dir / f'{suite}_summary.md'}\nstage logs and records: {suite_dir}/", flush=True)
     return status
 
 
@@ -746,8 +788,14 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="shorter RL runs (the learning tests); not the README's numbers"
     )
+    parser.add_argument(
+        "--plain",
+        action="store_true",
+        help="one line per event even on a terminal (no redrawn status block); the default off a terminal",
+    )
     a = parser.parse_args()
-    status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick)
+    live = False if a.plain else None  # None: the block on a terminal, event lines otherwise
+    status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick, live=live)
     sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
 
 

@@ -17,7 +17,7 @@ batch 64, one epoch over the 92,832 OpenAI preference pairs).
       ipo:     (h - 1 / (2 beta))^2   (Azar et al. 2023, arXiv:2310.12036); by default (`--ipo-average`) h is taken
                on per-token averaged logprobs (sum / response tokens, policy and reference alike), as TRL does and as
                the IPO authors confirmed produced the paper's results; `--no-ipo-average` takes it on summed logprobs
-               (beta does not carry over between the two)
+               (beta does not carry over between the two); the logged implicit rewards stay on the summed ones (TRL)
       hinge:   max(0, 1 - beta h)     (SLiC, Zhao et al. 2023, arXiv:2305.10425)
     The loss of an optimizer step is the mean over the pairs of its whole batch (every micro-batch of the gradient
     accumulation, every process; online: the untied pairs), so the gradient does not depend on how the batch is split.
@@ -458,12 +458,16 @@ def pair_losses(
     args: Args,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`dpo_loss` of the summed sequence logprobs of `batch`'s pairs; for IPO with `ipo_average` every logprob, policy
-    and reference (cached or not) alike, is first divided by its response's token count (TRL's per-token average)."""
+    and reference (cached or not) alike, is first divided by its response's token count (TRL's per-token average).
+    The implicit rewards returned (logged, and the accuracy) are beta * (log pi - log pi_ref) of the summed logprobs
+    whatever the loss, as TRL 1.16's DPOTrainer logs `rewards/*` for IPO too."""
+    r_c, r_r = args.beta * (chosen - ref_chosen).detach(), args.beta * (rejected - ref_rejected).detach()
     if args.loss_type == "ipo" and args.ipo_average:
         len_c, len_r = response_lengths(batch)
         chosen, rejected = chosen / len_c, rejected / len_r
         ref_chosen, ref_rejected = ref_chosen / len_c, ref_rejected / len_r
-    return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta, args.loss_type, args.label_smoothing)
+    losses, _, _ = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, args.beta, args.loss_type, args.label_smoothing)
+    return losses, r_c, r_r
 
 
 def micro_batch_loss(policy, ref_policy, batch: dict, args: Args, autocast=nullcontext) -> tuple[torch.Tensor, dict]:

@@ -34,7 +34,7 @@ bounds 3e-4 / 4e-4 and no KL term. `--advantage-estimator reinforce_pp` / `reinf
 REINFORCE++ puts beta * k1 KL into the reward (the return of token t sums the KL of the tokens from t on),
 REINFORCE++-baseline subtracts the group's mean reward and keeps the KL as a k2 loss term.
 
-Beyond the loss: `--sampler-correction` weights each token by pi_trainer / pi_sampler, truncated (TIS) or masked
+Beyond the loss: `--sampler-correction` weights each token's surrogate by pi_trainer / pi_sampler, truncated or masked
 (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training") when the sampler's logprobs
 are not the trainer's (vLLM, bf16); `--async` samples step s+1 with the weights step s starts from while step s trains
 (one step off-policy; Noukhovitch et al. 2024, arXiv:2410.18252); `--advantage-estimator distill` is on-policy
@@ -125,11 +125,12 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
         "auto", "none", "token_truncate", "sequence_truncate", "token_mask", "sequence_mask"
     ] = "auto"
     """correct the update for the sampler's logprobs differing from the trainer's (Yao et al. 2025, "Your efficient RL
-    framework secretly brings you off-policy RL training"): weight each token's loss by pi_trainer / pi_sampler of the
-    token (`token_*`) or of the completion (`sequence_*`), truncated at `sampler_correction_cap` (TIS) or zeroed above
-    it (`*_mask`, MIS); `auto`: token_truncate whenever the old logprobs are not the sampler's own (vLLM, bf16)"""
-    sampler_correction_cap: float = 2.0
-    """C, the largest importance weight kept (TRL's vllm_importance_sampling_cap: 2)"""
+    framework secretly brings you off-policy RL training"): weight each token's policy-gradient loss (not the KL term)
+    by pi_trainer / pi_sampler of the token (`token_*`) or of the completion (`sequence_*`), truncated at
+    `sampler_correction_cap` (TIS) or zeroed above it (`*_mask`, MIS); `auto`: sequence_mask (TRL 1.16's
+    `vllm_importance_sampling_mode`) whenever the old logprobs are not the sampler's own (vLLM, bf16)"""
+    sampler_correction_cap: float = 3.0
+    """C, the largest importance weight kept (TRL 1.16's `vllm_importance_sampling_clip_max`: 3)"""
     use_vllm: bool = False
     """sample with vLLM (the `vllm` extra and a GPU; one engine per process, its weights synced every step)"""
     vllm_gpu_memory_utilization: float = 0.3
@@ -182,7 +183,8 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """how the per-token losses become one number: `sequence` the mean over completions of each one's token mean
     (GRPO), `fixed` the token sum / (completions x --max-completion-length) (Dr. GRPO), `token` the mean over all tokens
     (DAPO, CISPO), `prompt` the mean over prompts of the token mean of each prompt's group (ScaleRL, Khatri et al. 2025,
-    arXiv:2510.13786); default: the --loss-type's own"""
+    arXiv:2510.13786); default: the --loss-type's own; `token` for REINFORCE++ and distillation with --loss-type grpo
+    (OpenRLHF's `token-mean`, TRL's distillation)"""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """the ratio pi / pi_old that is clipped: each token's (GRPO), or `sequence`: GSPO's length-normalised sequence
     ratio (pi(o)/pi_old(o))^(1/|o|), one per completion"""
@@ -448,10 +450,11 @@ def cispo_surrogate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4-5): per-token loss -sg(min(ratio, max_weight)) * A * log pi. The
     importance weight is truncated and carries no gradient, so no token's gradient is dropped (PPO's clip zeroes the
-    tokens past its bound); no lower bound (section 3.1). Also where the weight is truncated."""
+    tokens past its bound); no lower bound (section 3.1). Also the clip metric: weight truncated and A > 0, as TRL 1.16
+    counts it (`cispo_clip_ratio`; a token with A < 0 is truncated too but not counted)."""
     weight = torch.exp(log_ratio.detach())
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
-    return -weight.clamp(max=max_weight) * adv * logprobs, weight > max_weight
+    return -weight.clamp(max=max_weight) * adv * logprobs, (weight > max_weight) & (adv > 0)
 
 
 def sampler_weights(
@@ -577,11 +580,11 @@ def micro_batch_loss(
     seq_weights: torch.Tensor | None = None,
 ) -> dict:
     """The loss of one micro-batch as `main` backpropagates it: the clipped surrogate of the `pack`ed completions
-    (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient) plus beta * k3 KL to `ref_logprobs` (None: no
-    KL term), reduced by `aggregate_loss` with the whole mini-batch's `num_sequences` / `num_tokens` (and, for the
-    prompt aggregation, these rows' `seq_weights`), so the micro-batches' losses sum to the mini-batch's. Also the
-    detached pieces `main` logs: `surrogate` (the loss without the KL term), `clipped`, `ratio`, `kl` and `entropy`,
-    per token."""
+    (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient), times the `sampler_logprobs` correction if
+    given, plus beta * KL to `ref_logprobs` (None: no KL term), reduced by `aggregate_loss` with the whole mini-batch's
+    `num_sequences` / `num_tokens` (and, for the prompt aggregation, these rows' `seq_weights`), so the micro-batches'
+    losses sum to the mini-batch's. Also the detached pieces `main` logs: `surrogate` (the loss without the KL term),
+    `clipped`, `ratio`, `kl` and `entropy`, per token."""
     logprobs, entropy = completion_logprobs(model, packed, args.temperature)
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
@@ -592,7 +595,6 @@ def micro_batch_loss(
     kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
     kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
     kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward
-    per_token = per_token + kl_coef * kl_loss
     weights = capped = mismatch = scored = None
     if sampler_logprobs is not None:  # the tokens were drawn by the sampler: reweight towards the trainer's policy
         scored = ~torch.isnan(sampler_logprobs) & mask.bool()  # unscored (an EOS appended after vLLM stopped): weight 1
@@ -600,8 +602,9 @@ def micro_batch_loss(
         weights, capped = sampler_weights(
             old, sampler_logprobs, mask, args.sampler_correction, args.sampler_correction_cap
         )
-        per_token = per_token * weights
+        per_token = per_token * weights  # the surrogate only, as TRL 1.16: the KL term is not reweighted (below)
         mismatch = (old - sampler_logprobs).detach() * scored  # log pi_trainer - log pi_sampler of each scored token
+    per_token = per_token + kl_coef * kl_loss
     agg = dict(
         aggregation=args.loss_aggregation,
         max_completion_length=args.max_completion_length,
@@ -1322,8 +1325,9 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
         args.beta = 0.0 if dapo or cispo or gspo or args.advantage_estimator == "distill" else 0.04
     if args.scale_rewards is None:
         args.scale_rewards = args.loss_type != "dr_grpo"
-    if args.loss_aggregation is None:
-        args.loss_aggregation = LOSS_AGGREGATION[args.loss_type]
+    if args.loss_aggregation is None:  # REINFORCE++ / distillation: OpenRLHF's / TRL's token mean, not GRPO's
+        own = args.loss_type == "grpo" and args.advantage_estimator != "group"
+        args.loss_aggregation = "token" if own else LOSS_AGGREGATION[args.loss_type]
     if args.epsilon_low is None:
         args.epsilon_low = 3e-4 if gspo else 0.2  # GSPO section 5.1: 3e-4 and 4e-4 (sequence ratios stay near 1)
     if args.epsilon_high is None:  # a sequence ratio takes GSPO's bounds whatever the loss type (docs/grpo_math.md)
@@ -1345,7 +1349,7 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
     if use_sampler_logprobs and args.use_vllm:
         raise SystemExit("error: --sampler-logprobs needs sampling with the policy itself; drop it with --use-vllm")
     if args.sampler_correction == "auto":  # the old logprobs are the sampler's own: nothing to correct
-        args.sampler_correction = "none" if use_sampler_logprobs else "token_truncate"
+        args.sampler_correction = "none" if use_sampler_logprobs else "sequence_mask"  # TRL 1.16's default mode
     if args.sampler_correction != "none" and use_sampler_logprobs:
         raise SystemExit(
             f"error: --sampler-correction {args.sampler_correction} weights the trainer's old logprobs against the "

@@ -87,21 +87,51 @@ def prepare_frozen(model, accelerator: Accelerator):
     return engine.module
 
 
-def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "") -> None:
-    """The trained model (safetensors) and its tokenizer, written by the main process. Every rank must call it:
-    `get_state_dict` gathers the full weights (under ZeRO-3 and FSDP each rank holds only a shard). `prefix` keeps one
-    submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged into the weights."""
+def save_model(model, tokenizer, accelerator: Accelerator, path: Path, prefix: str = "", dtype=torch.float32) -> None:
+    """The trained model (safetensors) and its tokenizer, written by the main process, in `dtype`, the dtype the model
+    was loaded and trained in (`--dtype`), whatever the engine: DeepSpeed under bf16 / fp16 mixed precision trains a
+    half-precision copy and keeps float32 master weights in its optimizer, so each trained weight is saved from its
+    master (then cast to `dtype`); one process, DDP and FSDP save the module's own weights, which are the trained ones;
+    a weight without a master (frozen, such as LoRA's base weights, which DeepSpeed cast to half precision) is the
+    module's, cast. config.json records `dtype`. Every rank must call it: `get_state_dict` gathers the full weights
+    (under ZeRO-3 and FSDP each rank holds only a shard) and the masters are gathered from every rank's partition.
+    `prefix` keeps one submodule's weights (PPO saves `policy.`, not the value model). LoRA adapters are merged in."""
     state_dict = accelerator.get_state_dict(model)
+    masters = master_weights(model, accelerator, prefix)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
+        state_dict = {k: masters.get(k, v).to(dtype) if v.is_floating_point() else v for k, v in state_dict.items()}
         if prefix:
             unwrapped = unwrapped.get_submodule(prefix.rstrip("."))
             state_dict = {k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)}
         if hasattr(unwrapped, "peft_config"):
             unwrapped, state_dict = unwrapped.get_base_model(), merge_lora(state_dict, unwrapped.peft_config["default"])
         unwrapped.save_pretrained(path, state_dict=state_dict, safe_serialization=True)
+        config = copy.deepcopy(unwrapped.config)  # save_pretrained wrote the module's dtype (DeepSpeed's: bf16)
+        config.dtype = dtype
+        config.save_pretrained(path)
         tokenizer.save_pretrained(path)
     accelerator.wait_for_everyone()
+
+
+def master_weights(model, accelerator: Accelerator, prefix: str = "") -> dict:
+    """DeepSpeed's float32 master weights of the trained parameters whose names start with `prefix`, by the module's
+    state-dict names (tied weights under each name), on the main process ({} elsewhere and without DeepSpeed). Every
+    rank calls it: each weight is a collective (`safe_get_full_fp32_param` gathers the ranks' partitions)."""
+    if accelerator.state.deepspeed_plugin is None:
+        return {}
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    masters, by_param = {}, {}
+    for name, param in accelerator.unwrap_model(model).named_parameters(remove_duplicate=False):
+        if not param.requires_grad or not name.startswith(prefix):
+            continue
+        if id(param) not in by_param:
+            full = safe_get_full_fp32_param(param)  # the main process keeps it: a 7B model is 28 GB in float32
+            by_param[id(param)] = full.detach().cpu() if full is not None and accelerator.is_main_process else None
+        if by_param[id(param)] is not None:
+            masters[name] = by_param[id(param)]
+    return masters
 
 
 def add_lora(model, args):

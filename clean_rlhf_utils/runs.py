@@ -203,7 +203,8 @@ class Run:
             if self.main:
                 shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
             accelerator.wait_for_everyone()
-            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix)  # every process: gathers shards
+            # every process (it gathers shards), in the dtype the model was loaded in: --dtype, whatever the engine
+            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix, getattr(torch, args.dtype))
             if self.main:
                 replace_dir(self.dir / "model.tmp", self.dir / "model")
         if self.main:

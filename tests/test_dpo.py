@@ -72,11 +72,16 @@ def test_ipo_on_averaged_and_on_summed_logprobs_by_hand():
     batch = {"loss_mask": loss_mask}
     pc, pr, rc, rr = (torch.tensor([sum(tokens[k])]) for k in ("pc", "pr", "rc", "rr"))
     assert [t.tolist() for t in dpo.response_lengths(batch)] == [[2.0], [4.0]]
-    averaged, r_c, _ = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="ipo", beta=BETA))
+    averaged, r_c, r_r = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="ipo", beta=BETA))
     assert averaged.tolist() == pytest.approx([2.25])
-    assert r_c.tolist() == pytest.approx([BETA * (-2.0 + 1.5)])  # the implicit reward on the averaged logprobs too
-    summed, _, _ = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="ipo", beta=BETA, ipo_average=False))
+    # the logged implicit rewards are on the summed logprobs, as TRL 1.16's DPOTrainer logs them for IPO:
+    # beta * (-4 + 3) = -0.5 and beta * (-4 + 4) = 0 (on the averaged ones they were -0.25 and 0)
+    assert (r_c.tolist(), r_r.tolist()) == (pytest.approx([-0.5]), pytest.approx([0.0]))
+    summed, r_c_summed, _ = dpo.pair_losses(
+        batch, pc, pr, rc, rr, dpo.Args(loss_type="ipo", beta=BETA, ipo_average=False)
+    )
     assert summed.tolist() == pytest.approx([4.0])
+    assert r_c_summed.tolist() == pytest.approx([-0.5])  # whatever the average: one scale for every loss
     # the average is IPO's alone: sigmoid DPO keeps the summed logprobs
     sigmoid, _, _ = dpo.pair_losses(batch, pc, pr, rc, rr, dpo.Args(loss_type="sigmoid", beta=BETA))
     assert sigmoid.tolist() == pytest.approx([softplus(-BETA * -1.0)])

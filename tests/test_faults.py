@@ -120,7 +120,7 @@ def test_a_model_write_killed_part_way_leaves_no_half_written_model(assets, tmp_
 
     real_save = runs.save_model  # what Run.finish calls
 
-    def killed_part_way(model, tokenizer, accelerator, path, prefix=""):
+    def killed_part_way(model, tokenizer, accelerator, path, prefix="", dtype=None):
         path.mkdir(parents=True)
         (path / "model.safetensors").write_bytes(b"half")  # the weights, not yet the tokenizer
         raise KeyboardInterrupt

@@ -368,6 +368,74 @@ def test_sampler_correction_removes_the_bias_of_a_mismatched_sampler(mode):
     assert capped.tolist() == [[mode.startswith("token"), False]]
 
 
+def test_sampler_correction_defaults_follow_trl_1_16_and_weight_the_surrogate_only(monkeypatch):
+    """TRL 1.16 `GRPOConfig`: vllm_importance_sampling_mode "sequence_mask", vllm_importance_sampling_clip_max 3 (the
+    deprecated vllm_importance_sampling_cap fills it); `GRPOTrainer._compute_loss` multiplies the surrogate by the
+    weight, then adds beta * KL unweighted. One completion of 2 tokens, on-policy (ratio 1), A = 1, the sampler's
+    logprobs 0.3 below the trainer's: token weights exp(0.3) (token_truncate, under the cap 3); KL k3 to a reference at
+    log 0.25 for policy logprobs (log 0.5, log 0.25): (log 2 - 0.5, 0); beta 1; token mean over the 2 tokens:
+    (-2 exp(0.3) + (log 2 - 0.5)) / 2 = -1.25329. Weighting the KL term too gave (-2 exp(0.3) + exp(0.3) (log 2 - 0.5))
+    / 2 = -1.21950."""
+    args = grpo.Args(sampler_logprobs=False)
+    assert (args.sampler_correction, args.sampler_correction_cap) == ("auto", 3.0)
+    grpo.resolve_variant(args)
+    assert args.sampler_correction == "sequence_mask"  # the old logprobs are not the sampler's: TRL's default mode
+    logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
+    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, packed, temperature: (logp, torch.zeros(1, 2)))
+    args = grpo.Args(beta=1.0, sampler_logprobs=False, sampler_correction="token_truncate", loss_aggregation="token")
+    grpo.resolve_variant(args)
+    ref, mask = torch.full((1, 2), math.log(0.25)), torch.ones(1, 2)
+    out = grpo.micro_batch_loss(None, {}, torch.tensor([1.0]), mask, None, ref, args, 1, 2.0, logp.detach() - 0.3)
+    expected = (-2 * math.exp(0.3) + (math.log(2) - 0.5)) / 2
+    assert expected == pytest.approx(-1.25329, abs=1e-5)
+    assert out["loss"].item() == pytest.approx(expected, abs=1e-6)
+    torch.testing.assert_close(out["is_weight"], torch.full((1, 2), math.exp(0.3)))
+    # the gradient: -w A on each token from the surrogate (w without gradient), plus beta * d k3 / d logp unweighted
+    out["loss"].backward()
+    dk3 = torch.tensor([1 - 0.5, 0.0])  # d/dlogp [exp(ref - logp) - (ref - logp) - 1] = 1 - exp(ref - logp)
+    torch.testing.assert_close(logp.grad[0], (-math.exp(0.3) + dk3) / 2)
+
+
+def test_reinforce_pp_and_distillation_default_to_the_token_mean():
+    """OpenRLHF 0.11.2 (`--actor.loss_agg_mode token-mean`, `aggregate_loss` in openrlhf/models/loss.py) trains
+    REINFORCE++ on the token mean of the batch, and TRL 1.16's DistillationTrainer divides by the batch's token count;
+    under --loss-type grpo both took GRPO's mean of per-completion means. Per-token losses 1 (one token) and 2, 2, 2
+    (three tokens): the token mean is 7 / 4 = 1.75, GRPO's (1 + 2) / 2 = 1.5."""
+    per_token, mask = torch.tensor([[1.0, 0.0, 0.0], [2.0, 2.0, 2.0]]), torch.tensor([[1, 0, 0], [1, 1, 1]])
+    for estimator, loss_type, own in [
+        ("reinforce_pp", "grpo", 1.75),
+        ("reinforce_pp_baseline", "grpo", 1.75),
+        ("distill", "grpo", 1.75),
+        ("group", "grpo", 1.5),
+        ("reinforce_pp_baseline", "dr_grpo", 7 / (2 * 8)),  # an explicit loss type keeps its own: sum / (B L_max)
+    ]:
+        teacher = "teacher" if estimator == "distill" else None  # distillation needs a teacher
+        args = grpo.Args(
+            advantage_estimator=estimator, loss_type=loss_type, teacher_model_path=teacher, max_completion_length=8
+        )
+        grpo.resolve_variant(args)
+        loss = grpo.aggregate_loss(per_token, mask, args.loss_aggregation, args.max_completion_length)
+        assert loss.item() == pytest.approx(own), (estimator, loss_type)
+    args = grpo.Args(advantage_estimator="reinforce_pp_baseline", loss_aggregation="sequence")
+    grpo.resolve_variant(args)
+    assert args.loss_aggregation == "sequence"  # an explicit --loss-aggregation wins
+
+
+def test_cispo_clip_metric_counts_truncated_tokens_with_positive_advantage_only():
+    """TRL 1.16 `GRPOTrainer._compute_loss`, cispo branch: cispo_clip_ratio = mean of (coef_1 > epsilon_high) &
+    (advantages > 0). Ratios (7, 1.5) with A = 2 and (7, 0.1) with A = -2, cap 5: one token of the four counts, 0.25;
+    the truncated token with A < 0 (counted before) is still truncated in the loss: -5 * -2 * log pi."""
+    ratios = torch.tensor([[7.0, 1.5], [7.0, 0.1]])
+    logp = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    log_ratio = grpo.importance_log_ratio(logp, logp - ratios.log(), torch.ones(2, 2), "token")
+    loss, clipped = grpo.cispo_surrogate(logp, log_ratio, torch.tensor([2.0, -2.0]), 5.0)
+    assert clipped.tolist() == [[True, False], [False, False]]
+    torch.testing.assert_close(loss[1], torch.tensor([-5.0 * -2.0 * -3.0, -0.1 * -2.0 * -4.0]))
+    out = {"clipped": clipped, "ratio": ratios, "mismatch": None}
+    stats = grpo.micro_batch_stats(out, torch.ones(2, 2), torch.ones(2, 2), first_pass=False)
+    assert (stats["clipped"] / stats["tokens"]).item() == pytest.approx(0.25)  # policy/clipfrac
+
+
 def test_dapo_defaults_and_explicit_overrides():
     args = grpo.Args(loss_type="dapo", max_completion_length=20480)
     grpo.resolve_variant(args)

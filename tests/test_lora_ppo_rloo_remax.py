@@ -117,9 +117,9 @@ def lora_run(request, assets, tmp_path_factory):
         seen["loads"].append((cls.__name__, what))
         return load_pretrained(cls, path, args, what, *a, **kw)
 
-    def saving(model, tokenizer, accelerator, path, prefix=""):
+    def saving(model, tokenizer, accelerator, path, prefix="", dtype=torch.float32):
         seen["saved"] = accelerator.unwrap_model(model)
-        save_model(model, tokenizer, accelerator, path, prefix)
+        save_model(model, tokenizer, accelerator, path, prefix, dtype)
 
     class Recorded(owner["LoraReference"].LoraReference):
         def __init__(self, policy):

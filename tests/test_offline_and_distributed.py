@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.launch import launch_cmd
+from tests.launch import free_port, launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -160,3 +160,46 @@ def test_sft_and_reward_model_run_on_two_processes(assets, tmp_path):
     rows = _rows(tmp_path / "runs" / "rm2" / "metrics.jsonl")
     assert abs(rows[-1]["eval/reference_reward_mean"]) < 1e-4
     assert "eval/accuracy" in [k for r in rows for k in r]
+
+
+@pytest.mark.parametrize(
+    "engine, dtype", [("single", "float32"), ("single", "bfloat16"), ("ddp", "float32"), ("zero2", "float32")]
+)
+def test_saved_weights_are_the_trained_weights_in_the_loaded_dtype_under_every_engine(assets, tmp_path, engine, dtype):
+    """`save_model` writes the dtype the model was loaded in (`--dtype`) whatever the engine. DDP under bf16 mixed
+    precision (autocast) trains float32 weights and saves them. DeepSpeed ZeRO-2 under bf16 trains a bf16 copy and keeps
+    float32 master weights in its optimizer: it saved the bf16 copy (issue 41 item 11), now the masters, equal to what
+    DeepSpeed's own checkpoint gives through `zero_to_fp32`, and rounding to the bf16 copy."""
+    if engine == "zero2":
+        pytest.importorskip("deepspeed")
+    model_dir, out = assets / "models" / "tiny-llama", tmp_path / "out"
+    script = [str(REPO / "tests" / "save_dtype_check.py"), str(model_dir), str(out), dtype]
+    env = _env(hf_home=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    if engine == "single":
+        cmd = [sys.executable, *script]
+    elif engine == "ddp":
+        cmd = launch_cmd(*script)
+        cmd[cmd.index("--mixed_precision") + 1] = "bf16"
+    else:
+        env["DS_ACCELERATOR"] = "cpu"  # DeepSpeed's CPU accelerator (gloo collectives)
+        config = REPO / "benchmark" / "accelerate_configs" / "deepspeed_zero2.yaml"  # bf16 mixed precision
+        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+        cmd = [*launch, "--num_processes", "2", "--main_process_port", str(free_port()), *script]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    info = json.loads((out / "result.json").read_text())
+    assert (info["processes"], info["deepspeed"]) == (1 if engine == "single" else 2, engine == "zero2")
+    saved, trained = load_file(out / "model" / "model.safetensors"), load_file(out / "trained.safetensors")
+    module, initial = load_file(out / "module.safetensors"), load_file(model_dir / "model.safetensors")
+    assert json.loads((out / "model" / "config.json").read_text())["dtype"] == dtype
+    assert {v.dtype for v in saved.values()} == {getattr(torch, dtype)}
+    assert trained.keys() <= saved.keys() and len(trained) > 0
+    for k, v in trained.items():  # the trained weights, bit for bit (DeepSpeed: its float32 masters)
+        assert torch.equal(saved[k], v.to(saved[k].dtype)), k
+    assert any(not torch.equal(saved[k].float(), initial[k].float()) for k in trained), "the weights did not move"
+    if engine == "zero2":  # the engine held bf16 copies; the masters round to them and carry more precision
+        assert info["mixed_precision"] == "bf16" and {v.dtype for v in module.values()} == {torch.bfloat16}
+        assert all(torch.equal(saved[k].to(torch.bfloat16), module[k]) for k in trained)
+        assert any(not torch.equal(saved[k], saved[k].to(torch.bfloat16).float()) for k in trained)
+    if engine == "ddp":
+        assert info["mixed_precision"] == "bf16"  # autocast: the weights themselves stay float32

@@ -240,10 +240,20 @@ def test_the_quick_suite_builds_the_tiny_world_then_runs_its_stages_at_quick_bud
     monkeypatch.setattr(run, "ensure_assets", lambda path: built.append(path))
     status = run.run_suite("quick", [1], workdir=tmp_path, launcher=[sys.executable, "-c", "pass"])
     assert built == [tmp_path / "runs" / "assets"]
+    frontier = [f"{name}_tiny-tldr-noisy" for name in run.MAIN_FRONTIER_STAGES]
     assert sorted(name.rsplit("__", 1)[0] for name in status) == sorted(
-        [*run.QUICK_STAGES, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math"]
+        [*run.QUICK_STAGES, *frontier, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math", "rm_tiny-tldr-noisy"]
     )
-    assert "--total-episodes 512 --eval-every 8" in capsys.readouterr().out  # PPO's quick budget
+    out = capsys.readouterr().out
+    assert "--total-episodes 512 --eval-every 1" in out  # PPO's quick budget
+    # issue 43: the frontier's runs that rank the algorithms; the long PPO run starts first among the RL runs
+    launched = [line.split("--run-name ")[1].split()[0] for line in out.splitlines() if line.startswith("[run] ")]
+    assert launched[4] == "ppo-kl0_tiny-tldr-noisy__1" and launched[:4] == [
+        "sft_tiny-tldr__1",
+        "rm_tiny-tldr__1",
+        "sft_tiny-math__1",
+        "rm_tiny-tldr-noisy__1",
+    ]
 
 
 def test_real_check_only_entries_with_a_caret_select_by_run_name_prefix():

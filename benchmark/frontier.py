@@ -207,7 +207,7 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gold_m, proxy_m, _ = TRACKS[track]
+    gold_m, proxy_m, budgets = TRACKS[track]
     means = mean_curves(curves)
     algos = sorted({a for a, _ in means})
     colors = plt.get_cmap("tab10").colors
@@ -220,16 +220,25 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
                 continue
             settings = sorted({p for a, p in means if a == algo}, key=lambda p: -float(re.sub(r"[a-z]", "", p)))
             color, style = colors[algos.index(algo) % 10], styles[settings.index(penalty) % len(styles)]
-            ax.plot(m["kl"], m[field], style, marker=".", color=color, label=f"{algo} {penalty} ({m['seeds']} seeds)")
+            seeds = "1 seed" if m["seeds"] == 1 else f"mean of {m['seeds']} seeds"
+            ax.plot(m["kl"], m[field], style, marker=".", color=color, label=f"{algo} {penalty} ({seeds})")
             if 2 * m["overoptimised"] > m["seeds"] and m["proxy"] is not None:  # most seeds over-optimise
                 peak = int(np.argmax(m["gold"]))
                 ax.plot(m["kl"][peak], m[field][peak], "*", color=color, markersize=14, markeredgecolor="black")
-        ax.set_xlabel("eval/kl: KL(policy || reference), nats per response")
+        for budget in budgets:  # the table's KL budgets
+            ax.axvline(budget, color="grey", linestyle=":", linewidth=0.8)
+        # linear below 0.1, logarithmic above: the algorithms that stay near their reference are apart, not stacked
+        ax.set_xscale("symlog", linthresh=0.1, linscale=0.5)
+        lowest = min(float(m["kl"].min()) for m in means.values())
+        ax.set_xlim(left=min(lowest, 0.0) - 0.01)  # k1 estimates near 0 can be slightly negative
+        ax.set_xlabel("eval/kl: KL(policy || reference), nats per response (symlog axis)")
         ax.set_ylabel(label + (" (proxy: the reward model optimised)" if field == "proxy" else ""))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=2)
-    title = f"{track}: {gold_m} against KL" + (" (star: the gold peak before over-optimisation)" if proxy_m else "")
-    axes[0][0].set_title(title, fontsize=9)
+    title = f"{track}: {gold_m} against KL; dotted: the table's KL budgets" + (
+        "; star: the gold peak before over-optimisation" if proxy_m else ""
+    )
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=120)

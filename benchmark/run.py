@@ -97,7 +97,7 @@ QUICK = {  # evaluations about every eighth of a run: a learning curve of about 
     "ppo_tiny-tldr": ["--total-episodes", "512", "--eval-every", "1"],
     "rloo_tiny-tldr": ["--total-episodes", "1024", "--eval-every", "2"],
     "remax_tiny-tldr": ["--total-episodes", "1024", "--eval-every", "2"],
-    "dpo_tiny-tldr": ["--max-train-samples", "2560", "--eval-every", "2"],
+    "dpo_tiny-tldr": ["--max-train-samples", "2560", "--eval-every", "8"],  # 80 steps of 32 pairs
     "online-dpo_tiny-tldr": ["--total-episodes", "1280", "--eval-every", "4"],
     "grpo_tiny-math": ["--total-steps", "20", "--pass-k", "0", "--eval-every", "2"],  # past +0.2 by step 10 of 40
 }
@@ -264,7 +264,7 @@ FRONTIER_QUICK = {
     "ppo": ["--eval-every", "2", "--num-eval-examples", "100"],
     "rloo": ["--total-episodes", "512", "--eval-every", "1", "--num-eval-examples", "100"],
     "remax": ["--total-episodes", "512", "--eval-every", "1", "--num-eval-examples", "100"],
-    "dpo": ["--num-train-epochs", "1", "--max-train-samples", "384", "--eval-every", "1"]
+    "dpo": ["--num-train-epochs", "1", "--max-train-samples", "384", "--eval-every", "2"]
     + ["--num-eval-examples", "100", "--num-eval-pairs", "100"],
     "online-dpo": ["--total-episodes", "512", "--eval-every", "2", "--num-eval-examples", "100"],
 }

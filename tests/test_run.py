@@ -223,7 +223,7 @@ def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(c
     ]
     out = capsys.readouterr().out
     ppo = next(line for line in out.splitlines() if "--run-name ppo_tiny-tldr__1" in line)
-    assert ppo.endswith("--seed 1 --total-episodes 512 --eval-every 8")
+    assert ppo.endswith("--seed 1 --total-episodes 512 --eval-every 1")
     assert "--total-steps 20" in out
     assert "sft.py tiny-tldr --run-name sft_tiny-tldr__1 --num-train-epochs 3\n" in out  # the quick SFT: 3 epochs of 6
     assert "--run-name rm_tiny-tldr__1 --sft-model-path runs/sft_tiny-tldr__1/model --max-train-samples 2048\n" in out

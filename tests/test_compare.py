@@ -271,3 +271,27 @@ def test_runs_that_differ_in_code_libraries_or_host_are_named_in_a_warning(tmp_p
     assert "warning: the runs differ in git commit (aaa: 2 run(s); bbb: 1 run(s))" in err
     assert "warning: the runs differ in torch (2.12.0: 1 run(s); 2.13.0: 2 run(s))" in err and "CPU" not in err
     assert "> warning: the runs differ in git commit" in out.with_suffix(".md").read_text()
+
+
+def test_a_curve_runs_through_its_evaluations_and_the_figure_has_its_training_panels(tmp_path):
+    """Issue 43: markers stand where the runs evaluated (the grid is their evaluation points, not an even grid), and
+    the results figure adds the per-update training metrics under the evaluations."""
+    one = [(np.array([0.0, 64.0, 192.0, 512.0]), np.array([0.6, 0.7, 0.9, 1.0]))]
+    agg = compare.aggregate_curves(one)
+    np.testing.assert_allclose(agg["x"], [0, 64, 192, 512])
+    np.testing.assert_allclose(agg["mean"], [0.6, 0.7, 0.9, 1.0])
+    # seeds evaluated at the same episodes: the same points, the mean of each
+    two = compare.aggregate_curves(one + [(one[0][0], one[0][1] - 0.2)])
+    np.testing.assert_allclose(two["x"], [0, 64, 192, 512]) and np.testing.assert_allclose(two["mean"][-1], 0.9)
+    rows = [{"step": 0, "episode": 0, "time": 0.0, "eval/gold_reward": 0.6}]
+    rows += [
+        {"step": i, "episode": 64 * i, "time": i, "objective/reward": i / 10, "objective/kl": i / 5} for i in (1, 2, 3)
+    ]
+    rows += [{"step": 3, "episode": 192, "time": 3.5, "eval/gold_reward": 0.9}]
+    _write_rows(tmp_path, "ppo_tiny-tldr__1", rows)
+    run = compare.read_run(tmp_path / "ppo_tiny-tldr__1")
+    train = compare.group_curves([run], "objective/reward", "episode")["ppo_tiny-tldr"]
+    np.testing.assert_allclose(train["x"], [64, 128, 192])  # a point per update
+    out = tmp_path / "fig.png"
+    compare.plot([run], "eval/gold_reward", out, "tiny-tldr: gold reward", ("objective/reward", "objective/kl"))
+    assert out.stat().st_size > 10_000

@@ -131,3 +131,20 @@ def test_frontier_table_separates_only_non_overlapping_intervals(tmp_path):
     assert "1.000 [1.000, 1.000] (3)" in row
     plot_frontier(curves, "tiny-tldr-noisy", tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_one_seed_shows_its_value_and_the_order_at_each_budget(tmp_path):
+    """The main job's frontier has one seed (issue 43): a cell is the value, not a zero-width interval, and the order
+    of the algorithms at each KL budget is stated as a measured gap, not as a separation."""
+    curves = [
+        _curve("ppo", "kl0", 1, [0, 0.6, 2.6, 8.4], [0.673, 0.986, 1.0, 0.283], [-0.7, 1.8, 1.7, 3.3]),
+        _curve("rloo", "kl0.005", 1, [0, 0.01, 0.03], [0.673, 0.8, 0.903], [-0.7, 0.2, 0.9]),
+    ]
+    md = frontier_tables(curves, [0.25, 1.0])
+    row = next(line for line in md.splitlines() if line.startswith("| rloo |"))
+    assert row == "| rloo | kl0.005 | 0.903 (1) | 0.903 (1) |"
+    assert "Separated (non-overlapping 95% intervals over 3 or more seeds): none." in md
+    assert "KL <= 0.25: rloo 0.903 > ppo 0.673; KL <= 1: ppo 0.986 > rloo 0.903." in md
+    assert "| ppo | kl0 | 1 of 1 | 1.000 (2.60) -> 0.283 (8.40) | 1.70 -> 3.30 |" in md
+    plot_frontier(curves, "tiny-tldr-noisy", tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000

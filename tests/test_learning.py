@@ -159,7 +159,7 @@ def test_quick_frontier_imperfect_proxy_kl_from_zero_and_its_tables(frontier_dir
         kl0, kl1 = start_and_end(frontier_dir / name, "eval/kl")
         assert kl0 == 0.0 and kl1 > 0.0, (name, kl0, kl1)  # the policy is its reference at step 0, then moves away
         evals = [row for row in read_run(frontier_dir / name).rows if "eval/kl" in row]
-        assert len(evals) >= 7, (name, len(evals))  # a curve, not a segment (issue 43)
+        assert "tiny-math" in name or len(evals) >= 7, (name, len(evals))  # the main job's: curves (issue 43)
     score0, score1 = start_and_end(frontier_dir / "ppo-kl0_tiny-tldr-noisy__1", "eval/score")
     assert score1 > score0 + 1.0, (score0, score1)  # PPO raises the proxy
     tldr = (frontier_dir / "frontier_tiny-tldr-noisy.md").read_text()

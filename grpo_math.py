@@ -604,7 +604,6 @@ def micro_batch_loss(
         )
         per_token = per_token * weights  # the surrogate only, as TRL 1.16: the KL term is not reweighted (below)
         mismatch = (old - sampler_logprobs).detach() * scored  # log pi_trainer - log pi_sampler of each scored token
-    per_token = per_token + kl_coef * kl_loss
     agg = dict(
         aggregation=args.loss_aggregation,
         max_completion_length=args.max_completion_length,
@@ -612,9 +611,11 @@ def micro_batch_loss(
         num_tokens=num_tokens,
         seq_weights=seq_weights,
     )
+    surrogate = aggregate_loss(per_token.detach(), mask, **agg)  # logged as loss/policy: without the KL term
+    per_token = per_token + kl_coef * kl_loss
     return {
         "loss": aggregate_loss(per_token, mask, **agg),
-        "surrogate": aggregate_loss(per_token.detach(), mask, **agg),
+        "surrogate": surrogate,
         "clipped": clipped,
         "ratio": torch.exp(log_ratio.detach()),
         "kl": kl.detach(),

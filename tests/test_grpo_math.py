@@ -389,6 +389,7 @@ def test_sampler_correction_defaults_follow_trl_1_16_and_weight_the_surrogate_on
     expected = (-2 * math.exp(0.3) + (math.log(2) - 0.5)) / 2
     assert expected == pytest.approx(-1.25329, abs=1e-5)
     assert out["loss"].item() == pytest.approx(expected, abs=1e-6)
+    assert out["surrogate"].item() == pytest.approx(-math.exp(0.3), abs=1e-6)  # loss/policy: the KL term left out
     torch.testing.assert_close(out["is_weight"], torch.full((1, 2), math.exp(0.3)))
     # the gradient: -w A on each token from the surrogate (w without gradient), plus beta * d k3 / d logp unweighted
     out["loss"].backward()

@@ -14,8 +14,10 @@ script, preset and accelerate config -- with only the model paths, dataset paths
 
 Engines (cells of the table): `single` (`python script.py`), `ddp` (multi_gpu.yaml, 2 processes, gloo on CPU), `zero2`
 and `zero3` (deepspeed_zero2/3.yaml, 2 processes; DeepSpeed's CPU accelerator with `DS_ACCELERATOR=cpu` on a machine
-without GPU), `fsdp` (fsdp.yaml). `zero3` runs the stages the suites launch with ZeRO-3. Each engine runs the suite's
-chain in order (SFT -> reward model -> RL), each stage reading the models its predecessors wrote under that engine.
+without GPU), `fsdp` (fsdp.yaml), `2machines` (multi_gpu.yaml as two machines of one process each: two launchers
+with `--num_machines 2 --machine_rank 0|1 --main_process_ip 127.0.0.1`). `zero3` runs the stages the suites launch
+with ZeRO-3. Each engine runs the suite's chain in order (SFT -> reward model -> RL), each stage reading the models
+its predecessors wrote under that engine.
 
     python -m benchmark.real_check                        # every stage x engine; table in runs/real_check/real_check.md
     python -m benchmark.real_check --only tldr-pythia-1b --engines single zero2
@@ -29,6 +31,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -95,6 +98,10 @@ ENGINES = {  # engine: (accelerate config, processes); None: plain `python`
     "zero2": ("deepspeed_zero2", 2),
     "zero3": ("deepspeed_zero3", 2),
     "fsdp": ("fsdp", 2),
+    # two machines of one process each, as a two-node job starts: one launcher per node (issue 41 item 12), both on
+    # this host with --main_process_ip 127.0.0.1 (tests/test_two_machines.py checks what the second node writes and
+    # that the numbers equal one machine's)
+    "2machines": ("multi_gpu", 2),
 }
 DEFAULT_ENGINES = ["single", "ddp", "zero2", "zero3"]
 
@@ -289,6 +296,16 @@ def command(suite: str, stage: Stage, engine: str, models: dict[str, Path], src:
     return [*launch, *rest, "--output-dir", str(runs), *overrides(suite, stage, models, src)]
 
 
+def node_commands(cmd: list[str], port: int) -> list[list[str]]:
+    """`accelerate launch ...` as the two launchers of a two-machine job: node 0 at 127.0.0.1:port, node 1."""
+    i = cmd.index("launch") + 1
+    return [
+        [*cmd[:i], "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"]
+        + ["--main_process_port", str(port), *cmd[i:]]
+        for rank in (0, 1)
+    ]
+
+
 def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) -> dict[str, str | None]:
     """engine -> None (run it) or the reason it is not run here."""
     out = {}
@@ -312,6 +329,12 @@ def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) ->
 def matches(pattern: str, run_name: str) -> bool:
     """`--only` entries: a part of the run name, or with a leading ^ its start (^grpo_gsm8k, not dr-grpo_gsm8k)."""
     return run_name.startswith(pattern[1:]) if pattern.startswith("^") else pattern in run_name
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def cuda_available() -> bool:
@@ -389,11 +412,18 @@ def run_check(
             t0 = time.time()
             print(f"[{engine}] {shlex.join(cmd)}", flush=True)
             with open(runs / f"{stage.run_name}.log", "w") as f:
+                nodes = node_commands(cmd, free_port()) if engine == "2machines" else [cmd]
+                procs = [
+                    subprocess.Popen(c, cwd=REPO, env=env_for(engine), stdout=f, stderr=subprocess.STDOUT)
+                    for c in nodes
+                ]
                 try:
-                    rc = subprocess.run(
-                        cmd, cwd=REPO, env=env_for(engine), stdout=f, stderr=subprocess.STDOUT, timeout=timeout
-                    ).returncode
+                    codes = [p.wait(timeout=max(1.0, timeout - (time.time() - t0))) for p in procs]
+                    rc = next((c for c in codes if c != 0), 0)
                 except subprocess.TimeoutExpired:
+                    for p in procs:
+                        p.kill()
+                        p.wait()
                     rc = None
             log = (runs / f"{stage.run_name}.log").read_text(errors="replace")
             if rc is None:

@@ -21,7 +21,7 @@ pytestmark = [
     pytest.mark.skipif(ASSETS is None or not ASSETS.is_dir(), reason="no real assets (CLEAN_RLHF_REAL_ASSETS)"),
 ]
 # the engines in the order they must run: ZeRO-3 stages read the SFT and reward models that ZeRO-2 trained
-ENGINES = ["single", "ddp", "zero2", "zero3"]
+ENGINES = ["single", "ddp", "zero2", "zero3", "2machines"]
 # Within the time of CI (docs/tests.md), every script runs on the real tokenizers and data, and every engine
 # the suites launch runs: one process (SFT, reward model, RLOO, ReMax on TL;DR 1B; PPO on GSM8K; Dr. GRPO on MATH),
 # two DDP processes (SFT and reward model, as the suites launch them), ZeRO-2 (SFT, reward model, PPO and DPO of the 1B
@@ -36,9 +36,12 @@ ONLY = {
     "ddp": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b"],
     "zero2": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b", "^ppo_tldr-pythia-1b", "^dpo_tldr-pythia-1b", "^grpo_gsm8k"],
     "zero3": ["^ppo_tldr-pythia-1b", "^dpo_tldr-pythia-1b"],
+    # two machines of one process each (issue 41 item 12): one stage per script family on the real shapes
+    "2machines": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b", "^rloo_tldr-pythia-1b", "^dpo_tldr-pythia-1b"]
+    + ["^grpo_gsm8k"],
 }
-MIN_OK = {"single": 6, "ddp": 2, "zero2": 5, "zero3": 2}
-MIN_OK_FULL = {"single": 13, "ddp": 2, "zero2": 15, "zero3": 6}
+MIN_OK = {"single": 6, "ddp": 2, "zero2": 5, "zero3": 2, "2machines": 5}
+MIN_OK_FULL = {"single": 13, "ddp": 2, "zero2": 15, "zero3": 6, "2machines": 15}
 
 
 @pytest.fixture(scope="module")

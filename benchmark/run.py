@@ -24,7 +24,10 @@ When the suite is rerun, a stage is
             command, as recorded in `runs/_suite/<run_name>.stage.json` before each launch;
   rerun     (`--overwrite`) otherwise when its directory exists: another command, no checkpoint, or a stage it
             needs was (re)run now.
-`--num-threads`, `--resume` and `--overwrite` do not count as a different command. `--dry-run` prints what would
+`--num-threads`, `--resume` and `--overwrite` do not count as a different command. SIGTERM or SIGINT to the suite
+(a hangup as SIGTERM) is passed on to the running stages, each in a session of its own; the suite starts no other,
+waits for them to checkpoint and exit (`[stopped] <run_name>`), and exits with the signal's code: the same command
+resumes them. `--dry-run` prints what would
 be run, with these decisions. At the end a summary table of each run's final metrics is printed and written to
 `runs/<suite>_summary.md`, and the paths of what was written are printed.
 
@@ -49,8 +52,10 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -690,86 +695,126 @@ def run_suite(
     )
     pending = list(stages)
     running: dict[str, tuple[subprocess.Popen, float, Path, object]] = {}
-    while pending or running:
-        for stage in list(pending):
-            if len(running) >= jobs:
-                break
-            bad = [d for d in stage.needs if status.get(d) in ("failed", "blocked")]
-            if bad:
-                status[stage.run_name] = "blocked"
-                display[stage.run_name].state, display[stage.run_name].note = BLOCKED, f"needs failed {', '.join(bad)}"
-                display.event(f"[skip] {stage.run_name}: depends on failed {bad}")
-                pending.remove(stage)
-                continue
-            if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
-                continue  # wait for what it needs: whether it was run now decides whether this stage can be kept
-            rebuilt = [d for d in stage.needs if status.get(d) == "ok"]
-            action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
-            if action == "skip":
-                status[stage.run_name] = "skipped"
-                display[stage.run_name].state = SKIPPED
-                display[stage.run_name].headline = headline(final_metrics(runs_dir / stage.run_name))
-                display.event(f"[skip] {stage.run_name}: {why}")
-                pending.remove(stage)
-                continue
-            if not (Path(workdir) / stage.script).exists() and not (REPO / stage.script).exists():
-                status[stage.run_name] = "failed"
-                display[stage.run_name].state, display[stage.run_name].note = FAILED, f"{stage.script} does not exist"
-                display[stage.run_name].log = ""  # nothing was launched, so there is no log to read
-                display.event(f"[missing] {stage.run_name}: {stage.script} does not exist")
-                pending.remove(stage)
-                continue
-            cmd = stage.command(launcher, quick)
-            if jobs > 1 and not stage.accelerate_config:
-                cmd += ["--num-threads", str(threads)]
-            cmd += LAUNCH[action]
-            shown = display[stage.run_name]
-            shown.state, shown.started, shown.progress = RUNNING, time.time(), None
-            display.event(
-                *([f"[{action}] {stage.run_name}: {why}"] if action != "run" else []), f"[run] {shlex.join(cmd)}"
-            )
-            record = stage_record(runs_dir, stage.run_name)
-            record.parent.mkdir(parents=True, exist_ok=True)
-            if action != "resume":  # a resumed run keeps the record of the command that started it
-                record.write_text(json.dumps({"argv": stage.args(quick), "command": cmd}) + "\n")
-            log = runs_dir / SUITE_DIR / f"{stage.run_name}.log"  # beside the stage's record
-            f = open(log, "a" if action == "resume" else "w")
-            if action == "resume":
-                f.write(f"\n--- resumed: {shlex.join(cmd)}\n")
-                f.flush()
-            env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
-            if jobs > 1:
-                env["OMP_NUM_THREADS"] = str(threads)
-            proc = subprocess.Popen(cmd, cwd=workdir, stdout=f, stderr=subprocess.STDOUT, env=env)
-            running[stage.run_name] = (proc, time.time(), log, f)
-            pending.remove(stage)
-        for name, (proc, t0, log, f) in list(running.items()):
-            rc = proc.poll()
-            if rc is None:
-                continue
-            f.close()
-            del running[name]
-            shown = display[name]
-            shown.seconds = time.time() - t0
-            if rc == 0:
-                status[name] = "ok"
-                shown.state, shown.headline = DONE, headline(final_metrics(runs_dir / name))
-                lines = [f"[ok] {name} in {shown.seconds:.0f}s" + (f": {shown.headline}" if shown.headline else "")]
-                if not (runs_dir / name / "done.json").exists():
-                    lines.append(
-                        f"warning: {name} exited 0 without writing {runs_dir / name / 'done.json'}; it will be run "
-                        "again by the next invocation"
+    stopping: list[int] = []  # the signals the suite got: passed on to the running stages, which checkpoint and stop
+
+    def pass_on(signum, frame) -> None:  # a terminal's hangup stops the stages as SIGTERM does
+        stopping.append(signum)
+        for proc, *_ in running.values():
+            if proc.returncode is None:
+                try:
+                    os.kill(proc.pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
+                except ProcessLookupError:
+                    pass
+
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {sig: signal.signal(sig, pass_on) for sig in handled} if main_thread else {}
+    try:
+        while (pending and not stopping) or running:
+            for stage in [] if stopping else list(pending):  # stopped: no new stage starts
+                if len(running) >= jobs:
+                    break
+                bad = [d for d in stage.needs if status.get(d) in ("failed", "blocked")]
+                if bad:
+                    status[stage.run_name] = "blocked"
+                    display[stage.run_name].state, display[stage.run_name].note = (
+                        BLOCKED,
+                        f"needs failed {', '.join(bad)}",
                     )
-                display.event(*lines)
-            else:
-                status[name] = "failed"
-                shown.state, shown.note = FAILED, f"exit {rc}"
-                # the log's last lines as a terminal shows them (a tqdm bar once, not each update), indented
-                tail = log_tail(log.read_text(errors="replace"))
-                display.event(f"[FAILED] {name} (exit {rc}); last lines of {log}:", *(f"    {line}" for line in tail))
-        if running:
-            display.tick()
-            time.sleep(0.5)
+                    display.event(f"[skip] {stage.run_name}: depends on failed {bad}")
+                    pending.remove(stage)
+                    continue
+                if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
+                    continue  # wait for what it needs: whether it was run now decides whether this stage can be kept
+                rebuilt = [d for d in stage.needs if status.get(d) == "ok"]
+                action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
+                if action == "skip":
+                    status[stage.run_name] = "skipped"
+                    display[stage.run_name].state = SKIPPED
+                    display[stage.run_name].headline = headline(final_metrics(runs_dir / stage.run_name))
+                    display.event(f"[skip] {stage.run_name}: {why}")
+                    pending.remove(stage)
+                    continue
+                if not (Path(workdir) / stage.script).exists() and not (REPO / stage.script).exists():
+                    status[stage.run_name] = "failed"
+                    display[stage.run_name].state, display[stage.run_name].note = (
+                        FAILED,
+                        f"{stage.script} does not exist",
+                    )
+                    display[stage.run_name].log = ""  # nothing was launched, so there is no log to read
+                    display.event(f"[missing] {stage.run_name}: {stage.script} does not exist")
+                    pending.remove(stage)
+                    continue
+                cmd = stage.command(launcher, quick)
+                if jobs > 1 and not stage.accelerate_config:
+                    cmd += ["--num-threads", str(threads)]
+                cmd += LAUNCH[action]
+                shown = display[stage.run_name]
+                shown.state, shown.started, shown.progress = RUNNING, time.time(), None
+                display.event(
+                    *([f"[{action}] {stage.run_name}: {why}"] if action != "run" else []), f"[run] {shlex.join(cmd)}"
+                )
+                record = stage_record(runs_dir, stage.run_name)
+                record.parent.mkdir(parents=True, exist_ok=True)
+                if action != "resume":  # a resumed run keeps the record of the command that started it
+                    record.write_text(json.dumps({"argv": stage.args(quick), "command": cmd}) + "\n")
+                log = runs_dir / SUITE_DIR / f"{stage.run_name}.log"  # beside the stage's record
+                f = open(log, "a" if action == "resume" else "w")
+                if action == "resume":
+                    f.write(f"\n--- resumed: {shlex.join(cmd)}\n")
+                    f.flush()
+                env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+                if jobs > 1:
+                    env["OMP_NUM_THREADS"] = str(threads)
+                # a session of its own: a terminal's Ctrl-C reaches the suite alone, which passes it on once (a
+                # second SIGINT stops a script at once, without its checkpoint)
+                proc = subprocess.Popen(
+                    cmd, cwd=workdir, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+                running[stage.run_name] = (proc, time.time(), log, f)
+                pending.remove(stage)
+            for name, (proc, t0, log, f) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                f.close()
+                del running[name]
+                shown = display[name]
+                shown.seconds = time.time() - t0
+                if rc == 0:
+                    status[name] = "ok"
+                    shown.state, shown.headline = DONE, headline(final_metrics(runs_dir / name))
+                    lines = [f"[ok] {name} in {shown.seconds:.0f}s" + (f": {shown.headline}" if shown.headline else "")]
+                    if not (runs_dir / name / "done.json").exists():
+                        lines.append(
+                            f"warning: {name} exited 0 without writing {runs_dir / name / 'done.json'}; it will be run "
+                            "again by the next invocation"
+                        )
+                    display.event(*lines)
+                elif stopping:  # stopped by the signal the suite passed on: its checkpoint is resumed by a rerun
+                    status[name] = "stopped"
+                    shown.state, shown.note = FAILED, f"stopped (exit {rc})"
+                    display.event(f"[stopped] {name} (exit {rc}); the same command resumes it")
+                else:
+                    status[name] = "failed"
+                    shown.state, shown.note = FAILED, f"exit {rc}"
+                    # the log's last lines as a terminal shows them (a tqdm bar once, not each update), indented
+                    tail = log_tail(log.read_text(errors="replace"))
+                    display.event(
+                        f"[FAILED] {name} (exit {rc}); last lines of {log}:", *(f"    {line}" for line in tail)
+                    )
+            if running:
+                display.tick()
+                time.sleep(0.5)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for proc, *_ in running.values():  # the suite itself failed: it leaves no stage running without it
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+    for stage in pending:  # never started: the suite was stopped
+        status[stage.run_name] = "stopped"
     display.close()
     lines = [f"# {suite} suite", "", "| run | status | final metrics |", "| --- | --- | --- |"]
     for stage in stages:
@@ -786,6 +831,10 @@ def run_suite(
     (runs_dir / f"{suite}_summary.md").write_text(summary)
     print(summary)
     print(f"wrote {runs_dir / f'{suite}_summary.md'}\nstage logs and records: {suite_dir}/", flush=True)
+    if stopping:
+        name = signal.Signals(stopping[0]).name
+        print(f"stopped by {name}: every stage it started has ended; run the same command to go on", flush=True)
+        raise SystemExit(128 + stopping[0])
     return status
 
 

@@ -15,6 +15,8 @@ Modules, by job:
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
   runs      the run directory, checkpoints and resume, signals, done.json, the argument checks, loop state, batch
             sizes
+  ownership  one owner per run directory (its lock), the inputs --overwrite must not delete, the flags --resume
+            must not change
   metrics   what a step logs, summed and averaged over the processes
   evaluation  the harnesses (SFT, reward model, math pass@k, DPO pairs, greedy responses); they take the script's
             scoring as arguments

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, gather_object
+from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
+from clean_rlhf_utils import ownership
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
 
@@ -42,16 +43,35 @@ class Run:
     the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
     go to wandb too with `--track`.
 
-    A directory that holds a run is refused unless `--resume` (continue from its checkpoint) or `--overwrite` (delete
-    it and start over). On resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run
-    killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag:
-    the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once."""
+    The main process locks the directory for the life of the run (`ownership.take_lock`: a second run of the same
+    directory is refused while the first lives). A directory that holds a run is refused unless `--resume` (continue
+    from its checkpoint, with the arguments it was started with) or `--overwrite` (delete it and start over; neither
+    when a path the run reads lies inside it). On resume `state` is the loop's state at the checkpoint, and the rows
+    logged after it (by a run killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM
+    and SIGINT only set a flag: the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second
+    SIGINT stops at once."""
 
     def __init__(self, args, accelerator: Accelerator, presets: dict):
         self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
         self.presets = presets  # the script's PRESETS: done.json names the one the command chose
         self.dir = Path(args.output_dir) / args.run_name
         self.state, self.signal, self.wandb, self.file = None, None, None, None
+        # one owner per directory, for the whole run: the main process takes the lock before it looks at the directory
+        error = ownership.take_lock(self.dir) if self.main else None
+        if accelerator.num_processes > 1:  # every process leaves with the main one's error
+            error = broadcast_object_list([error])[0]
+        if error:
+            raise SystemExit(error)
+        try:
+            self.look_at_directory()
+        except BaseException:
+            ownership.release_lock(self.dir)
+            raise
+
+    def look_at_directory(self) -> None:
+        """The used-directory check, under the lock: a used directory needs `--resume` (same arguments) or
+        `--overwrite`, and neither may write over a path the run reads."""
+        args, accelerator = self.args, self.accelerator
         for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
             old = self.dir / f"{name}.old"
             if self.main and old.exists() and not (self.dir / name).exists():
@@ -68,12 +88,16 @@ class Run:
                     f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
                     "(with --overwrite if the directory is in use)"
                 )
+            ownership.check_resume_args(args, self.dir)
             self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
         elif self.held and not args.overwrite:
             raise SystemExit(
                 f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
                 "delete it and start over, or another --run-name"
             )
+        if self.held:
+            ownership.check_inputs_outside(args, self.dir)
+        self.reached = (self.state["step"], self.state["episode"]) if self.state else None  # the last row's counters
 
     def begin(self) -> None:
         """Called once everything is loaded and checked, just before the first step: only now is an old run deleted."""
@@ -118,6 +142,7 @@ class Run:
             )
 
     def log(self, metrics: dict, step: int, episode: int) -> None:
+        self.reached = (step, episode)
         if not self.main:
             return
         row = {
@@ -197,7 +222,8 @@ class Run:
 
     def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
         """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
-        done.json holding the budget completed and the command, the checkpoint removed, and where it all went."""
+        done.json holding the budget (`total_steps`, `total_episodes`), what was trained (`step`, `episode`: the
+        counters of the last row the loop logged) and the command, the checkpoint removed, and where it all went."""
         accelerator, args = self.accelerator, self.args
         if args.save_model:
             if self.main:
@@ -209,6 +235,8 @@ class Run:
                 replace_dir(self.dir / "model.tmp", self.dir / "model")
         if self.main:
             preset = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] in self.presets else None
+            if self.reached:  # what was trained: the counters of the loop's last row, whatever the arguments say
+                budget = {**budget, "step": self.reached[0], "episode": self.reached[1]}
             done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
             (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
             os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
@@ -226,6 +254,7 @@ class Run:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+        ownership.release_lock(self.dir)  # the run is over: the directory may have another owner
 
 
 PROVENANCE_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft", "deepspeed", "trl", "vllm", "wandb")

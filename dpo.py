@@ -116,7 +116,7 @@ from clean_rlhf_utils.loading import (
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_token_ids
-from clean_rlhf_utils.runs import Run, dpo_loop_state, stop_dpo_non_finite
+from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, stop_dpo_non_finite
 
 
 @dataclass
@@ -627,8 +627,7 @@ def main(args: Args) -> dict:
     pad, positions = tokenizer.pad_token_id, model_positions(policy.config)
     eval_rows, eval_pairs = [], []
     if args.num_eval_examples > 0:
-        flag = "--prompt-dataset-name-or-path"
-        ds = load_split(args.prompt_dataset_name_or_path, args.eval_split, args.dataset_config, flag)
+        ds = load_prompt_split(args, args.eval_split)
         ds = ds.select(range(min(args.num_eval_examples, len(ds))))
         eval_rows = prepare_prompts(ds, tokenizer, args, args.eval_split, positions, True)
     if args.num_eval_pairs > 0:
@@ -636,8 +635,7 @@ def main(args: Args) -> dict:
         ds = ds.select(range(min(args.num_eval_pairs, len(ds))))
         eval_pairs = tokenize_pairs(ds, tokenizer, args, args.eval_split, positions)
     if online:
-        flag = "--prompt-dataset-name-or-path"
-        ds = load_split(args.prompt_dataset_name_or_path, args.train_split, args.dataset_config, flag)
+        ds = load_prompt_split(args, args.train_split)
     else:
         ds = load_split(args.dataset_name_or_path, args.train_split, args.dataset_config)
     if args.max_train_samples:
@@ -933,10 +931,26 @@ def gold_judge(summary: str, facts: list[str]) -> float:
 # ----------------------------------------------------------------------------------------------------
 
 
+def load_prompt_split(args: Args, split: str) -> Dataset:
+    """A split of `--prompt-dataset-name-or-path`; when it cannot be found, the message says what it is for and what
+    serves: explicit-prompt preference data (rows of prompt, chosen, rejected) holds the prompts."""
+    if args.mode == "online":
+        why = "online DPO samples its pairs from these prompts and evaluates on them"
+    else:
+        why = "offline DPO reads only its evaluation prompts from it (or pass --num-eval-examples 0)"
+    hint = (
+        f"; {why}: preference data whose rows hold the prompt serves (--prompt-dataset-name-or-path "
+        f"{args.dataset_name_or_path} with --prompt-template '{{prompt}}' for TRL's prompt/chosen/rejected rows)"
+    )
+    return load_split(
+        args.prompt_dataset_name_or_path, split, args.dataset_config, "--prompt-dataset-name-or-path", hint
+    )
+
+
 def tokenize_pairs(ds: Dataset, tokenizer, args: Args, split: str, max_positions: int | None = None) -> list[dict]:
     """The preference pairs of a split, checked and tokenized (`preferences.tokenize_preference_pairs`)."""
     return tokenize_preference_pairs(ds, tokenizer, args, split, max_positions, prompt_token_ids)
 
 
 if __name__ == "__main__":
-    main(tyro.extras.overridable_config_cli(PRESETS))
+    main(cli(PRESETS))

@@ -1360,4 +1360,4 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
 
 
 if __name__ == "__main__":
-    main(tyro.extras.overridable_config_cli(PRESETS))
+    main(runs.cli(PRESETS))

@@ -58,7 +58,6 @@ from typing import Literal
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-import tyro
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
@@ -973,4 +972,4 @@ def numbers_equal(predicted: str | None, gold: str) -> bool:
 
 
 if __name__ == "__main__":
-    main(tyro.extras.overridable_config_cli(PRESETS))
+    main(runs.cli(PRESETS))

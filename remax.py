@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import tyro
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
@@ -763,4 +762,4 @@ def split_batch(args: Args) -> int:
 
 
 if __name__ == "__main__":
-    main(tyro.extras.overridable_config_cli(PRESETS))
+    main(runs.cli(PRESETS))

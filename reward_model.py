@@ -58,7 +58,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-import tyro
 from accelerate.utils import set_seed
 from datasets import Dataset
 from tqdm.auto import tqdm
@@ -77,7 +76,7 @@ from clean_rlhf_utils.loading import (
 )
 from clean_rlhf_utils.metrics import training_metrics
 from clean_rlhf_utils.packing import check_pair_packing, pack_reward_pairs, packed_pair_rewards
-from clean_rlhf_utils.runs import loop_state, start_run
+from clean_rlhf_utils.runs import cli, loop_state, start_run
 
 
 @dataclass
@@ -901,4 +900,4 @@ def tokenize_references(tokenizer, args: Args, positions: int | None = None) -> 
 
 
 if __name__ == "__main__":
-    main(tyro.extras.overridable_config_cli(PRESETS))
+    main(cli(PRESETS))

@@ -45,7 +45,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-import tyro
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
@@ -55,7 +54,7 @@ from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspe
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
 from clean_rlhf_utils.loading import config_positions, load_causal_lm, load_tokenizer, load_train_and_eval_rows
 from clean_rlhf_utils.metrics import training_metrics
-from clean_rlhf_utils.runs import loop_state, start_run
+from clean_rlhf_utils.runs import cli, loop_state, start_run
 
 
 @dataclass
@@ -435,4 +434,4 @@ def truncate_after_eos(tokens: torch.Tensor, eos_id: int, pad_id: int) -> torch.
 
 
 if __name__ == "__main__":
-    main(tyro.extras.overridable_config_cli(PRESETS))
+    main(cli(PRESETS))

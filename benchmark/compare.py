@@ -15,6 +15,16 @@ Only runs that completed their budget count: a run directory without the `done.j
 since its last value is not a final one. A wandb run counts when its state is "finished" (wandb cannot tell a run
 stopped by SIGTERM, which exits cleanly, from a completed one). A run whose metrics file is missing or has corrupt
 lines is reported; corrupt lines are skipped, and a run with no value of the metric is left out of its group.
+What is compared is said, never guessed:
+  * a run's final value is the metric at its last logged row that holds it; a run whose final value is NaN or inf
+    (every value, or only the last) is counted as diverged: the table's seeds column says "3 (1 diverged)", the mean,
+    interval and IQM are over the other seeds, a group whose every seed diverged shows "diverged", and a warning names
+    each such run; diverged runs are left out of the curves (an earlier value is never shown as final);
+  * a path that does not exist, or a directory without metrics.jsonl, is named in a warning and skipped (not
+    reported as a run that did not finish);
+  * the same run directory given twice (compared by its resolved path) counts once, with a warning;
+  * two run directories of the same name in different folders are different experiments: the groups they belong to
+    are kept apart by folder ("ppo_tiny-tldr (runs/a)", "ppo_tiny-tldr (runs/b)"), with a warning naming both paths.
 Works offline, without any account.
 """
 
@@ -43,11 +53,26 @@ class Run:
     unfinished_why: str = ""
     provenance: dict | None = None
     """what produced it (provenance.json: git commit, library versions, host); None for a run that predates it"""
+    path: Path | None = None
+    """the run directory as given (None for a wandb run)"""
+
+    def x_axis(self) -> str:
+        return "episode" if any("episode" in r for r in self.rows) else "step"
 
     def curve(self, metric: str, x: str) -> tuple[np.ndarray, np.ndarray]:
         points = [(r[x], r[metric]) for r in self.rows if metric in r and x in r and _finite(r[metric])]
         points.sort(key=lambda p: p[0])
         return np.array([p[0] for p in points], dtype=float), np.array([p[1] for p in points], dtype=float)
+
+    def final(self, metric: str) -> float | None:
+        """The metric at the last row (in episodes, else steps) that holds it, NaN when that value is not a finite
+        number (a diverged run: never an earlier value); None when no row holds it."""
+        x = self.x_axis()
+        points = [(r[x], r[metric]) for r in self.rows if metric in r and isinstance(r.get(x), (int, float))]
+        if not points:
+            return None
+        value = max(enumerate(points), key=lambda p: (p[1][0], p[0]))[1][1]  # the last logged among equal x
+        return float(value) if _finite(value) else math.nan
 
 
 def _finite(v) -> bool:
@@ -61,7 +86,7 @@ def group_name(run_name: str) -> str:
 
 def read_run(run_dir: Path) -> Run:
     """A run's metrics rows; unreadable lines are skipped and reported in `problems`."""
-    run = Run(name=run_dir.name, group=group_name(run_dir.name), rows=[])
+    run = Run(name=run_dir.name, group=group_name(run_dir.name), rows=[], path=run_dir)
     if not (run_dir / "done.json").exists():
         run.finished = False
         run.unfinished_why = "no done.json" + (
@@ -109,6 +134,56 @@ def read_wandb_runs(project: str, entity: str | None) -> list[Run]:
                 unfinished_why=f"wandb state {r.state!r}",
             )
         )
+    return runs
+
+
+def read_runs(paths: list[Path]) -> list[Run]:
+    """The runs of the run directories `paths`, each path that is not one named in a warning on stderr and skipped: a
+    file (a log beside the run directories that a shell glob of runs/<group>__* takes), a path that does not exist, a
+    directory without metrics.jsonl. The same directory given twice (by its resolved path) is read once. Runs of the
+    same name from different folders are different experiments: their groups are split by folder (`keep_apart`)."""
+    runs, seen = [], {}
+    for p in paths:
+        if not p.exists():
+            print(f"warning: {p} does not exist; skipped", file=sys.stderr)
+        elif p.is_file():
+            print(f"warning: {p} is a file, not a run directory; skipped", file=sys.stderr)
+        elif not (p / "metrics.jsonl").exists():
+            inside = sum(1 for d in p.iterdir() if (d / "metrics.jsonl").exists())
+            hint = f" (it holds {inside} run directories: pass them, {p}/*)" if inside else ""
+            print(f"warning: {p} holds no metrics.jsonl, so it is not a run directory{hint}; skipped", file=sys.stderr)
+        elif p.resolve() in seen:
+            print(
+                f"warning: {p} is the run directory {seen[p.resolve()]} given again (both are {p.resolve()}); "
+                "counted once",
+                file=sys.stderr,
+            )
+        else:
+            seen[p.resolve()] = p
+            runs.append(read_run(p))
+    return keep_apart(runs)
+
+
+def keep_apart(runs: list[Run]) -> list[Run]:
+    """Two run directories of the same name in different folders (runs/a/ppo__1, runs/b/ppo__1) are two experiments,
+    not two seeds: every group holding such a name is split by folder, "ppo (runs/a)" and "ppo (runs/b)", and its runs
+    are named by their paths; a warning names both paths."""
+    by_name: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        if r.path is not None:
+            by_name[r.name].append(r)
+    clashes = {name: rs for name, rs in by_name.items() if len(rs) > 1}
+    split = {r.group for rs in clashes.values() for r in rs}
+    for name, rs in clashes.items():
+        paths = " and ".join(str(r.path) for r in rs)
+        print(
+            f"warning: two run directories are named {name} ({paths}): different experiments, not seeds of one; "
+            f"group {rs[0].group} is kept apart by folder",
+            file=sys.stderr,
+        )
+    for r in runs:
+        if r.path is not None and r.group in split:
+            r.name, r.group = str(r.path), f"{r.group} ({r.path.parent})"
     return runs
 
 
@@ -196,25 +271,36 @@ def aggregate_curves(curves: list[tuple[np.ndarray, np.ndarray]], n_points: int 
     return {"x": grid, "mean": ys.mean(axis=0), "low": low, "high": high, "band": band, "seeds": len(curves)}
 
 
+def diverged_runs(runs: list[Run], metric: str) -> list[Run]:
+    """The runs whose final value of `metric` (`Run.final`) is NaN or inf."""
+    return [r for r in runs if r.final(metric) is not None and math.isnan(r.final(metric))]
+
+
 def summarize(runs: list[Run], metric: str) -> list[dict]:
-    """Final value (last logged) of `metric` per run, aggregated per group."""
+    """Final value (`Run.final`, the last logged) of `metric` per run, aggregated per group. A run whose final value is
+    not finite counts among the group's seeds and is named in `diverged`; the mean, interval and IQM are over the
+    others (NaN when every seed diverged)."""
     finals: dict[str, list[float]] = defaultdict(list)
+    diverged: dict[str, list[str]] = defaultdict(list)
     for run in runs:
-        _, ys = run.curve(metric, "episode" if any("episode" in r for r in run.rows) else "step")
-        if len(ys):
-            finals[run.group].append(float(ys[-1]))
+        value = run.final(metric)
+        if value is not None:
+            finals[run.group].append(value)
+            if math.isnan(value):
+                diverged[run.group].append(run.name)
     table = []
-    for group, values in sorted(finals.items()):
-        values = np.array(values)
-        low, high = bootstrap_ci(values)
+    for group, all_values in sorted(finals.items()):
+        values = np.array([v for v in all_values if not math.isnan(v)])
+        low, high = bootstrap_ci(values) if len(values) else (math.nan, math.nan)
         table.append(
             {
                 "group": group,
-                "seeds": len(values),
-                "mean": float(values.mean()),
+                "seeds": len(all_values),
+                "diverged": diverged[group],
+                "mean": float(values.mean()) if len(values) else math.nan,
                 "low": low,
                 "high": high,
-                "iqm": iqm(values),
+                "iqm": iqm(values) if len(values) else math.nan,
                 "values": [float(v) for v in values],
             }
         )
@@ -222,21 +308,28 @@ def summarize(runs: list[Run], metric: str) -> list[dict]:
 
 
 def interval_cell(t: dict) -> str:
-    """The table's interval: `[low, high]` (95% bootstrap CI) from 3 or more seeds; below that the seeds' values."""
-    if t["seeds"] >= MIN_SEEDS_FOR_CI:
+    """The table's interval: `[low, high]` (95% bootstrap CI) from 3 or more finite seeds; below that their values."""
+    n = len(t["values"])
+    if n >= MIN_SEEDS_FOR_CI:
         return f"[{t['low']:.3f}, {t['high']:.3f}]"
     shown = ", ".join(f"{v:.3f}" for v in sorted(t["values"]))
-    return f"{shown} ({t['seeds']} seeds)" if t["seeds"] > 1 else shown
+    return f"{shown} ({n} seeds)" if n > 1 else shown or "-"
 
 
 def markdown_table(table: list[dict], metric: str) -> str:
-    few = [t["seeds"] < MIN_SEEDS_FOR_CI for t in table]
+    """One row per group; a group with diverged seeds says how many ("3 (1 diverged)"), one whose every seed diverged
+    shows "diverged" for its final value."""
+    few = [len(t["values"]) < MIN_SEEDS_FOR_CI for t in table]
     head = (
         "95% CI" if not any(few) else "seed values" if all(few) else f"95% CI (values below {MIN_SEEDS_FOR_CI} seeds)"
     )
     lines = [f"| algorithm | seeds | final {metric} (mean) | {head} | IQM |", "| --- | --- | --- | --- | --- |"]
     for t in table:
-        lines.append(f"| {t['group']} | {t['seeds']} | {t['mean']:.3f} | {interval_cell(t)} | {t['iqm']:.3f} |")
+        seeds = f"{t['seeds']} ({len(t['diverged'])} diverged)" if t.get("diverged") else f"{t['seeds']}"
+        if not t["values"]:
+            lines.append(f"| {t['group']} | {seeds} | diverged | - | - |")
+            continue
+        lines.append(f"| {t['group']} | {seeds} | {t['mean']:.3f} | {interval_cell(t)} | {t['iqm']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -322,11 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wandb-project", default=None, help="also read the runs of this wandb project (online)")
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")
     a = parser.parse_args(argv)
-    paths = [Path(p) for p in a.runs]
-    for p in paths:  # e.g. a log or file beside the run directories that a shell glob of runs/<group>__* takes
-        if p.is_file():
-            print(f"warning: {p} is a file, not a run directory; skipped", file=sys.stderr)
-    runs = [read_run(p) for p in paths if not p.is_file()]
+    runs = read_runs([Path(p) for p in a.runs])
     if a.wandb_project:
         runs += read_wandb_runs(a.wandb_project, a.wandb_entity)
     for run in runs:
@@ -341,15 +430,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no finished run has the metric {a.metric}", file=sys.stderr)
         return 1
     table = summarize(usable, a.metric)
+    diverged = diverged_runs(usable, a.metric)
+    notes = [
+        f"{r.name}: its final {a.metric} is not finite (diverged); counted as a diverged seed of {r.group}, left "
+        "out of its mean, interval, IQM and curves"
+        for r in diverged
+    ]
+    notes += [f"every seed of {t['group']} diverged: no final value" for t in table if not t["values"]]
+    for line in notes:
+        print(f"warning: {line}", file=sys.stderr)
     out = Path(a.out)
     plot(
-        usable,
+        [r for r in usable if all(r is not d for d in diverged)],
         a.metric,
         out.with_suffix(".png"),
         f"{a.metric}: {', '.join(sorted({r.group for r in usable}))}",
         tuple(a.train_metrics),
     )
     md = markdown_table(table, a.metric)
+    md += "".join(f"\n> warning: {line}\n" for line in notes)
     differences = provenance_differences(usable)
     for line in differences:
         print(f"warning: {line}", file=sys.stderr)

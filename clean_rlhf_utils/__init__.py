@@ -9,6 +9,7 @@ Modules, by job:
   args      the flags every script shares (run, model, LoRA, data, optimizer): the base classes of each `Args`;
             the checks of a script's own flags
   loading   hub checks, datasets, configs, tokenizers, models: offline first, one-line errors
+  datafiles what a .jsonl / .json data file holds, checked before `datasets` reads it (the format to use)
   data      templates, chat messages, padding, sft.py's tokenized rows, batches of groups
   prompts   the RL prompts and what rewards and evaluations need of each row (reference, gold answer, facts)
   preferences  preference pairs: chosen and rejected responses checked, tokenized and batched

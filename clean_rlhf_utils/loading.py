@@ -6,7 +6,6 @@ Nothing here changes a number: it finds and checks what a run reads."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 import sys
@@ -17,6 +16,7 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from clean_rlhf_utils.datafiles import SAVE_AS_JSONL, check_json_rows
 from clean_rlhf_utils.prompts import prepare_prompts
 
 
@@ -61,11 +61,12 @@ def require_hub(name: str, what: str, flag: str) -> None:
 
 
 def load_split(
-    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path"
+    name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path", hint: str = ""
 ) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
-    that cannot be read (empty, truncated, not the format its name says) or holds no rows is a one-line error naming
-    it; `flag` is the option named when the path is none of these."""
+    that cannot be read (empty, truncated, not the format its name says, `datafiles.check_json_rows`) or holds no rows
+    is a one-line error naming it; `flag` is the option named when the path is none of these, and `hint` (what the
+    script reads from it, what else serves) ends the message when it cannot be found."""
     path = Path(name_or_path)
     fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
     if path.is_dir():
@@ -74,24 +75,23 @@ def load_split(
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
+            csv = [f.name for f in (path / f"{split}.csv", path / f"{split}.tsv") if f.exists()]
             raise SystemExit(
                 f"error: no split '{split}' in {path} ({flag}): expected {split}.jsonl, {split}.json, "
                 f"{split}.parquet or a save_to_disk folder"
+                + (f"; {csv[0]} is CSV, which is not read: {SAVE_AS_JSONL}" if csv else hint)
             )
         path = files[0]
     if path.is_file():
         if path.stat().st_size == 0:
             raise SystemExit(f"error: {path} ({flag}) is empty")
-        if path.suffix == ".jsonl":  # name the first line that is not a JSON object (a truncated file's last one)
-            with open(path) as f:
-                for number, line in enumerate(f, 1):
-                    try:
-                        assert not line.strip() or isinstance(json.loads(line), dict)
-                    except (ValueError, AssertionError):
-                        raise SystemExit(
-                            f"error: {path} ({flag}) line {number} is not a JSON object: "
-                            f"{line.strip()[:60]!r}; is the file complete?"
-                        ) from None
+        if path.suffix in (".csv", ".tsv"):
+            raise SystemExit(
+                f"error: {path} ({flag}) is a {path.suffix[1:].upper()} file, which is not read (its columns' types "
+                f"would be guessed); {SAVE_AS_JSONL}, or .parquet"
+            )
+        if path.suffix in (".jsonl", ".json"):
+            check_json_rows(path, flag)
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
@@ -103,7 +103,10 @@ def load_split(
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
         return ds
-    require_hub(name_or_path, "dataset", flag)
+    try:
+        require_hub(name_or_path, "dataset", flag)
+    except SystemExit as e:
+        raise SystemExit(f"{e.code}{hint}") from None
     return load_dataset(name_or_path, config, split=split)
 
 

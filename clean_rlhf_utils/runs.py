@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+import tyro
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
@@ -332,6 +333,22 @@ def start_wandb(args, run_dir: Path):
         ) from None
     id_file.write_text(run_id)
     return run
+
+
+def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
+    """The `Args` of a command line: a preset first, then flags that override it (`python sft.py tiny-tldr
+    --learning-rate 3e-4`; `tyro.extras.overridable_config_cli`). A command without a preset, with flags before it,
+    or with a preset the script does not have is a one-line error listing the presets (tyro would report the flags
+    as "Unrecognized options"). `prog`: the script named in the message (default: the one started)."""
+    argv = list(sys.argv[1:] if args is None else args)
+    prog, names = prog or Path(sys.argv[0]).name, ", ".join(presets)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        later = next((a for a in argv if a in presets), None)
+        moved = f" ({later} is a preset: put it first)" if later else ""
+        raise SystemExit(f"error: {prog} needs a preset first: python {prog} PRESET [flags]{moved}; presets: {names}")
+    if not argv[0].startswith("-") and argv[0] not in presets:
+        raise SystemExit(f"error: {prog} has no preset {argv[0]!r}: python {prog} PRESET [flags]; presets: {names}")
+    return tyro.extras.overridable_config_cli(presets, args=argv)
 
 
 def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:

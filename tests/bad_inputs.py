@@ -16,8 +16,6 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tyro
-
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 
@@ -43,6 +41,8 @@ class BadInput:
     """extra command-line flags, given the script and the world (they may write a bad file into `w.tmp`)"""
     scripts: list[str] = field(default_factory=lambda: list(SCRIPTS))
     """the scripts it applies to"""
+    preset: bool = True
+    """False: the command line without its preset (the first argument)"""
 
 
 # A small valid run of each script on the tiny world: every case adds its bad input to this.
@@ -148,6 +148,34 @@ def bad_copy(script: str, w: World, edit: Callable[[str], str], split: str = "tr
     return [flag, str(dst)]
 
 
+def bad_file(script: str, w: World, name: str, write: Callable[[list[dict]], str]) -> list[str]:
+    """The script's training rows written by `write` (the rows in, the file's text out) into one file `name`, given as
+    its training data (one file serves every split)."""
+    flag, rel = TRAIN_DATA[script]
+    rows = [json.loads(line) for line in (w.assets / rel / "train.jsonl").read_text().splitlines() if line.strip()]
+    path = w.tmp / "data" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(write(rows))
+    return [flag, str(path)]
+
+
+def as_csv(rows: list[dict]) -> str:
+    import csv
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def key_twice(rows: list[dict]) -> str:
+    """JSON Lines whose first row gives its first key twice (json.dumps cannot write that)."""
+    first = json.dumps(rows[0])
+    key = next(iter(rows[0]))
+    return "\n".join(["{" + json.dumps(key) + ': "x", ' + first[1:], *map(json.dumps, rows[1:])]) + "\n"
+
+
 def rows_edited(edit_row: Callable[[dict], dict]) -> Callable[[str], str]:
     """An `edit` for `bad_copy` that rewrites the first row only (the error must name row 0)."""
 
@@ -227,6 +255,41 @@ CASES = [
         lambda s, w: bad_copy(s, w, lambda text: text[: len(text) // 2]),
     ),
     BadInput(
+        "jsonl-array",
+        "a JSON array of rows saved as .jsonl",
+        "line 1 is a JSON array, not one object per line; save one JSON object per line (JSON Lines",
+        lambda s, w: bad_file(s, w, "rows.jsonl", json.dumps),
+    ),
+    BadInput(
+        "json-columns",
+        'a .json of columns, {"query": [...], ...}, not rows',
+        "holds one JSON object of columns",
+        lambda s, w: bad_file(
+            s, w, "columns.json", lambda rows: json.dumps({k: [r[k] for r in rows] for k in rows[0]})
+        ),
+    ),
+    BadInput(
+        "csv-file", "a CSV file", "is a CSV file, which is not read", lambda s, w: bad_file(s, w, "rows.csv", as_csv)
+    ),
+    BadInput(
+        "csv-as-jsonl",
+        "CSV text in a .jsonl file",
+        "line 1 looks like CSV",
+        lambda s, w: bad_file(s, w, "rows.jsonl", as_csv),
+    ),
+    BadInput(
+        "key-twice",
+        "a row that gives a key twice",
+        "line 1 gives the key",
+        lambda s, w: bad_file(s, w, "rows.jsonl", key_twice),
+    ),
+    BadInput(
+        "no-preset",
+        "flags without the preset first (`python X.py --output-dir runs`)",
+        "needs a preset first: python",
+        preset=False,
+    ),
+    BadInput(
         "missing-data",
         "a data path that does not exist (and is no reachable hub name)",
         "--dataset-name-or-path",
@@ -250,13 +313,15 @@ def all_cases() -> list[BadInput]:
 def run_case(case: BadInput, script: str, w: World) -> tuple[str, float]:
     """Runs the script's `main` in this process, as its command line would; returns the error line and the seconds it
     took. Fails unless it ended in `SystemExit("error: ...")` before the first step (no metrics written)."""
+    from clean_rlhf_utils.runs import cli
+
     module = importlib.import_module(script)
-    argv = [*base_flags(script, w), *case.flags(script, w)]
+    argv = [*base_flags(script, w), *case.flags(script, w)][0 if case.preset else 1 :]
     start = time.time()
     sink = io.StringIO()
     try:
         with redirect_stdout(sink), redirect_stderr(sink):
-            args = tyro.extras.overridable_config_cli(module.PRESETS, args=argv)
+            args = cli(module.PRESETS, args=argv, prog=f"{script}.py")
             module.main(args)
     except SystemExit as e:
         message = str(e.code)

@@ -66,7 +66,37 @@ def tokenizer_edited(w: World, name: str, change: Callable) -> list[str]:
 
 ONLINE = ["--mode", "online", "--total-episodes", "64", "--response-length", "8"]
 
+
+def explicit_prompts(w: World) -> list[str]:
+    """TRL's explicit-prompt preference rows ({"prompt", "chosen", "rejected"}), and no prompt data where the flag
+    points (a preset's default path, not built here)."""
+    dst = w.tmp / "data" / "explicit"
+    dst.mkdir(parents=True)
+    for split in ("train", "validation"):
+        lines = (w.assets / "tiny-tldr" / "preference" / f"{split}.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines if line.strip()]
+        keep = [{"prompt": r["query"], "chosen": r["chosen"], "rejected": r["rejected"]} for r in rows]
+        (dst / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in keep))
+    missing = w.tmp / "runs" / "assets" / "tiny-tldr" / "sft"
+    return [
+        "--dataset-name-or-path",
+        str(dst),
+        "--prompt-template",
+        "{prompt}",
+        "--prompt-dataset-name-or-path",
+        str(missing),
+    ]
+
+
 CASES = [
+    BadInput(
+        "dpo-explicit-prompts-no-prompt-data",
+        "explicit-prompt pairs (prompt, chosen, rejected) and no prompt data at --prompt-dataset-name-or-path",
+        "offline DPO reads only its evaluation prompts from it (or pass --num-eval-examples 0): preference data whose "
+        "rows hold the prompt serves (--prompt-dataset-name-or-path",
+        lambda s, w: explicit_prompts(w),
+        ["dpo"],
+    ),
     # ---- the preference pairs, training split ----
     BadInput(
         "dpo-chosen-missing",

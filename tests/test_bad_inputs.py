@@ -44,3 +44,18 @@ def test_the_docs_table_lists_every_case():
     table = (REPO / "docs" / "bad_inputs.md").read_text()
     missing = [case.id for case in all_cases() if f"`{case.id}`" not in table]
     assert not missing, f"regenerate docs/bad_inputs.md with `python -m tests.bad_inputs`: {missing}"
+
+
+@pytest.mark.parametrize("script", ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"])
+def test_a_command_without_a_preset_names_the_presets(script, tmp_path):
+    """As a user types it (issue 42 item 6): flags without the preset first are one line naming the presets, not tyro's
+    "Unrecognized options --output-dir"."""
+    import importlib
+
+    presets = ", ".join(importlib.import_module(script).PRESETS)
+    cmd = [sys.executable, str(REPO / f"{script}.py"), "--output-dir", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: {script}.py needs a preset first: python {script}.py PRESET [flags]; presets: {presets}"
+    )

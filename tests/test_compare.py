@@ -295,3 +295,73 @@ def test_a_curve_runs_through_its_evaluations_and_the_figure_has_its_training_pa
     out = tmp_path / "fig.png"
     compare.plot([run], "eval/gold_reward", out, "tiny-tldr: gold reward", ("objective/reward", "objective/kl"))
     assert out.stat().st_size > 10_000
+
+
+def test_a_seed_whose_final_value_is_nan_is_reported_as_diverged_never_with_an_earlier_value(tmp_path, capsys):
+    """Issue 42 item 5: PPO's seed 3 ends at NaN after 0.9: its final value is not 0.9. It counts as a diverged seed
+    (named in a warning, under the table and in the seeds column), the mean is over the two others; a group whose every
+    seed ends at NaN (here every value is NaN) stays in the table as "diverged", with a warning."""
+    nan = float("nan")
+    _write_run(tmp_path, "ppo_tiny-tldr__1", [0.3, 0.5])
+    _write_run(tmp_path, "ppo_tiny-tldr__2", [0.3, 0.7])
+    _write_run(tmp_path, "ppo_tiny-tldr__3", [0.3, 0.9, nan])
+    _write_run(tmp_path, "rloo_tiny-tldr__1", [nan, nan])
+    _write_run(tmp_path, "rloo_tiny-tldr__2", [0.2, nan])
+    assert "NaN" in (tmp_path / "ppo_tiny-tldr__3" / "metrics.jsonl").read_text()  # what json.dumps writes for it
+    out = tmp_path / "cmp"
+    assert compare.main([str(p) for p in sorted(tmp_path.glob("*__*"))] + ["--out", str(out)]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "| ppo_tiny-tldr | 3 (1 diverged) | 0.600 | 0.500, 0.700 (2 seeds) |" in md and "0.900" not in md
+    assert "| rloo_tiny-tldr | 2 (2 diverged) | diverged | - | - |" in md
+    assert "> warning: ppo_tiny-tldr__3: its final eval/gold_reward is not finite" in md
+    err = capsys.readouterr().err
+    assert "warning: ppo_tiny-tldr__3: its final eval/gold_reward is not finite (diverged)" in err
+    assert "warning: every seed of rloo_tiny-tldr diverged" in err
+    runs = [compare.read_run(p) for p in sorted(tmp_path.iterdir()) if p.is_dir()]
+    assert runs[2].name == "ppo_tiny-tldr__3" and np.isnan(runs[2].final("eval/gold_reward"))  # NaN, not 0.9
+    table = {t["group"]: t for t in compare.summarize(runs, "eval/gold_reward")}
+    ppo = table["ppo_tiny-tldr"]
+    assert ppo["seeds"] == 3 and ppo["diverged"] == ["ppo_tiny-tldr__3"] and ppo["mean"] == pytest.approx(0.6)
+    assert table["rloo_tiny-tldr"]["seeds"] == 2 and table["rloo_tiny-tldr"]["values"] == []
+
+
+def test_the_same_run_given_twice_counts_once(tmp_path, capsys):
+    """Issue 42 item 5: runs/ppo__1 and ./runs/../runs/ppo__1 are one run, not two seeds."""
+    one = _write_run(tmp_path / "runs", "ppo_tiny-tldr__1", [0.3, 0.5])
+    _write_run(tmp_path / "runs", "ppo_tiny-tldr__2", [0.3, 0.7])
+    again = tmp_path / "runs" / ".." / "runs" / "ppo_tiny-tldr__1"
+    out = tmp_path / "cmp"
+    assert compare.main([str(one), str(tmp_path / "runs" / "ppo_tiny-tldr__2"), str(again), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {again} is the run directory {one} given again" in err and "counted once" in err
+    assert "| ppo_tiny-tldr | 2 | 0.600 |" in out.with_suffix(".md").read_text()
+
+
+def test_runs_of_the_same_name_in_two_folders_are_kept_apart(tmp_path, capsys):
+    """Issue 42 item 5: runs/a/ppo__1 and runs/b/ppo__1 are two experiments (say two learning rates), not two seeds of
+    one: each folder's group is its own row, and the warning names both paths."""
+    a = [_write_run(tmp_path / "a", f"ppo_tiny-tldr__{s}", [0.3, v]) for s, v in ((1, 0.5), (2, 0.7))]
+    b = _write_run(tmp_path / "b", "ppo_tiny-tldr__1", [0.3, 0.1])
+    out = tmp_path / "cmp"
+    assert compare.main([str(p) for p in [*a, b]] + ["--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"two run directories are named ppo_tiny-tldr__1 ({a[0]} and {b})" in err
+    md = out.with_suffix(".md").read_text()
+    assert f"| ppo_tiny-tldr ({tmp_path / 'a'}) | 2 | 0.600 |" in md
+    assert f"| ppo_tiny-tldr ({tmp_path / 'b'}) | 1 | 0.100 |" in md
+
+
+def test_a_missing_path_or_a_folder_without_metrics_is_named_not_called_unfinished(tmp_path, capsys):
+    """Issue 42 item 5: a misspelt path does not exist and an empty folder holds no metrics.jsonl; neither is a run
+    that "did not finish its budget"."""
+    good = _write_run(tmp_path / "runs", "ppo_tiny-tldr__1", [0.3, 0.5])
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "cmp"
+    args = [str(good), str(tmp_path / "runs" / "ppo_tiny-tldr__9"), str(tmp_path / "empty"), str(tmp_path / "runs")]
+    assert compare.main([*args, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {tmp_path / 'runs' / 'ppo_tiny-tldr__9'} does not exist; skipped" in err
+    assert f"warning: {tmp_path / 'empty'} holds no metrics.jsonl, so it is not a run directory; skipped" in err
+    assert f"(it holds 1 run directories: pass them, {tmp_path / 'runs'}/*)" in err
+    assert "did not finish" not in err
+    assert "| ppo_tiny-tldr | 1 | 0.500 |" in out.with_suffix(".md").read_text()

@@ -177,9 +177,9 @@ def field_ranges(cls: type) -> dict[str, tuple[str, str]]:
         except (OSError, TypeError):  # no source (an interactive class): only its bases' ranges
             continue
         for stmt, doc in zip(body, body[1:]):
-            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(doc, ast.Expr):
-                match = RANGE.search(doc.value.value) if isinstance(doc.value, ast.Constant) else None
-                if match and isinstance(doc.value.value, str):
+            text = doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else None
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(text, str):
+                if match := RANGE.search(text):
                     spec, _, note = match.group(1).partition(";")
                     ranges[stmt.target.id] = (spec.strip(), note.strip())
     return ranges

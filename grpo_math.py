@@ -199,7 +199,8 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """estimator of the KL loss term: k3 (DeepSeekMath), k2 = (log ratio)^2 / 2; default k2 for reinforce_pp_baseline
     (REINFORCE++), k3 otherwise. `objective/kl` logs k3 whatever the loss uses"""
     num_generations: int = 8
-    """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8) (range: >= 2)"""
+    """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8) (range: >= 2; advantages are relative
+    to the group)"""
     questions_per_device: int = 16
     """questions per process per step; the batch is this x G x processes completions"""
     total_steps: int = 200

@@ -758,8 +758,6 @@ def split_batch(args: Args) -> int:
             f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
             f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches"
         )
-    if args.reward_clip < 0:
-        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
     return micro_batch_size
 
 

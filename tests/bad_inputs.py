@@ -16,6 +16,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import tyro
 
 REPO = Path(__file__).resolve().parent.parent
@@ -304,6 +305,7 @@ CASES = [
         "`--dtype float16` without a GPU (was: a diverging run)",
         "--dtype float16 needs a GPU",
         lambda s, w: ["--dtype", "float16"],
+        [] if torch.cuda.is_available() else list(SCRIPTS),  # a GPU runs float16
     ),
     BadInput(
         "num-threads-negative",

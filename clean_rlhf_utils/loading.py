@@ -189,7 +189,7 @@ def load_checked_tokenizer(name_or_path: str, args, flag: str = "--sft-model-pat
     return ensure_pad_token(tok, args.add_pad_token, name_or_path)
 
 
-def load_causal_lm(args, tokenizer):
+def load_causal_lm(args, tokenizer, flag: str = "--model-name-or-path"):
     """The causal LM at `--model-name-or-path` in `--dtype`, its embedding grown for an added `[PAD]`, the pad token
     set in its configs. Dropout is as the checkpoint has it: the scripts turn it off (`disable_dropout`)."""
     local = os.path.isdir(args.model_name_or_path)
@@ -200,8 +200,9 @@ def load_causal_lm(args, tokenizer):
         local_files_only=local,
         dtype=getattr(torch, args.dtype),
     )
-    check_causal_lm(model, args.model_name_or_path, "--model-name-or-path", "policy")
-    check_tokenizer_fits(tokenizer, model.config, args.model_name_or_path, "--model-name-or-path")
+    check_causal_lm(model, args.model_name_or_path, flag, "policy" if flag == "--model-name-or-path" else "teacher")
+    if flag == "--model-name-or-path":  # a teacher scores the policy's tokens: `load_teacher` checks its embedding
+        check_tokenizer_fits(tokenizer, model.config, args.model_name_or_path, flag)
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -516,7 +517,7 @@ def load_teacher(args, tokenizer):
     if not os.path.isdir(args.teacher_model_path):
         require_hub(args.teacher_model_path, "model", "--teacher-model-path")
     teacher_args = dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None)
-    teacher = load_causal_lm(teacher_args, tokenizer).eval().requires_grad_(False)
+    teacher = load_causal_lm(teacher_args, tokenizer, "--teacher-model-path").eval().requires_grad_(False)
     if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
         raise SystemExit(
             f"error: --teacher-model-path {args.teacher_model_path} has "

@@ -172,9 +172,10 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """(ipo) the log-ratios on per-token averaged logprobs (TRL; what the IPO results used) or, False, on summed
     logprobs; beta does not carry over between the two"""
     beta: float = 0.05
-    """KL strength beta (N+ TL;DR DPO: 0.05)"""
+    """KL strength beta (N+ TL;DR DPO: 0.05) (range: > 0)"""
     label_smoothing: float = 0.0
-    """(sigmoid) probability eps that a preference label is flipped (conservative DPO); 0 is plain DPO"""
+    """(sigmoid) probability eps that a preference label is flipped (conservative DPO); 0 is plain DPO
+    (range: [0, 0.5))"""
     precompute_ref_logprobs: bool = True
     """(offline) compute the reference logprobs of every pair once before training; else on the fly each step"""
     pack_pairs: bool = True
@@ -189,7 +190,7 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     response_length: int = 53
     """tokens sampled per response, online and at evaluation (N+: 53)"""
     temperature: float = 0.7
-    """(online) sampling temperature (N+: 0.7); DPO logprobs are at temperature 1"""
+    """(online) sampling temperature (N+: 0.7); DPO logprobs are at temperature 1 (range: > 0)"""
     non_eos_penalty: bool = True
     """(online) replace the score of a response without EOS by `penalty_reward_value` (N+)"""
     penalty_reward_value: float = -1.0
@@ -197,15 +198,16 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False
     """(online) generate the next batch in a separate thread while training on this one (one step off-policy)"""
     generation_threads: int | None = None
-    """(online, async, CPU) torch threads of the generator thread; default half of `num_threads` (at least 1)"""
+    """(online, async, CPU) torch threads of the generator thread; default half of `num_threads` (at least 1)
+    (range: >= 1)"""
 
     # ---- optimisation ----
     learning_rate: float = 3e-6
-    """peak learning rate (N+ DPO: 3e-6)"""
+    """peak learning rate (N+ DPO: 3e-6) (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up (N+ DPO: cosine)"""
     warmup_ratio: float = 0.0
-    """share of the optimizer steps spent warming the learning rate up linearly from 0"""
+    """share of the optimizer steps spent warming the learning rate up linearly from 0 (range: [0, 1))"""
     num_train_epochs: int = 1
     """(offline) passes over the preference pairs (N+: 1)"""
     per_device_train_batch_size: int = 8
@@ -219,12 +221,12 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     eval_every: int = 100
     """evaluate every N optimizer steps (and before the first and after the last)"""
     num_eval_examples: int = 200
-    """evaluation prompts (greedy generation); 0 skips generation"""
+    """evaluation prompts (greedy generation); 0 skips generation (range: >= 0)"""
     eval_kl: bool = False
     """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
     estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     num_eval_pairs: int = 400
-    """validation pairs for the implicit-reward accuracy and loss; 0 skips them"""
+    """validation pairs for the implicit-reward accuracy and loss; 0 skips them (range: >= 0)"""
     per_device_eval_batch_size: int = 32
     """prompts or pairs per device at evaluation"""
     log_every: int = 1
@@ -596,10 +598,10 @@ def main(args: Args) -> dict:
     # the batches come from an endless loader: the loader's end is no optimizer-step boundary
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     online, asynchronous = args.mode == "online", args.mode == "online" and args.async_generation
-    threads, gen_threads = split_cpu_threads(accelerator, args.num_threads, args.generation_threads, asynchronous)
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     synced = zero3(accelerator)  # every forward pass is a collective: `generate` must step until every process is done
     check_dpo_args(args, synced)
+    threads, gen_threads = split_cpu_threads(accelerator, args.num_threads, args.generation_threads, asynchronous)
     run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)
     device = accelerator.device

@@ -130,11 +130,11 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     `sampler_correction_cap` (TIS) or zeroed above it (`*_mask`, MIS); `auto`: sequence_mask (TRL 1.16's
     `vllm_importance_sampling_mode`) whenever the old logprobs are not the sampler's own (vLLM, bf16)"""
     sampler_correction_cap: float = 3.0
-    """C, the largest importance weight kept (TRL 1.16's `vllm_importance_sampling_clip_max`: 3)"""
+    """C, the largest importance weight kept (TRL 1.16's `vllm_importance_sampling_clip_max`: 3) (range: > 0)"""
     use_vllm: bool = False
     """sample with vLLM (the `vllm` extra and a GPU; one engine per process, its weights synced every step)"""
     vllm_gpu_memory_utilization: float = 0.3
-    """(vLLM) share of the GPU memory the engine may take; the rest is for training"""
+    """(vLLM) share of the GPU memory the engine may take; the rest is for training (range: (0, 1])"""
 
     # ---- data ----
     dataset_name_or_path: str = "openai/gsm8k"
@@ -160,20 +160,20 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 
     # ---- reward ----
     format_reward_coef: float = 0.0
-    """reward added when a completion ends with EOS and its last line is a well-formed final answer"""
+    """reward added when a completion ends with EOS and its last line is a well-formed final answer (range: >= 0)"""
     reward_model_path: str | None = None
     """an outcome reward model (reward_model.py) whose score, times `rm_coef`, is added to the reward"""
     rm_coef: float = 1.0
-    """weight of the outcome reward model's score"""
+    """weight of the outcome reward model's score (range: >= 0)"""
     prm_path: str | None = None
     """a process reward model (reward_model.py --objective process) whose refined step rewards are added (summed)"""
     prm_coef: float = 1.0
-    """weight alpha of the process rewards (Gao et al. 2024)"""
+    """weight alpha of the process rewards (Gao et al. 2024) (range: >= 0)"""
     prm_refine: Literal["none", "clip", "delta", "clip_delta"] = "clip"
     """Gao et al. 2024: `clip` alpha*min(r - eta, 0) per step; `delta` r_k - r_{k+1}, r_{K-1} for step K-1 and 0 for the
     last step (the success reward judges it); `clip_delta` clip, then delta; `none` alpha * r"""
     prm_clip_eta: float = 0.5
-    """threshold eta of Clip, in units of the PRM's probability that a step is right"""
+    """threshold eta of Clip, in units of the PRM's probability that a step is right (range: [0, 1])"""
 
     # ---- algorithm ----
     loss_type: Literal["grpo", "dr_grpo", "dapo", "cispo"] = "grpo"
@@ -199,7 +199,8 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """estimator of the KL loss term: k3 (DeepSeekMath), k2 = (log ratio)^2 / 2; default k2 for reinforce_pp_baseline
     (REINFORCE++), k3 otherwise. `objective/kl` logs k3 whatever the loss uses"""
     num_generations: int = 8
-    """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8)"""
+    """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8) (range: >= 2; advantages are relative
+    to the group)"""
     questions_per_device: int = 16
     """questions per process per step; the batch is this x G x processes completions"""
     total_steps: int = 200
@@ -207,20 +208,21 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     max_completion_length: int = 512
     """generation budget in tokens, EOS included; also Dr. GRPO's normalising constant and DAPO's L_max"""
     temperature: float = 1.0
-    """sampling temperature, also applied to the logits of the logprobs (and of the pass@k samples)"""
+    """sampling temperature, also applied to the logits of the logprobs (and of the pass@k samples) (range: > 0)"""
     beta: float | None = None
     """weight of the KL(policy || reference) loss term (in the reward for reinforce_pp); default 0.04 (DeepSeekMath),
-    0 for dapo (DAPO removes the KL term), cispo (MiniMax-M1) and sequence-level ratios (GSPO); 0 loads no reference"""
+    0 for dapo (DAPO removes the KL term), cispo (MiniMax-M1) and sequence-level ratios (GSPO); 0 loads no reference
+    (range: >= 0)"""
     epsilon_low: float | None = None
     """lower clip of the ratio, 1 - epsilon_low; default 0.2 (PPO / GRPO / DAPO), 3e-4 for sequence ratios (GSPO
-    section 5.1); cispo has no lower bound (MiniMax-M1 section 3.1)"""
+    section 5.1); cispo has no lower bound (MiniMax-M1 section 3.1) (range: >= 0)"""
     epsilon_high: float | None = None
     """upper clip, 1 + epsilon_high; default: 0.28 for dapo (clip-higher), 4e-4 for sequence ratios (GSPO), 4 for
-    cispo (weights capped at 5, TRL's ScaleRL setting), epsilon_low otherwise"""
+    cispo (weights capped at 5, TRL's ScaleRL setting), epsilon_low otherwise (range: >= 0)"""
     scale_rewards: bool | None = None
     """divide advantages by the group std; default: on, off for dr_grpo"""
     advantage_eps: float = 1e-4
-    """eps in (r - mean) / (std + eps)"""
+    """eps in (r - mean) / (std + eps) (range: > 0)"""
     num_iterations: int = 1
     """mu, passes over each batch of samples (DeepSeekMath: 1)"""
     num_mini_batches: int = 1
@@ -231,20 +233,21 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """drop groups whose completions are all right or all wrong (success reward) and sample more questions to refill
     (DAPO); default: on for dapo and cispo (MiniMax-M1 section 3.1 takes it from DAPO)"""
     max_sampling_rounds: int = 4
-    """(dynamic sampling) sampling rounds per step at most; then the batch is topped up with dropped groups"""
+    """(dynamic sampling) sampling rounds per step at most; then the batch is topped up with dropped groups
+    (range: >= 1)"""
     overlong_filtering: bool = False
     """mask completions that hit the length limit out of the loss (DAPO's overlong filtering)"""
     overlong_buffer: int | None = None
     """soft overlong punishment over the last N tokens before the limit (DAPO); default: limit/5 for dapo and cispo
-    (MiniMax-M1 section 3.1: DAPO's length penalty), else 0 (off)"""
+    (MiniMax-M1 section 3.1: DAPO's length penalty), else 0 (off) (range: >= 0)"""
     overlong_penalty_factor: float = 1.0
-    """soft overlong punishment at the limit (DAPO: 1, a reward of -1)"""
+    """soft overlong punishment at the limit (DAPO: 1, a reward of -1) (range: >= 0)"""
 
     # ---- optimisation ----
     learning_rate: float = 1e-6
-    """AdamW learning rate, constant after warm-up (DeepSeekMath, DAPO, Dr. GRPO: 1e-6)"""
+    """AdamW learning rate, constant after warm-up (DeepSeekMath, DAPO, Dr. GRPO: 1e-6) (range: > 0)"""
     warmup_steps: int = 0
-    """optimizer steps of linear learning-rate warm-up (DAPO: 20 rollout steps)"""
+    """optimizer steps of linear learning-rate warm-up (DAPO: 20 rollout steps) (range: >= 0)"""
     adam_eps: float = 1e-8
     """AdamW epsilon"""
     generation_batch_size: int = 256
@@ -253,7 +256,8 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """sample step s+1 in a separate thread, with a copy of the weights that step s starts from, while step s trains:
     one step off-policy (`async/policy_lag`), the ratio taken against the sampling weights' logprobs"""
     generation_threads: int | None = None
-    """(async, CPU) torch threads of the generator thread; default half of the process's threads (at least 1)"""
+    """(async, CPU) torch threads of the generator thread; default half of the process's threads (at least 1)
+    (range: >= 1)"""
 
     # ---- evaluation and logging ----
     eval_every: int = 20
@@ -265,7 +269,7 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     estimator in every script: the benchmark's frontier plots accuracy against it); loads the reference at beta 0 too"""
     pass_k: int = 8
     """at the end, k samples per evaluation question: `eval/pass@k` (any right) and `eval/maj@k` (majority vote); 0
-    skips"""
+    skips (range: >= 0)"""
     log_every: int = 1
     """log training metrics every N steps"""
 

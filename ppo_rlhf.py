@@ -102,14 +102,15 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     prm_path: str | None = None
     """(math) a process reward model (reward_model.py --objective process) adding per-step rewards"""
     prm_coef: float = 1.0
-    """(math) weight alpha of the process rewards"""
+    """(math) weight alpha of the process rewards (range: >= 0)"""
     prm_refine: Literal["none", "clip", "delta", "clip_delta"] = "none"
     """(math) Gao et al. 2024, alpha = prm_coef scaling every mode: `clip` makes step rewards alpha*min(r - eta, 0)
     (never positive); `delta` drops the last step's reward (the answer is judged by the success reward alone), gives
     step K-1 its r_{K-1} and every earlier step k r_k - r_{k+1}, so the return from step k is r_k (a one-step
     solution gets 0); `clip_delta` clips, then takes differences; `none` is alpha * r_k"""
     prm_clip_eta: float = 0.5
-    """(math) threshold eta of the Clip refinement, in units of the PRM's probability that a step is right"""
+    """(math) threshold eta of the Clip refinement, in units of the PRM's probability that a step is right
+    (range: [0, 1])"""
     stop_token: Literal["eos", "none"] = "eos"
     """`eos`: a response ends at its first EOS (sampling stops there, the rest is padding); `none`: every response is
     `response_length` sampled tokens, kept whole, EOS included (as N+ samples with min_new_tokens); the score then
@@ -131,27 +132,27 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     num_ppo_epochs: int = 4
     """passes over each batch (N+: 4)"""
     learning_rate: float = 3e-6
-    """AdamW learning rate of policy and value (N+: 3e-6)"""
+    """AdamW learning rate of policy and value (N+: 3e-6) (range: > 0)"""
     kl_coef: float = 0.05
-    """beta of the per-token KL penalty (N+: 0.05)"""
+    """beta of the per-token KL penalty (N+: 0.05) (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate in the reward: k1 = logp - ref_logp (N+), k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
     adaptive_kl: bool = False
     """adapt kl_coef towards `target_kl` (Ziegler et al. 2019)"""
     target_kl: float = 6.0
-    """(adaptive KL) target summed KL per response"""
+    """(adaptive KL) target summed KL per response (range: > 0)"""
     kl_horizon: int = 10000
-    """(adaptive KL) horizon in episodes"""
+    """(adaptive KL) horizon in episodes (range: >= 1)"""
     gamma: float = 1.0
-    """discount (N+: 1)"""
+    """discount (N+: 1) (range: [0, 1])"""
     lam: float = 0.95
-    """GAE lambda (N+: 0.95)"""
+    """GAE lambda (N+: 0.95) (range: [0, 1])"""
     cliprange: float = 0.2
-    """policy ratio clip (N+: 0.2)"""
+    """policy ratio clip (N+: 0.2) (range: > 0)"""
     cliprange_value: float = 0.2
-    """value clip around the rollout values (N+: 0.2)"""
+    """value clip around the rollout values (N+: 0.2) (range: > 0)"""
     vf_coef: float = 0.1
-    """value loss weight (N+: 0.1)"""
+    """value loss weight (N+: 0.1) (range: > 0)"""
     whiten_rewards: bool = False
     """whiten the per-token rewards before GAE (off in N+)"""
 

@@ -116,17 +116,18 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     gradient_accumulation_steps: int = 1
     """micro-batches per update (one optimizer step per batch)"""
     learning_rate: float = 3e-6
-    """AdamW learning rate (N+: 3e-6)"""
+    """AdamW learning rate (N+: 3e-6) (range: > 0)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
     response_length: int = 53
     """tokens sampled per response (N+: 53)"""
     temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     kl_coef: float = 0.05
-    """beta of the per-token KL penalty -beta * KL_t in each token's advantage (N+: 0.05)"""
+    """beta of the per-token KL penalty -beta * KL_t in each token's advantage (N+: 0.05) (range: >= 0)"""
     reward_clip: float = 5.0
-    """clip the reward difference r(x, y) - r(x, y_bar) to [-c, c] (the official clip_reward_value, 5); 0: no clip"""
+    """clip the reward difference r(x, y) - r(x, y_bar) to [-c, c] (the official clip_reward_value, 5); 0: no clip
+    (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
 
@@ -353,11 +354,11 @@ def main(args: Args) -> dict:
     checkpoint."""
     # ---- 0. setup: one process or several, the run directory (a used one is refused now, before anything loads) ----
     # sync_with_dataloader=False: the prompt loader below is endless
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    runs.check_args(args)
     accelerator = engines.make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or engines.cpu_threads(accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    runs.check_args(args)
     run = runs.Run(args, accelerator, PRESETS)
     set_seed(args.seed)
     device = accelerator.device
@@ -756,8 +757,6 @@ def split_batch(args: Args) -> int:
             f"error: --per-device-batch-size {args.per_device_batch_size} does not split into "
             f"--gradient-accumulation-steps {args.gradient_accumulation_steps} equal micro-batches"
         )
-    if args.reward_clip < 0:
-        raise SystemExit(f"error: --reward-clip is {args.reward_clip}; give a bound above 0, or 0 for no clip")
     return micro_batch_size
 
 

@@ -68,6 +68,7 @@ from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, 
 from clean_rlhf_utils.engines import backward_share, configure_deepspeed, global_count, zero3
 from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
 from clean_rlhf_utils.loading import (
+    check_tokenizer_fits,
     load_checked_tokenizer,
     load_config,
     load_split,
@@ -152,15 +153,15 @@ class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
 
     # ---- optimisation ----
     learning_rate: float = 3e-6
-    """peak learning rate (N+: 3e-6)"""
+    """peak learning rate (N+: 3e-6) (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0
-    """share of the optimizer steps spent warming the learning rate up linearly from 0"""
+    """share of the optimizer steps spent warming the learning rate up linearly from 0 (range: [0, 1))"""
     weight_decay: float = 0.0
-    """AdamW weight decay"""
+    """AdamW weight decay (range: >= 0)"""
     center_rewards_coef: float = 0.0
-    """(outcome) weight of (r_chosen + r_rejected)^2, which keeps rewards centred at 0; 0 disables it"""
+    """(outcome) weight of (r_chosen + r_rejected)^2, which keeps rewards centred at 0; 0 disables it (range: >= 0)"""
     num_train_epochs: int = 1
     """passes over the training split"""
     per_device_train_batch_size: int = 8
@@ -605,6 +606,7 @@ def load_model(args: Args, tokenizer):
             f"error: --sft-model-path {args.sft_model_path} cannot be loaded as a reward model "
             f"(AutoModelForSequenceClassification): {reason}"
         ) from None
+    check_tokenizer_fits(tokenizer, model.config, args.sft_model_path, "--sft-model-path")
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))
     return model

@@ -124,19 +124,19 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     gradient_accumulation_steps: int = 1
     """micro-batches per minibatch"""
     learning_rate: float = 3e-6
-    """AdamW learning rate (N+: 3e-6)"""
+    """AdamW learning rate (N+: 3e-6) (range: > 0)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
     response_length: int = 53
     """tokens sampled per response (N+: 53)"""
     temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     kl_coef: float = 0.05
-    """beta of the KL penalty in the sequence reward (N+: 0.05)"""
+    """beta of the KL penalty in the sequence reward (N+: 0.05) (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
     cliprange: float = 0.2
-    """clip of the sequence-level ratio when a batch is reused (PPO's epsilon)"""
+    """clip of the sequence-level ratio when a batch is reused (PPO's epsilon) (range: > 0)"""
 
     # ---- evaluation and logging ----
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
@@ -385,11 +385,11 @@ def main(args: Args) -> dict:
     3. sequence-level reward and leave-one-out advantages, 4. REINFORCE, 5. log, evaluate and checkpoint."""
     # ---- 0. setup: one process or several, the run directory (a used one is refused now, before anything loads) ----
     # sync_with_dataloader=False: the prompt loader below is endless
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    runs.check_args(args)
     accelerator = engines.make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
         torch.set_num_threads(args.num_threads or engines.cpu_threads(accelerator.num_processes))
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    runs.check_args(args)
     run = runs.Run(args, accelerator, PRESETS)
     set_seed(args.seed)
     device = accelerator.device

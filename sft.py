@@ -103,13 +103,13 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 
     # ---- optimisation ----
     learning_rate: float = 3e-6
-    """peak learning rate (N+: 3e-6)"""
+    """peak learning rate (N+: 3e-6) (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0
-    """share of the optimizer steps spent warming the learning rate up linearly from 0"""
+    """share of the optimizer steps spent warming the learning rate up linearly from 0 (range: [0, 1))"""
     weight_decay: float = 0.0
-    """AdamW weight decay"""
+    """AdamW weight decay (range: >= 0)"""
     num_train_epochs: int = 1
     """passes over the training split"""
     per_device_train_batch_size: int = 16

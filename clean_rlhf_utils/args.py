@@ -4,10 +4,21 @@ everywhere (`OptimArgs`). Each script's `Args` inherits the ones it uses and lis
 
 A script redeclares a shared field whose default or documentation is its own (`exp_name` and `dataset_name_or_path`
 always: they have no default here); a redeclared field keeps the place of the shared one, so the flags, their
-defaults and `config.json` are what the script declares. Each field's docstring is its `--help` text (tyro)."""
+defaults and `config.json` are what the script declares. Each field's docstring is its `--help` text (tyro).
+
+A numeric field declares the values it accepts in its docstring, in the fixed form `(range: > 0)` (also `>= 1`,
+`< 1`, `<= 1`, `[0, 1]`, `[0, 0.5)`, `(0, 1]`; what follows a `;` inside the parentheses is said with the error, e.g.
+`(range: >= 0; 0 is off)`), so `--help` shows it and `check_ranges` enforces every one of them before anything loads. A
+script that redeclares a shared field without a range keeps the shared field's range."""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import functools
+import inspect
+import re
+import textwrap
 from dataclasses import dataclass
 from typing import Literal
 
@@ -22,14 +33,14 @@ class RunArgs:
     exp_name: str
     """name of this experiment; the run name starts with it"""
     seed: int = 1
-    """seed of the experiment (data order, sampling)"""
+    """seed of the experiment (data order, sampling) (range: [0, 2147483647])"""
     run_name: str | None = None
     """name of the run directory under `output_dir`; default `{exp_name}__{seed}` (one that holds a run is refused:
     see `resume` and `overwrite`)"""
     output_dir: str = "runs"
     """where `runs/<run_name>/` (config.json, metrics.jsonl, samples.jsonl, checkpoint/, model/, done.json) goes"""
     save_every: int = 0
-    """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
+    """write a checkpoint every N updates; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss) (range: >= 0)"""
     resume: bool = False
     """continue the run in `runs/<run_name>` from its checkpoint (run the same command with `--resume`)"""
     overwrite: bool = False
@@ -41,9 +52,9 @@ class RunArgs:
     wandb_entity: str | None = None
     """wandb entity (team); None uses your default"""
     num_threads: int | None = None
-    """CPU threads per process; default: the machine's cores divided by the number of processes"""
+    """CPU threads per process; default: the machine's cores divided by the number of processes (range: >= 1)"""
     log_every: int = 1
-    """log training metrics every N updates"""
+    """log training metrics every N updates (range: >= 1)"""
     save_model: bool = True
     """save the final policy and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
@@ -67,9 +78,10 @@ class LoraArgs:
 
     lora_r: int | None = None
     """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled"""
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
+    (range: >= 1)"""
     lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32)"""
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
     lora_target_modules: list[str] | None = None
     """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
@@ -98,9 +110,9 @@ class OptimArgs:
     """The AdamW epsilon and the gradient clipping norm (also DeepSpeed's `gradient_clipping`)."""
 
     adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5)"""
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
     max_grad_norm: float = 1.0
-    """gradient clipping norm"""
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
 
 
 @dataclass
@@ -121,7 +133,7 @@ class RLArgs:
     train_split: str = "train"
     """split to sample prompts from"""
     max_prompt_length: int = 512
-    """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong`"""
+    """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong` (range: >= 1)"""
     reward_source: Literal["model", "math"] = "model"
     """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
     answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
@@ -133,42 +145,80 @@ class RLArgs:
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
     response_length: int = 53
-    """tokens sampled per response (N+: 53)"""
+    """tokens sampled per response (N+: 53) (range: >= 1)"""
     temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7)"""
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
     """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
     eval_every: int = 50
-    """evaluate every N updates (and before the first and after the last)"""
+    """evaluate every N updates (and before the first and after the last) (range: >= 1)"""
     num_eval_examples: int = 200
-    """evaluation prompts"""
+    """evaluation prompts (range: >= 1)"""
     eval_kl: bool = False
     """also log `eval/kl`, KL(pi || pi_ref) of one response sampled at temperature 1 per evaluation prompt (the same
     estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     per_device_eval_batch_size: int = 32
-    """prompts per device at evaluation"""
+    """prompts per device at evaluation (range: >= 1)"""
+
+
+# ---- the ranges of the numeric flags (`(range: ...)` in a field's docstring), checked by `runs.check_args` ----
+
+RANGE = re.compile(r"\(range: (.+?)\)(?!\))")
+
+
+@functools.cache
+def field_ranges(cls: type) -> dict[str, tuple[str, str]]:
+    """Field name -> (range, note) of a dataclass and its bases, read from the docstrings in their source (as tyro
+    reads `--help`); the most derived class that gives a field a range wins."""
+    ranges: dict[str, tuple[str, str]] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError):  # no source (an interactive class): only its bases' ranges
+            continue
+        for stmt, doc in zip(body, body[1:]):
+            text = doc.value.value if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) else None
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(text, str):
+                if match := RANGE.search(text):
+                    spec, _, note = match.group(1).partition(";")
+                    ranges[stmt.target.id] = (spec.strip(), note.strip())
+    return ranges
+
+
+def in_range(value: float, spec: str) -> tuple[bool, str]:
+    """Whether `value` is in `spec` (`> 0`, `>= 1`, `< 1`, `[0, 1]`, `[0, 0.5)`, ...), and the range in words."""
+    if m := re.fullmatch(r"(>=|>|<=|<)\s*(\S+)", spec):
+        op, bound = m.group(1), float(m.group(2))
+        ok = {">": value > bound, ">=": value >= bound, "<": value < bound, "<=": value <= bound}[op]
+        words = {">": "above", ">=": "at least", "<": "below", "<=": "at most"}[op]
+        return ok, f"{words} {m.group(2)}"
+    m = re.fullmatch(r"([\[(])\s*([^,]+?)\s*,\s*([^,]+?)\s*([\])])", spec)
+    if m is None:
+        raise ValueError(f"unreadable range {spec!r}")
+    low, high = float(m.group(2)), float(m.group(3))
+    ok = (low <= value if m.group(1) == "[" else low < value) and (value <= high if m.group(4) == "]" else value < high)
+    return ok, f"in {spec}"
+
+
+def check_ranges(args) -> None:
+    """Every numeric field of `args` (its dataclass and the bases) inside its declared range: a one-line error naming
+    the flag, the value and the range. None (a default filled in later) is not checked."""
+    for name, (spec, note) in field_ranges(type(args)).items():
+        value = getattr(args, name, None)
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        ok, words = in_range(value, spec)
+        if not ok:
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(f"error: {flag} is {value}; it must be {words}" + (f" ({note})" if note else ""))
 
 
 # ---- script-specific flag checks, before anything loads (`runs.check_args` checks the shared ones) ----
 
 
 def check_ppo_args(args) -> None:
-    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones): a one-line error."""
-    for flag, value in (("--cliprange", args.cliprange), ("--cliprange-value", args.cliprange_value)):
-        if value <= 0:
-            raise SystemExit(f"error: {flag} is {value}; it must be above 0")
-    for flag, value in (("--gamma", args.gamma), ("--lam", args.lam)):
-        if not 0 <= value <= 1:
-            raise SystemExit(f"error: {flag} is {value}; it must be in [0, 1]")
-    if args.kl_coef < 0:
-        raise SystemExit(
-            f"error: --kl-coef is {args.kl_coef}; a negative coefficient rewards moving away from the reference policy"
-        )
-    if args.adaptive_kl and (args.target_kl <= 0 or args.kl_horizon < 1):
-        raise SystemExit(
-            f"error: --adaptive-kl needs --target-kl above 0 and --kl-horizon of at least 1 (now "
-            f"{args.target_kl} and {args.kl_horizon})"
-        )
+    """PPO's own flags, checked before anything loads (`check_args` checks the shared ones and every field's range): a
+    one-line error."""
     if args.reward_source == "model" and args.reward_model_path is None:
         raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
     if args.prm_path is None and args.prm_refine != "none":
@@ -180,17 +230,7 @@ def check_ppo_args(args) -> None:
 def check_dpo_args(args, sharded_weights: bool) -> None:
     """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares);
     `sharded_weights`: DeepSpeed ZeRO-3, which --async cannot copy into its generator thread."""
-    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation
-    for flag, value in (("--num-eval-examples", args.num_eval_examples), ("--num-eval-pairs", args.num_eval_pairs)):
-        if value < 0:
-            raise SystemExit(f"error: {flag} is {value}; 0 skips that evaluation")
-    if not args.beta > 0:
-        raise SystemExit(f"error: --beta is {args.beta}; the KL strength must be above 0")
-    if not 0 <= args.label_smoothing < 0.5:
-        raise SystemExit(
-            f"error: --label-smoothing is {args.label_smoothing}; the probability that a label is flipped "
-            "must be in [0, 0.5)"
-        )
+    check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation; and the ranges
     if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
         raise SystemExit(
             "error: online DPO with --judge rm labels its pairs with a reward model: pass "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -72,6 +71,12 @@ def load_split(
     if path.is_dir():
         if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
             ds = load_from_disk(str(path))
+            saved = list(ds) if isinstance(ds, DatasetDict) else [str(ds.split or "train")]  # one Dataset: one split
+            if split not in saved:  # one Dataset served as every split would evaluate a run on its training rows
+                raise SystemExit(
+                    f"error: no split '{split}' in the save_to_disk folder {path} ({flag}): it holds {saved}; save a "
+                    f"DatasetDict with a '{split}' split (or name a split it holds, e.g. to evaluate on training rows)"
+                )
             return ds[split] if isinstance(ds, DatasetDict) else ds
         files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
         if not files:
@@ -187,7 +192,7 @@ def load_checked_tokenizer(name_or_path: str, args, flag: str = "--sft-model-pat
     return ensure_pad_token(tok, args.add_pad_token, name_or_path)
 
 
-def load_causal_lm(args, tokenizer):
+def load_causal_lm(args, tokenizer, flag: str = "--model-name-or-path"):
     """The causal LM at `--model-name-or-path` in `--dtype`, its embedding grown for an added `[PAD]`, the pad token
     set in its configs. Dropout is as the checkpoint has it: the scripts turn it off (`disable_dropout`)."""
     local = os.path.isdir(args.model_name_or_path)
@@ -198,6 +203,9 @@ def load_causal_lm(args, tokenizer):
         local_files_only=local,
         dtype=getattr(torch, args.dtype),
     )
+    check_causal_lm(model, args.model_name_or_path, flag, "policy" if flag == "--model-name-or-path" else "teacher")
+    if flag == "--model-name-or-path":  # a teacher scores the policy's tokens: `load_teacher` checks its embedding
+        check_tokenizer_fits(tokenizer, model.config, args.model_name_or_path, flag)
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))  # the added [PAD] needs an embedding row
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -257,8 +265,33 @@ def load_scorer(path: str, args, flag: str, reward_type: str, tokenizer):
     return model.eval().requires_grad_(False)
 
 
-def check_pad_token_in_embedding(tokenizer, model, path: str) -> None:
-    """Padding goes through the embedding, so the pad token needs a row of it: a one-line error otherwise."""
+def check_causal_lm(model, path: str, flag: str, what: str) -> None:
+    """A folder saved as a sequence classifier (a reward or value model) loads as a causal LM with a random LM head
+    (transformers only warns): a one-line error naming `flag` instead."""
+    archs = model.config.architectures or []
+    if archs and all(a.endswith("ForSequenceClassification") for a in archs):
+        raise SystemExit(
+            f"error: {flag} {path} is a {archs[0]} (a reward model), not a causal LM: the {what} would get a random "
+            "LM head; give an SFT model"
+        )
+
+
+def check_tokenizer_fits(tokenizer, config, path: str, flag: str) -> None:
+    """A tokenizer with more tokens than the model's embedding has rows is another model's: a one-line error, instead
+    of an embedding grown with random rows for its ids. The one token allowed past the embedding is the `[PAD]` that
+    `ensure_pad_token` added (the SFT stage grows the embedding for it)."""
+    vocab = config.get_text_config().vocab_size
+    if len(tokenizer) > vocab and (len(tokenizer) > vocab + 1 or tokenizer.pad_token_id != vocab):
+        raise SystemExit(
+            f"error: the tokenizer of {flag} {path} has {len(tokenizer)} tokens, more than the {vocab} rows of the "
+            "model's embedding: it is not the model's own tokenizer; give the tokenizer the model was trained with"
+        )
+
+
+def check_pad_token_in_embedding(tokenizer, model, path: str, flag: str = "--sft-model-path") -> None:
+    """Padding goes through the embedding, so the pad token needs a row of it, and the tokenizer must be the model's
+    (`check_tokenizer_fits`): a one-line error otherwise."""
+    check_tokenizer_fits(tokenizer, model.config, path, flag)
     if tokenizer.pad_token_id >= model.config.vocab_size:
         raise SystemExit(
             f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
@@ -287,6 +320,8 @@ def load_pretrained(cls, path: str, args, what: str, flag: str, trained_head: bo
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
         reason = " ".join(str(e).split())[:200]
         raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
+    if cls is AutoModelForCausalLM:
+        check_causal_lm(model, path, flag, what)
     if trained_head:
         model, info = model
         if any(k.split(".")[0] == "score" for k in info["missing_keys"]):
@@ -320,23 +355,18 @@ def load_tokenizer(path: str, flag: str, trust_remote_code: bool, add_pad_token:
 def load_reward_model(args, tokenizer):
     """The frozen outcome reward model of `--reward-model-path` (saved by reward_model.py: a sequence classifier with
     one label), checked before training: a process reward model, or one whose tokenizer gives the policy's tokens
-    other ids (it scores the policy's token ids), is a one-line error. A checkpoint without a trained score head (a
-    causal LM) loads with a random head: a warning. Its dropout is the caller's to turn off."""
+    other ids (it scores the policy's token ids), is a one-line error, and so is a checkpoint without a trained score
+    head (a causal LM: it would score with a random head), as in ppo_rlhf.py. Its dropout is the caller's to turn
+    off."""
     path, flag = args.reward_model_path, "--reward-model-path"
     if path is None:
         raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
-    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, num_labels=1)
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, "reward model", flag, True, num_labels=1)
     kind = getattr(model.config, "reward_type", "outcome")
     if kind != "outcome":
         raise SystemExit(
             f"error: {flag} {path} is a {kind} reward model (config.reward_type); this script scores "
             "whole responses: give an outcome reward model (reward_model.py --objective outcome)"
-        )
-    if not any(a.endswith("ForSequenceClassification") for a in model.config.architectures or []):
-        print(
-            f"warning: {flag} {path} is a {(model.config.architectures or ['?'])[0]}, not a reward model: its score "
-            "head is untrained, so the rewards are noise",
-            file=sys.stderr,
         )
     check_same_token_ids(tokenizer, path, flag)
     return model.eval().requires_grad_(False)
@@ -358,7 +388,9 @@ def check_finite_weights(model, run, flag: str, path: str) -> None:
 
 def check_policy_fits(policy, tokenizer, flag: str, path: str, response_length: int) -> int | None:
     """The policy's positions (None when its config does not say), after two one-line checks: the pad token, which
-    left-pads the prompts, has an embedding row, and `--response-length` leaves room for a prompt."""
+    left-pads the prompts, has an embedding row (and the tokenizer is the model's), and `--response-length` leaves room
+    for a prompt."""
+    check_tokenizer_fits(tokenizer, policy.config, path, flag)
     if tokenizer.pad_token_id >= policy.config.vocab_size:
         raise SystemExit(
             f"error: the pad token id {tokenizer.pad_token_id} is past the embedding of "
@@ -488,7 +520,7 @@ def load_teacher(args, tokenizer):
     if not os.path.isdir(args.teacher_model_path):
         require_hub(args.teacher_model_path, "model", "--teacher-model-path")
     teacher_args = dataclasses.replace(args, model_name_or_path=args.teacher_model_path, revision=None)
-    teacher = load_causal_lm(teacher_args, tokenizer).eval().requires_grad_(False)
+    teacher = load_causal_lm(teacher_args, tokenizer, "--teacher-model-path").eval().requires_grad_(False)
     if teacher.get_input_embeddings().num_embeddings < len(tokenizer):
         raise SystemExit(
             f"error: --teacher-model-path {args.teacher_model_path} has "

@@ -353,7 +353,10 @@ def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
 
 def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
-    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below)."""
+    least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below); then every
+    field's declared range (`args.check_ranges`)."""
+    from clean_rlhf_utils.args import check_ranges  # args.py imports this module
+
     for f in dataclasses.fields(args):
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
         if isinstance(value, float) and not math.isfinite(value):
@@ -381,22 +384,24 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         )
     if not getattr(args, "lora_alpha", 1.0) > 0:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
+    if getattr(args, "dtype", None) == "float16" and not torch.cuda.is_available():  # CPU float16 training diverges
+        raise SystemExit("error: --dtype float16 needs a GPU; on CPU use float32 (or bfloat16)")
+    check_ranges(args)
 
 
 def start_run(
     args, presets: dict, sync_with_dataloader: bool = True, zero_means_none: tuple[str, ...] = (), check=None
 ) -> tuple[Accelerator, Run]:
-    """The start of every run, before anything loads: the accelerator (`make_accelerator`), one BLAS pool per process on
-    CPU (or the processes fight over the cores), the default run name `{exp_name}__{seed}`, the argument checks
-    (`check_args`, then the script's own `check(args)`, if given) and the `Run`, which refuses a used run directory
-    now."""
-    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader)
-    if accelerator.device.type == "cpu":
-        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
+    """The start of every run, before anything loads: the default run name `{exp_name}__{seed}`, the argument checks
+    (`check_args`, then the script's own `check(args)`, if given), the accelerator (`make_accelerator`), one BLAS pool
+    per process on CPU (or the processes fight over the cores) and the `Run`, which refuses a used run directory now."""
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
     check_args(args, zero_means_none)
     if check is not None:
         check(args)
+    accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader)
+    if accelerator.device.type == "cpu":
+        torch.set_num_threads(args.num_threads or cpu_threads(accelerator.num_processes))
     return accelerator, Run(args, accelerator, presets)
 
 

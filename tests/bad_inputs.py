@@ -16,6 +16,8 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 
@@ -186,6 +188,31 @@ def rows_edited(edit_row: Callable[[dict], dict]) -> Callable[[str], str]:
     return edit
 
 
+POLICY = {s: ("--model-name-or-path" if s in ("sft", "grpo_math") else "--sft-model-path") for s in SCRIPTS}
+MODEL = {s: ("tiny-neox" if s in ("sft", "reward_model", "dpo") else "tiny-llama") for s in SCRIPTS}
+
+
+def foreign_tokenizer(script: str, w: World) -> list[str]:
+    """The script's model with a tokenizer of 300 more tokens than its embedding has rows (another model's)."""
+    from transformers import AutoTokenizer
+
+    src, dst = w.assets / "models" / MODEL[script], w.tmp / "foreign"
+    shutil.copytree(src, dst)
+    tok = AutoTokenizer.from_pretrained(src)
+    tok.add_tokens([f"word{i}" for i in range(300)])
+    tok.save_pretrained(dst)
+    return [POLICY[script], str(dst)]
+
+
+def one_dataset(script: str, w: World) -> list[str]:
+    """The script's training rows as one `save_to_disk` Dataset (not a DatasetDict): no evaluation split of its own."""
+    from datasets import load_dataset
+
+    flag, rel = TRAIN_DATA[script]
+    load_dataset("json", data_files=str(w.assets / rel / "train.jsonl"), split="train").save_to_disk(w.tmp / "one")
+    return [flag, str(w.tmp / "one")]
+
+
 def has_flag(script: str, flag: str) -> bool:
     import dataclasses
 
@@ -238,6 +265,83 @@ CASES = [
         scripts_with("--temperature"),
     ),
     BadInput("save-every-negative", "--save-every -1", "--save-every", lambda s, w: ["--save-every", "-1"]),
+    # ---- the declared ranges of the numeric flags (`(range: ...)` in the docstrings, clean_rlhf_utils/args.py) ----
+    BadInput(
+        "max-grad-norm-negative",
+        "`--max-grad-norm -1` (was: gradient ascent)",
+        "--max-grad-norm is -1.0; it must be above 0",
+        lambda s, w: ["--max-grad-norm", "-1"],
+    ),
+    BadInput(
+        "max-grad-norm-0",
+        "`--max-grad-norm 0` (was: no learning)",
+        "--max-grad-norm is 0.0; it must be above 0",
+        lambda s, w: ["--max-grad-norm", "0"],
+    ),
+    BadInput(
+        "adam-eps-negative",
+        "a negative `--adam-eps` (was: a traceback)",
+        "--adam-eps is -1.0",
+        lambda s, w: ["--adam-eps", "-1"],
+    ),
+    BadInput(
+        "weight-decay-negative",
+        "a negative `--weight-decay` (was: a traceback)",
+        "--weight-decay is -0.1",
+        lambda s, w: ["--weight-decay", "-0.1"],
+        scripts_with("--weight-decay"),
+    ),
+    BadInput("seed-negative", "`--seed -1` (was: a traceback)", "--seed is -1", lambda s, w: ["--seed", "-1"]),
+    BadInput(
+        "seed-huge",
+        "`--seed 2**70` (was: a traceback)",
+        f"--seed is {2**70}; it must be in [0, 2147483647]",
+        lambda s, w: ["--seed", str(2**70)],
+    ),
+    # ---- the kind of each model a run loads ----
+    BadInput(
+        "policy-is-reward-model",
+        "a reward model (sequence classifier) as the policy (was: trained with a random LM head)",
+        "is a GPTNeoXForSequenceClassification (a reward model), not a causal LM",
+        lambda s, w: [POLICY[s], str(w.rm)],
+        [s for s in SCRIPTS if s != "reward_model"],  # reward_model.py may start from a reward model
+    ),
+    BadInput(
+        "rm-is-causal-lm",
+        "a causal LM as the reward model (was: a warning, then rewards from a random head)",
+        "is not a reward model: it is a",
+        lambda s, w: [
+            *(["--reward-source", "model"] if s != "dpo" else []),
+            "--reward-model-path",
+            str(w.assets / "models" / MODEL[s]),
+        ],
+        ["rloo", "remax", "dpo"],  # ppo_rlhf.py: its own `reward-model-is-causal-lm`
+    ),
+    BadInput(
+        "foreign-tokenizer",
+        "a tokenizer larger than the model's embedding (was: the embedding grown with random rows)",
+        "is not the model's own tokenizer",
+        foreign_tokenizer,
+    ),
+    BadInput(
+        "one-saved-dataset",
+        "one `save_to_disk` Dataset as the data (was: evaluated on its own training rows)",
+        "no split '",
+        one_dataset,
+    ),
+    BadInput(
+        "float16-on-cpu",
+        "`--dtype float16` without a GPU (was: a diverging run)",
+        "--dtype float16 needs a GPU",
+        lambda s, w: ["--dtype", "float16"],
+        [] if torch.cuda.is_available() else list(SCRIPTS),  # a GPU runs float16
+    ),
+    BadInput(
+        "num-threads-negative",
+        "`--num-threads -1` (was: a traceback)",
+        "--num-threads is -1",
+        lambda s, w: ["--num-threads", "-1"],
+    ),
     BadInput(
         "resume-and-overwrite",
         "--resume with --overwrite",
@@ -371,14 +475,14 @@ def write_docs(out: Path = REPO / "docs" / "bad_inputs.md") -> None:
     out.write_text("\n".join(text))
 
 
-def make_reward_model(assets: Path, out: Path) -> Path:
-    """A reward model in reward_model.py's format (random head) on the tiny tokenizer."""
+def make_reward_model(assets: Path, out: Path, model: str = "tiny-neox") -> Path:
+    """A reward model in reward_model.py's format (random head) on the tiny tokenizer, from the tiny `model`."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    rm = AutoModelForSequenceClassification.from_pretrained(assets / "models" / "tiny-neox", num_labels=1)
+    rm = AutoModelForSequenceClassification.from_pretrained(assets / "models" / model, num_labels=1)
     rm.config.reward_type, rm.config.reward_bias = "outcome", 0.0
     rm.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(assets / "models" / "tiny-neox").save_pretrained(out)
+    AutoTokenizer.from_pretrained(assets / "models" / model).save_pretrained(out)
     return out
 
 

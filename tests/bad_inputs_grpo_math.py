@@ -286,6 +286,28 @@ CASES = [
         lambda s, w: ["--max-sampling-rounds", "0"],
         S,
     ),
+    BadInput(
+        "advantage-eps-negative",
+        "`--advantage-eps -1` (was: right answers got negative advantages)",
+        "--advantage-eps is -1.0; it must be above 0",
+        lambda s, w: ["--advantage-eps", "-1"],
+        S,
+    ),
+    BadInput("beta-negative", "a negative `--beta`", "--beta is -0.04", lambda s, w: ["--beta", "-0.04"], S),
+    BadInput(
+        "epsilon-low-negative",
+        "a negative `--epsilon-low`",
+        "--epsilon-low is -0.2",
+        lambda s, w: ["--epsilon-low", "-0.2"],
+        S,
+    ),
+    BadInput(
+        "overlong-buffer-negative",
+        "a negative `--overlong-buffer`",
+        "--overlong-buffer is -4",
+        lambda s, w: ["--overlong-buffer", "-4"],
+        S,
+    ),
     # ---- tokenizers and reward models ----
     BadInput(
         "pad-is-eos",

@@ -342,6 +342,7 @@ CASES = [
     ),
     BadInput("lam-over-1", "`--lam 1.5`", "--lam is 1.5", lambda s, w: ["--lam", "1.5"], S),
     BadInput("kl-coef-negative", "`--kl-coef -0.05`", "--kl-coef is -0.05", lambda s, w: ["--kl-coef", "-0.05"], S),
+    BadInput("vf-coef-negative", "a negative `--vf-coef`", "--vf-coef is -0.1", lambda s, w: ["--vf-coef", "-0.1"], S),
     BadInput(
         "adaptive-kl-target-0",
         "`--adaptive-kl --target-kl 0` (divides by the target)",

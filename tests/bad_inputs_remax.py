@@ -19,6 +19,9 @@ CASES = [
         ["remax"],
     ),
     BadInput(
+        "kl-coef-negative", "`--kl-coef -0.05`", "--kl-coef is -0.05", lambda s, w: ["--kl-coef", "-0.05"], ["remax"]
+    ),
+    BadInput(
         "reward-clip-negative",
         "a negative `--reward-clip`",
         "--reward-clip is -1.0",

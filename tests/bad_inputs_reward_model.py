@@ -421,4 +421,11 @@ CASES = [
         lambda s, w: ["--use-chat-template", *model_copy(w, "no-template", lambda f: f != "chat_template.jinja")],
         S,
     ),
+    BadInput(
+        "center-rewards-coef-negative",
+        "a negative `--center-rewards-coef` (was: a training loss of -164)",
+        "--center-rewards-coef is -0.01",
+        lambda s, w: ["--center-rewards-coef", "-0.01"],
+        S,
+    ),
 ]

@@ -432,4 +432,7 @@ CASES = [
         ["rloo"],
     ),
     BadInput("cliprange-0", "`--cliprange 0`", "--cliprange is 0.0", lambda s, w: ["--cliprange", "0"], ["rloo"]),
+    BadInput(
+        "kl-coef-negative", "`--kl-coef -0.05`", "--kl-coef is -0.05", lambda s, w: ["--kl-coef", "-0.05"], ["rloo"]
+    ),
 ]

@@ -286,3 +286,20 @@ def test_scripts_keep_their_line_budgets(script):
 @pytest.mark.parametrize("module", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.name)
 def test_package_modules_stay_about_500_lines(module):
     assert len(module.read_text().splitlines()) <= 550, f"clean_rlhf_utils/{module.name}: split it by job"
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_declared_ranges_are_readable_and_every_preset_is_inside_them(script):
+    """Every `(range: ...)` in the docstrings of `Args` and its bases (clean_rlhf_utils/args.py `check_ranges`) parses,
+    the shared flags whose wrong values trained silently or ended in a traceback have one, and every preset holds."""
+    import importlib
+
+    from clean_rlhf_utils.args import check_ranges, field_ranges, in_range
+
+    module = importlib.import_module(script.stem)
+    ranges = field_ranges(module.Args)
+    assert {"max_grad_norm", "adam_eps", "seed", "num_threads", "learning_rate"} <= set(ranges), sorted(ranges)
+    for spec, _ in ranges.values():
+        in_range(0.0, spec)  # raises on an unreadable range
+    for _, args in module.PRESETS.values():
+        check_ranges(args)

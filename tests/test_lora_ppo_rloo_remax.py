@@ -21,6 +21,7 @@ import ppo_rlhf
 import remax
 import rloo
 from clean_rlhf_utils import engines, loading, packing, runs
+from tests.bad_inputs import make_reward_model
 from tests.faults import REPO, assert_same_run, env
 from tests.launch import launch_cmd
 
@@ -39,13 +40,16 @@ SCRIPTS = {
 
 def _flags(assets, out, script: str, name: str, *extra: str) -> list[str]:
     model, batch = str(assets / "models" / SCRIPTS[script][1]), SCRIPTS[script][2]
-    if script != "ppo_rlhf":  # the policy's checkpoint as a (random-headed) reward model, no penalty for responses
-        # without EOS: the responses' scores differ (all -1 on tiny-math: no advantage, nothing would train; PPO's
-        # advantages come from its value model too)
+    if script != "ppo_rlhf":  # the policy's checkpoint with a random score head as the reward model, no penalty for
+        # responses without EOS: the responses' scores differ (all -1 on tiny-math: no advantage, nothing would train;
+        # PPO's advantages come from its value model too)
+        rm = out / f"rm-{SCRIPTS[script][1]}"
+        if not rm.exists():
+            make_reward_model(assets, rm, SCRIPTS[script][1])
         task = [
             "tiny-tldr",
             "--reward-model-path",
-            model,
+            str(rm),
             "--dataset-name-or-path",
             str(assets / "tiny-tldr" / "sft"),
             "--total-episodes",

@@ -20,6 +20,7 @@ import ppo_rlhf
 import remax
 import rloo
 from clean_rlhf_utils import data, generation, loading, packing
+from tests.bad_inputs import make_reward_model
 from tests.launch import launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -267,8 +268,9 @@ def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
 
 
 def test_remax_on_tiny_tldr_with_a_reward_model(assets, tmp_path):
-    # the tiny-neox checkpoint loaded as a sequence classifier stands in for a reward model (fresh score head)
+    # the tiny-neox checkpoint with a fresh score head stands in for a reward model
     neox = str(assets / "models" / "tiny-neox")
+    rm = str(make_reward_model(assets, tmp_path / "rm"))
     cmd = [
         sys.executable,
         str(REPO / "remax.py"),
@@ -276,7 +278,7 @@ def test_remax_on_tiny_tldr_with_a_reward_model(assets, tmp_path):
         "--sft-model-path",
         neox,
         "--reward-model-path",
-        neox,
+        rm,
         "--dataset-name-or-path",
         str(assets / "tiny-tldr" / "sft"),
         "--output-dir",

@@ -299,11 +299,6 @@ def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) ->
             and not any(matches(o, stage.run_name) for o in also_zero3)
         ):
             out[e] = "the suite does not launch this stage with ZeRO-3"
-        elif e == "fsdp" and not cuda_available():
-            out[e] = (
-                "FSDP needs a GPU here: accelerate's FullyShardedDataParallelPlugin stops without one ('There are "
-                "currently no available devices found'); the suites launch no FSDP stage"
-            )
         else:
             out[e] = None
     return out
@@ -312,12 +307,6 @@ def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) ->
 def matches(pattern: str, run_name: str) -> bool:
     """`--only` entries: a part of the run name, or with a leading ^ its start (^grpo_gsm8k, not dr-grpo_gsm8k)."""
     return run_name.startswith(pattern[1:]) if pattern.startswith("^") else pattern in run_name
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def env_for(engine: str) -> dict:
@@ -416,7 +405,7 @@ def table(result: dict[tuple[str, str], str], engines: list[str]) -> str:
         cells = []
         for e in engines:
             r = result.get((name, e), "")
-            cells.append(("n/a (no GPU)" if "FSDP" in r else "-") if r.startswith("not run") else r.replace("|", "/"))
+            cells.append("-" if r.startswith("not run") else r.replace("|", "/"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

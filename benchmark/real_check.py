@@ -14,8 +14,9 @@ script, preset and accelerate config -- with only the model paths, dataset paths
 
 Engines (cells of the table): `single` (`python script.py`), `ddp` (multi_gpu.yaml, 2 processes, gloo on CPU), `zero2`
 and `zero3` (deepspeed_zero2/3.yaml, 2 processes; DeepSpeed's CPU accelerator with `DS_ACCELERATOR=cpu` on a machine
-without GPU), `fsdp` (fsdp.yaml). `zero3` runs the stages the suites launch with ZeRO-3. Each engine runs the suite's
-chain in order (SFT -> reward model -> RL), each stage reading the models its predecessors wrote under that engine.
+without GPU), `fsdp` (fsdp.yaml: FSDP2, 2 processes; over gloo without GPU). `zero3` runs the stages the suites
+launch with ZeRO-3. Each engine runs the suite's chain in order (SFT -> reward model -> RL), each stage reading the
+models its predecessors wrote under that engine.
 
     python -m benchmark.real_check                        # every stage x engine; table in runs/real_check/real_check.md
     python -m benchmark.real_check --only tldr-pythia-1b --engines single zero2

@@ -29,12 +29,13 @@ save_model(model, tokenizer, accelerator, out / "model")
 trained = {
     k: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone().contiguous() for k, p in params.items()
 }
+counted = global_count(1, accelerator)  # `reduce` sums over both processes (a collective: every rank calls it)
 if accelerator.is_main_process:
     save_file(trained, out / "trained.safetensors")
     info = {
         "distributed_type": str(accelerator.distributed_type),
         "processes": accelerator.num_processes,
-        "processes_counted": global_count(1, accelerator),  # `reduce` sums over both processes
+        "processes_counted": counted,
         "sharded": sharded(accelerator),
         "shards": shards,
     }

@@ -100,8 +100,8 @@ from clean_rlhf_utils.engines import (
     peak_mem_gb,
     prepare_frozen,
     seed_per_process,
+    sharded,
     split_cpu_threads,
-    zero3,
 )
 from clean_rlhf_utils.evaluation import evaluate_dpo
 from clean_rlhf_utils.generation import done_future, sampled_pairs_from_json
@@ -599,7 +599,7 @@ def main(args: Args) -> dict:
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     online, asynchronous = args.mode == "online", args.mode == "online" and args.async_generation
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
-    synced = zero3(accelerator)  # every forward pass is a collective: `generate` must step until every process is done
+    synced = sharded(accelerator)  # every forward pass a collective: `generate` steps until every process is done
     check_dpo_args(args, synced)
     threads, gen_threads = split_cpu_threads(accelerator, args.num_threads, args.generation_threads, asynchronous)
     run = Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads

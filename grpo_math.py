@@ -792,7 +792,7 @@ def main(args: Args) -> dict:
     run = runs.Run(args, accelerator, PRESETS)  # refuses a used run directory now, before anything loads
     set_seed(args.seed)  # the same stream on every process until `seed_per_process`
     device, G = accelerator.device, args.num_generations
-    synced = engines.zero3(accelerator)  # every forward pass is a collective: all processes make the same forward calls
+    synced = engines.sharded(accelerator)  # every forward pass a collective: all processes make the same forward calls
 
     # models: the policy (trained), the reference (frozen, only when beta > 0), optional reward models, the teacher
     # (distillation); dropout off in every causal LM, so sampling and training see the same model
@@ -1344,7 +1344,7 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
         args.dynamic_sampling = dapo or cispo
     if args.overlong_buffer is None:
         args.overlong_buffer = args.max_completion_length // 5 if dapo or cispo else 0  # DAPO: 4096 of 20480
-    check_grpo_args(args, accelerator is not None and engines.zero3(accelerator))
+    check_grpo_args(args, accelerator is not None and engines.sharded(accelerator))
     mixed_precision = accelerator.mixed_precision if accelerator is not None else "no"
     use_sampler_logprobs = (
         args.sampler_logprobs

@@ -540,14 +540,16 @@ def main(args: Args) -> dict:
         ref_policy = engines.LoraReference(accelerator.unwrap_model(model).policy)
     kl_ctl = AdaptiveKLController(args.kl_coef, args.target_kl, args.kl_horizon) if args.adaptive_kl else None
     unwrapped = accelerator.unwrap_model(model)
-    packing.check_one_row_packing(unwrapped.policy)
+    with engines.full_weights(model, accelerator):  # FSDP: the policy runs apart from the wrapper's forward
+        packing.check_one_row_packing(unwrapped.policy)
     # greedy responses to the evaluation prompts, judged with this script's truncation, reward model and math reward
     score = functools.partial(reward_model_scores, reward_model, pad_id=pad_id) if reward_model is not None else None
     judged = dict(score=score, reference=ref_policy, correct=success_reward, frozen=(reward_model,))
     where = (unwrapped.policy, tokenizer, eval_rows, args, accelerator)
     evaluate = functools.partial(evaluation.evaluate_responses, *where, truncate_response, **judged)
+    evaluate = engines.full_weights(model, accelerator)(evaluate)  # each call a block of its own
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
-    synced = engines.zero3(accelerator)  # ZeRO-3: every forward pass is a collective: ranks sample in step
+    synced = engines.sharded(accelerator)  # ZeRO-3: every forward pass is a collective: ranks sample in step
     lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
     run.begin()
 
@@ -580,7 +582,7 @@ def main(args: Args) -> dict:
             stop_id = eos_id if args.stop_token == "eos" else -1
             sampler = (unwrapped.policy, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
             error = f"non-finite policy logits while sampling at update {update}: {lower_lr} or check {flag}"
-            with packing.padded_attention(unwrapped.policy):
+            with packing.padded_attention(unwrapped.policy), engines.full_weights(model, accelerator):
                 responses, sampled_logprobs, sampled_entropy = runs.sample_or_stop(
                     run, loop_state(update - 1), error, generation.sample_responses, *sampler, synced=synced
                 )

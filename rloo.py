@@ -439,7 +439,7 @@ def main(args: Args) -> dict:
     use_sampler_logprobs = args.sampler_logprobs  # default: on in float32 without mixed precision (see Args)
     if use_sampler_logprobs is None:
         use_sampler_logprobs = args.dtype == "float32" and accelerator.mixed_precision == "no"
-    synced = engines.zero3(accelerator)  # ZeRO-3: every forward pass is a collective; the ranks sample in step
+    synced = engines.sharded(accelerator)  # ZeRO-3: every forward pass is a collective; the ranks sample in step
     unwrapped = accelerator.unwrap_model(model)
     packing.check_packing(unwrapped)
     # greedy responses to the evaluation prompts, judged with this script's truncation, reward model and math reward

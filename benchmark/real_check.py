@@ -14,10 +14,10 @@ script, preset and accelerate config -- with only the model paths, dataset paths
 
 Engines (cells of the table): `single` (`python script.py`), `ddp` (multi_gpu.yaml, 2 processes, gloo on CPU), `zero2`
 and `zero3` (deepspeed_zero2/3.yaml, 2 processes; DeepSpeed's CPU accelerator with `DS_ACCELERATOR=cpu` on a machine
-without GPU), `fsdp` (fsdp.yaml), `2machines` (multi_gpu.yaml as two machines of one process each: two launchers
-with `--num_machines 2 --machine_rank 0|1 --main_process_ip 127.0.0.1`). `zero3` runs the stages the suites launch
-with ZeRO-3. Each engine runs the suite's chain in order (SFT -> reward model -> RL), each stage reading the models
-its predecessors wrote under that engine.
+without GPU), `fsdp` (fsdp.yaml: FSDP2, 2 processes; over gloo without GPU), `2machines` (multi_gpu.yaml as two
+machines of one process each: two launchers with `--num_machines 2 --machine_rank 0|1 --main_process_ip
+127.0.0.1`). `zero3` runs the stages the suites launch with ZeRO-3. Each engine runs the suite's chain in order
+(SFT -> reward model -> RL), each stage reading the models its predecessors wrote under that engine.
 
     python -m benchmark.real_check                        # every stage x engine; table in runs/real_check/real_check.md
     python -m benchmark.real_check --only tldr-pythia-1b --engines single zero2
@@ -316,11 +316,6 @@ def engines_for(stage: Stage, engines: list[str], also_zero3: list[str] = ()) ->
             and not any(matches(o, stage.run_name) for o in also_zero3)
         ):
             out[e] = "the suite does not launch this stage with ZeRO-3"
-        elif e == "fsdp" and not cuda_available():
-            out[e] = (
-                "FSDP needs a GPU here: accelerate's FullyShardedDataParallelPlugin stops without one ('There are "
-                "currently no available devices found'); the suites launch no FSDP stage"
-            )
         else:
             out[e] = None
     return out
@@ -335,12 +330,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def env_for(engine: str) -> dict:
@@ -446,7 +435,7 @@ def table(result: dict[tuple[str, str], str], engines: list[str]) -> str:
         cells = []
         for e in engines:
             r = result.get((name, e), "")
-            cells.append(("n/a (no GPU)" if "FSDP" in r else "-") if r.startswith("not run") else r.replace("|", "/"))
+            cells.append("-" if r.startswith("not run") else r.replace("|", "/"))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -229,7 +229,7 @@ def check_ppo_args(args) -> None:
 
 def check_dpo_args(args, sharded_weights: bool) -> None:
     """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares);
-    `sharded_weights`: DeepSpeed ZeRO-3, which --async cannot copy into its generator thread."""
+    `sharded_weights`: DeepSpeed ZeRO-3 or FSDP, which --async cannot copy into its generator thread."""
     check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation; and the ranges
     if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
         raise SystemExit(
@@ -238,7 +238,7 @@ def check_dpo_args(args, sharded_weights: bool) -> None:
         )
     if args.mode == "online" and args.async_generation and sharded_weights:
         raise SystemExit(
-            "error: --async copies the policy's weights into a generator thread, but ZeRO-3 shards them "
+            "error: --async copies the policy's weights into a generator thread, but ZeRO-3 and FSDP shard them "
             "across processes; run online DPO under ZeRO-3 without --async (or use DDP or ZeRO-2)"
         )
 
@@ -274,7 +274,8 @@ def check_grpo_setup(accelerator, micro_steps: int, args, positions: int | None)
 
 def check_grpo_args(args, synced: bool) -> None:
     """grpo_math.py's own flags, once `resolve_variant` has filled the variant's defaults: the variants that exclude
-    each other, the group and batch arithmetic, and what --async and --use-vllm cannot run under (`synced`: ZeRO-3)."""
+    each other, the group and batch arithmetic, and what --async and --use-vllm cannot run under (`synced`: ZeRO-3 or
+    FSDP)."""
     if args.loss_type == "cispo" and args.importance_sampling_level == "sequence":
         raise SystemExit(
             "error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
@@ -313,11 +314,11 @@ def check_grpo_args(args, synced: bool) -> None:
             raise SystemExit(f"error: {flag} is {value}; it must be at least {least}")
     if args.async_generation and (synced or args.use_vllm):
         raise SystemExit(
-            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 "
+            "error: --async samples with a copy of the policy in a thread of its own: not under ZeRO-3 or FSDP "
             "(sharded weights) nor with --use-vllm"
         )
     if args.use_vllm and synced:
         raise SystemExit(
-            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 shards across "
+            "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 and FSDP shard across "
             "processes; use DDP or ZeRO-2 with vLLM"
         )

@@ -5,14 +5,21 @@ run on one process or several, with or without an engine, computes the same thin
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import resource
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, gather_object, set_seed
+from accelerate import Accelerator, PartialState
+from accelerate.utils import (
+    DistributedType,
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    gather_object,
+    set_seed,
+)
 
 from clean_rlhf_utils.preferences import collate_preference_pairs
 
@@ -35,6 +42,12 @@ def make_accelerator(gradient_accumulation_steps: int, sync_with_dataloader: boo
         num_steps=gradient_accumulation_steps, sync_with_dataloader=sync_with_dataloader
     )
     handlers = [InitProcessGroupKwargs(backend="gloo")] if gloo and engine else []
+    if gloo and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        # accelerate 1.15 makes the engine FSDP only over a GPU backend: on CPU it leaves DistributedType.NO, and
+        # `prepare`, `reduce` and `gather` then do nothing (two unrelated processes that each train alone). Start the
+        # gloo group and let AcceleratorState take its GPU branch, which sets FSDP: every collective runs on gloo.
+        PartialState(backend="gloo")
+        PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
     return Accelerator(gradient_accumulation_plugin=plugin, cpu=gloo and not engine, kwargs_handlers=handlers)
 
 
@@ -53,6 +66,37 @@ def zero3(accelerator: Accelerator) -> bool:
     (sampling loops and `generate` must keep stepping until every rank is done)."""
     plugin = accelerator.state.deepspeed_plugin
     return plugin is not None and plugin.zero_stage == 3
+
+
+def sharded(accelerator: Accelerator) -> bool:
+    """ZeRO-3 or FSDP: every rank holds a shard of each weight and gathers the rest for each forward pass, so every
+    forward pass is a collective of all ranks: sampling loops and `generate` keep stepping until every rank is done,
+    evaluation shards are padded to one length. (Under FSDP2 the prepared module is the model itself, its layers
+    sharded in place, so a forward pass through it, wherever it is called from, gathers and reshards its weights.)"""
+    return zero3(accelerator) or accelerator.distributed_type == DistributedType.FSDP
+
+
+@contextlib.contextmanager
+def full_weights(model, accelerator: Accelerator):
+    """For forward passes that bypass the prepared model's own forward (sampling with a submodule such as PPO's
+    `policy`, its evaluation), under no_grad. FSDP gathers each unit's weights in that unit's forward, and the root
+    unit's (the weights in no per-layer unit: under PPO's wrapper, the embeddings and heads) only in the root's forward,
+    so here they are gathered for the block (FSDP2: `unshard`, then `reshard`; FSDP1:
+    `summon_full_params(recurse=False)`, as TRL generates, which also makes the root the root before any inner unit
+    runs). The per-layer units still gather their own weights as they run. Elsewhere it does nothing."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        yield
+    elif accelerator.state.fsdp_plugin.fsdp_version == 1:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        with FullyShardedDataParallel.summon_full_params(model, recurse=False, writeback=False):
+            yield
+    else:
+        model.unshard()
+        try:
+            yield
+        finally:
+            model.reshard()
 
 
 def configure_deepspeed(accelerator: Accelerator, micro_batch_size: int | None, max_grad_norm: float) -> None:
@@ -231,7 +275,7 @@ def cache_reference_logprobs(
     the shards are padded to equal size, every forward pass being a collective, and a padded duplicate rewrites a
     value)."""
     out = []
-    with accelerator.split_between_processes(list(range(len(items))), apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(list(range(len(items))), apply_padding=sharded(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             idx = shard[start : start + args.per_device_eval_batch_size]
             batch = {

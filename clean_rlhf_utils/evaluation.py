@@ -15,7 +15,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 
 from clean_rlhf_utils.data import left_pad
-from clean_rlhf_utils.engines import LoraReference, shard_length, zero3
+from clean_rlhf_utils.engines import LoraReference, shard_length, sharded
 from clean_rlhf_utils.judges import (
     extract_boxed_answer,
     extract_gsm8k_answer,
@@ -67,7 +67,7 @@ def evaluate_sft(
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
     records = []
-    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(examples, apply_padding=sharded(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = shard[start : start + args.per_device_eval_batch_size]
             tensors = {k: v.to(accelerator.device) for k, v in collate(batch, tokenizer.pad_token_id).items()}
@@ -81,7 +81,7 @@ def evaluate_sft(
                 do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
-                synced_gpus=zero3(accelerator),
+                synced_gpus=sharded(accelerator),
             )
             responses = truncate(out[:, ids.shape[1] :], tokenizer.eos_token_id, tokenizer.pad_token_id)
             for e, row_loss, r in zip(batch, losses, responses):
@@ -139,7 +139,7 @@ def evaluate_reward_model(
     model.eval()
     unwrapped = accelerator.unwrap_model(model)
     records = []
-    with accelerator.split_between_processes(examples, apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(examples, apply_padding=sharded(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             chunk = shard[start : start + args.per_device_eval_batch_size]
             batch = {k: v.to(accelerator.device) for k, v in collate(chunk).items()}
@@ -195,7 +195,7 @@ def reference_rewards(model, seqs: list[list[int]], args, accelerator: Accelerat
     unwrapped = accelerator.unwrap_model(model)
     unwrapped.eval()
     rewards = []
-    with accelerator.split_between_processes(seqs, apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(seqs, apply_padding=sharded(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             ids, mask, _ = pad(shard[start : start + args.per_device_eval_batch_size])
             r = reward(unwrapped, ids.to(accelerator.device), mask.to(accelerator.device))
@@ -224,7 +224,7 @@ def evaluate_math(
     the shards are padded to equal size (every forward pass is a collective) and the padded duplicates dropped
     after."""
     records = []
-    with accelerator.split_between_processes(rows, apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(rows, apply_padding=sharded(accelerator)) as shard:
         completions = sample([r["prompt_ids"] for r in shard for _ in range(k)], temperature)[0] if shard else []
         for j, row in enumerate(shard):
             outs = completions[j * k : (j + 1) * k]
@@ -287,7 +287,7 @@ def evaluate_dpo_pairs(
     chosen, rejected, ref_chosen, ref_rejected, args)` and `implicit_accuracy(r_chosen, r_rejected)`."""
     policy.eval()
     records = []
-    with accelerator.split_between_processes(items, apply_padding=zero3(accelerator)) as shard:
+    with accelerator.split_between_processes(items, apply_padding=sharded(accelerator)) as shard:
         for start in range(0, len(shard), args.per_device_eval_batch_size):
             batch = {
                 k: v.to(accelerator.device)
@@ -378,7 +378,7 @@ def evaluate_responses(
     records, one per row, with the response's text. `frozen`: the models besides the policy and the reference that
     `score` runs, switched with them to padded attention (`padded_attention`). Under ZeRO-3 the shards are padded to
     equal size (every forward pass is a collective) and the padded duplicates dropped."""
-    pad_id, eos_id, synced = tokenizer.pad_token_id, tokenizer.eos_token_id, zero3(accelerator)
+    pad_id, eos_id, synced = tokenizer.pad_token_id, tokenizer.eos_token_id, sharded(accelerator)
     with_kl = args.eval_kl and reference is not None
     # (LoRA) the reference is the policy itself with its adapters disabled, whose attention is switched with it
     ref_model = (reference.policy[0] if isinstance(reference, LoraReference) else reference) if with_kl else None

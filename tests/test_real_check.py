@@ -1,6 +1,7 @@
 """The real-shape check (benchmark/real_check.py): every stage of `benchmark.run tldr` and `benchmark.run math`, as the
 suite launches it, on small random-weight models of the real architectures and the real tokenizers and data, under one
-process, two DDP processes and DeepSpeed ZeRO-2 and ZeRO-3 (two processes each; DeepSpeed's CPU accelerator here)."""
+process, two DDP processes, DeepSpeed ZeRO-2 and ZeRO-3 (two processes each; DeepSpeed's CPU accelerator here) and FSDP2
+(two processes over gloo)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(ASSETS is None or not ASSETS.is_dir(), reason="no real assets (CLEAN_RLHF_REAL_ASSETS)"),
 ]
 # the engines in the order they must run: ZeRO-3 stages read the SFT and reward models that ZeRO-2 trained
-ENGINES = ["single", "ddp", "zero2", "zero3", "2machines"]
+ENGINES = ["single", "ddp", "zero2", "zero3", "fsdp", "2machines"]
 # Within the time of CI (docs/tests.md), every script runs on the real tokenizers and data, and every engine
 # the suites launch runs: one process (SFT, reward model, RLOO, ReMax on TL;DR 1B; PPO on GSM8K; Dr. GRPO on MATH),
 # two DDP processes (SFT and reward model, as the suites launch them), ZeRO-2 (SFT, reward model, PPO and DPO of the 1B
@@ -36,12 +37,15 @@ ONLY = {
     "ddp": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b"],
     "zero2": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b", "^ppo_tldr-pythia-1b", "^dpo_tldr-pythia-1b", "^grpo_gsm8k"],
     "zero3": ["^ppo_tldr-pythia-1b", "^dpo_tldr-pythia-1b"],
-    # two machines of one process each (issue 41 item 12): one stage per script family on the real shapes
-    "2machines": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b", "^rloo_tldr-pythia-1b", "^dpo_tldr-pythia-1b"]
-    + ["^grpo_gsm8k"],
+    # FSDP2 (fsdp.yaml; no suite launches it): SFT -> reward model -> PPO of the 1B track (PPO samples with a submodule
+    # of its prepared wrapper, `engines.full_weights`)
+    "fsdp": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b", "^ppo_tldr-pythia-1b"],
+    # two machines of one process each (issue 41 item 12): SFT, reward model and DPO here, RLOO and GRPO on the tiny
+    # world in tests/test_two_machines.py (which also compares the numbers with one machine's): one per script family
+    "2machines": ["^sft_tldr-pythia-1b", "^rm_tldr-pythia-1b", "^dpo_tldr-pythia-1b"],
 }
-MIN_OK = {"single": 6, "ddp": 2, "zero2": 5, "zero3": 2, "2machines": 5}
-MIN_OK_FULL = {"single": 13, "ddp": 2, "zero2": 15, "zero3": 6, "2machines": 15}
+MIN_OK = {"single": 6, "ddp": 2, "zero2": 5, "zero3": 2, "fsdp": 3, "2machines": 3}
+MIN_OK_FULL = {"single": 13, "ddp": 2, "zero2": 15, "zero3": 6, "fsdp": 25, "2machines": 15}
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +92,42 @@ def test_a_zero3_model_reloads_equal_to_its_trained_weights(tmp_path):
     info = json.loads((tmp_path / "result.json").read_text())
     assert info["zero_stage"] == 3 and info["processes"] == 2
     assert info["partitioned"] > 0  # the trained module held only shards of its weights: the save had to gather them
+    trained = load_file(tmp_path / "trained.safetensors")
+    reloaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "model").named_parameters())
+    initial = dict(AutoModelForCausalLM.from_pretrained(model).named_parameters())
+    assert set(trained) == set(reloaded)
+    for k, v in trained.items():
+        assert torch.equal(reloaded[k].to(v.dtype), v), k
+    assert any(not torch.equal(initial[k].to(v.dtype), v) for k, v in trained.items())
+
+
+def test_fsdp_shards_the_model_and_its_save_reloads_equal_to_the_trained_weights(tmp_path):
+    """Under fsdp.yaml on CPU the engine is FSDP2 over both processes (accelerate alone would leave it at
+    DistributedType.NO: two unrelated processes that each train alone, and still exit 0), and `save_model` gathers
+    the shards into the trained weights."""
+    model = build_model(tmp_path / "pythia", PYTHIA, str(ASSETS / "tokenizers" / "pythia"))
+    cmd = [
+        "accelerate",
+        "launch",
+        "--config_file",
+        "benchmark/accelerate_configs/fsdp.yaml",
+        "--num_processes",
+        "2",
+        "tests/fsdp_save_check.py",
+        str(model),
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**env_for("fsdp"), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    info = json.loads((tmp_path / "result.json").read_text())
+    assert info["distributed_type"] == "DistributedType.FSDP" and info["processes"] == 2, info
+    assert info["processes_counted"] == 2 and info["sharded"], info  # collectives reach both processes
+    assert info["shards"] > 0, info  # each rank held only shards of the weights: the save had to gather them
     trained = load_file(tmp_path / "trained.safetensors")
     reloaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "model").named_parameters())
     initial = dict(AutoModelForCausalLM.from_pretrained(model).named_parameters())

@@ -1,4 +1,4 @@
-"""Beyond one machine (issue 41 item 12): each script family launched as two machines of one process each, the way a
+"""Beyond one machine (issue 41 item 12): the sampling loops launched as two machines of one process each, the way a
 two-node job starts (`accelerate launch --num_machines 2 --machine_rank 0|1 --main_process_ip <node 0>`, one launcher
 per node, docs/gpus.md), simulated on this host with two launchers and gloo.
 

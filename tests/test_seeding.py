@@ -29,6 +29,7 @@ sampled = torch.multinomial(probs.expand(16, 4), 1).squeeze(1).tolist()  # 16 co
 everyone = gather_object([{"shared": shared, "sampled": sampled}])
 if accelerator.is_main_process:
     open(sys.argv[1], "w").write(json.dumps(everyone))
+accelerator.end_training()  # the gloo group closed before exit: without it a rank aborted at exit now and then
 """
 
 

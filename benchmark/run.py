@@ -484,17 +484,23 @@ QUICK_STAGES = [
 # ceiling, so the first figure a newcomer opens would separate nothing; against tiny-tldr-noisy's imperfect reward
 # model, gold reward against KL does: RLOO and offline DPO gain gold reward at a KL where PPO has none yet, and PPO
 # without a penalty passes the gold optimum and over-optimises the proxy (runs/frontier_tiny-tldr-noisy.png)
-MAIN_FRONTIER_STAGES = ["ppo-kl0", "rloo-kl0.005", "dpo-beta0.1"]
+# (algorithm_track names: `ppo-kl0` alone would also take tiny-math's frontier run of that name)
+MAIN_FRONTIER_STAGES = ["ppo-kl0_tiny-tldr-noisy", "rloo-kl0.005_tiny-tldr-noisy", "dpo-beta0.1_tiny-tldr-noisy"]
 # The learning tests' schedule (tests/test_learning.py): the main job plus one run of tiny-math's frontier, in one queue
-LEARNING_FRONTIER_STAGES = ["grpo-beta0"]
-LONG_FIRST = ["ppo-kl0"]  # the main job's longest run starts as soon as its models exist: no lone run at the end
+LEARNING_FRONTIER_STAGES = ["grpo-beta0_tiny-math-kl"]
+LONG_FIRST = [
+    "ppo-kl0_tiny-tldr-noisy"
+]  # the main job's longest run starts as soon as its models exist: no lone run at the end
 
 
 def models_then_long_runs_first(stages: list[Stage]) -> list[Stage]:
     """SFT and reward models first (what RL needs), then the long runs, then the rest in order."""
     return sorted(
         stages,
-        key=lambda st: (st.script not in ("sft.py", "reward_model.py"), st.run_name.split("_")[0] not in LONG_FIRST),
+        key=lambda st: (
+            st.script not in ("sft.py", "reward_model.py"),
+            st.run_name.rsplit("__", 1)[0] not in LONG_FIRST,
+        ),
     )
 
 

@@ -118,7 +118,12 @@ def test_rerunning_the_suite_skips_finished_runs(suite_dir):
 # The KL frontier's quick version (issue 22): the noisy reward model, PPO without a KL penalty, RLOO and offline DPO on
 # tiny-tldr-noisy (the main job's frontier, issue 43) and one GRPO setting on tiny-math, run by the suite `learning` on
 # the quick suite's SFT models
-FRONTIER_STAGES = ["ppo-kl0", "rloo-kl0.005", "dpo-beta0.1", "grpo-beta0"]
+FRONTIER_STAGES = [
+    "ppo-kl0_tiny-tldr-noisy",
+    "rloo-kl0.005_tiny-tldr-noisy",
+    "dpo-beta0.1_tiny-tldr-noisy",
+    "grpo-beta0_tiny-math-kl",
+]
 assert FRONTIER_STAGES == MAIN_FRONTIER_STAGES + LEARNING_FRONTIER_STAGES
 
 
@@ -154,7 +159,7 @@ def test_quick_frontier_imperfect_proxy_kl_from_zero_and_its_tables(frontier_dir
     # the reward model of 1,000 noisy, length-biased labels is an imperfect proxy of the gold judge
     rm = final_metrics(frontier_dir / "rm_tiny-tldr-noisy__1")
     assert 0.55 < rm["eval/accuracy"] < 0.9, rm
-    names = [f"{s}_tiny-tldr-noisy__1" for s in MAIN_FRONTIER_STAGES] + ["grpo-beta0_tiny-math-kl__1"]
+    names = [f"{s}__1" for s in MAIN_FRONTIER_STAGES + LEARNING_FRONTIER_STAGES]
     for name in names:
         kl0, kl1 = start_and_end(frontier_dir / name, "eval/kl")
         assert kl0 == 0.0 and kl1 > 0.0, (name, kl0, kl1)  # the policy is its reference at step 0, then moves away

@@ -50,8 +50,8 @@ on CPU in float32). The batches drawn so far are replayed from the loader's own 
 the cached reference logprobs are computed again (the same frozen model, batches and precision: the same values).
 Online, a checkpoint holds the batch already sampled for the next step (async: sampled by the weights of the step
 before; a checkpoint waits for it), with its labels and reference logprobs, and the resumed run trains on it, so the
-weights it was sampled by need not be kept. A non-finite loss or gradient norm writes a checkpoint of the step before
-and stops.
+weights it was sampled by need not be kept. A non-finite loss or gradient norm stops the run before the optimizer step,
+keeping the last checkpoint as it was.
 
 `main`, in numbered steps: 1. processes, checks, run directory, seed; 2. models (the policy; the frozen reference and
 reward model; dropout off); 3. data, every row checked; 4. batches, optimizer, offline the cached reference logprobs;
@@ -116,7 +116,7 @@ from clean_rlhf_utils.loading import (
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_token_ids
-from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, stop_dpo_non_finite
+from clean_rlhf_utils.runs import Run, cli, dpo_loop_state
 
 
 @dataclass
@@ -769,19 +769,19 @@ def main(args: Args) -> dict:
                 micro.append({**{k: v.to(device) for k, v in mb.items()}, "valid": data["valid"][sel]})  # 0: a tie
 
         # ---- 6b. DPO update: the mean over the (untied) pairs of the whole batch, all micro-batches and processes ----
-        train_start, running = time.time(), []
+        train_start, running, lower_lr = time.time(), [], f"lower --learning-rate (now {args.learning_rate:g})"
         total = global_count(sum(pair_weights(mb).sum().item() for mb in micro), accelerator)
         share = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
         for mb in micro:
             with accelerator.accumulate(policy):
                 loss_sum, out = micro_batch_loss(policy, ref_policy, mb, args, accelerator.autocast)
                 if not run.all_finite(loss_sum):
-                    stop_dpo_non_finite(run, "DPO loss", step, drawn, metrics, data, pending, args)
+                    run.fail(f"non-finite DPO loss at step {step}: {lower_lr} or check the data")
                 backward_share(accelerator, loss_sum, total)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                     if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                        stop_dpo_non_finite(run, "gradient norm", step, drawn, metrics, data, pending, args)
+                        run.fail(f"non-finite gradient norm at step {step}: {lower_lr} or check the data")
                 optimizer.step()
                 optimizer.zero_grad()
             running.append(micro_batch_statistics(loss_sum, share, out))
@@ -808,7 +808,7 @@ def main(args: Args) -> dict:
                 pending.result()  # the generator thread shares the reward and reference models: let it finish first
             metrics = evaluate_dpo(run, step, models, eval_pairs, eval_rows, args, accelerator, pieces)
         stop = run.stop_requested()
-        if stop or (args.save_every and step % args.save_every == 0 and step < total_steps):
+        if stop or run.checkpoint_due(step, total_steps):
             # async: the next batch, sampled, is part of the state; waiting for it leaves the RNG where the thread does
             ahead = None if pending is None else pending.result()
             state = dpo_loop_state(step, drawn, metrics, ahead, args, accelerator)

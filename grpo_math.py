@@ -898,7 +898,6 @@ def main(args: Args) -> dict:
     )
     for step in progress:
         t_step = time.time()
-        before = (step - 1, episode, drawn, metrics)  # for a checkpoint after a non-finite loss
         # ---- 1. sample G completions per question and score them; DAPO's dynamic sampling keeps only groups with some
         # right and some wrong completions and samples more questions until this process has Q of them (--async: the
         # batch the generator thread sampled with the weights this step's predecessor started from) ----
@@ -963,7 +962,7 @@ def main(args: Args) -> dict:
                         out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp, w)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
                             error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
-                            halt(run, background, grpo_loop_state(*before), error)
+                            halt(run, background, error=error)
                         # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
                         # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens)
                         engines.backward_share(accelerator, out["loss"], accelerator.num_processes)
@@ -973,7 +972,7 @@ def main(args: Args) -> dict:
                 grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)  # DeepSpeed: step clips
                 if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
                     error = f"non-finite gradient norm at step {step}: lower --learning-rate"
-                    halt(run, background, grpo_loop_state(*before), error)
+                    halt(run, background, error=error)
                 sums.add(grad_norm=torch.tensor(float("nan") if grad_norm is None else float(grad_norm)))
                 optimizer.step()
                 optimizer.zero_grad()
@@ -1005,7 +1004,7 @@ def main(args: Args) -> dict:
             run.log_samples([{**{k: r[k] for k in keys}, "correct": r["correct"][0]} for r in records[:4]], step)
         if run.stop_requested():  # a collective: every process, every step
             halt(run, background, grpo_loop_state(step, episode, drawn, metrics))
-        if args.save_every and step % args.save_every == 0 and step < args.total_steps:
+        if run.checkpoint_due(step, args.total_steps):
             if background is not None:
                 background.settle()
             run.checkpoint(grpo_loop_state(step, episode, drawn, metrics))
@@ -1311,11 +1310,12 @@ def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
     return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
 
 
-def halt(run: runs.Run, background: generation.BackgroundSampler | None, state: dict, error: str | None = None) -> None:
-    """`run.stop` (a checkpoint, then exit), once the generator thread (--async) has finished its batch."""
+def halt(run: runs.Run, background, state: dict | None = None, error: str | None = None) -> None:
+    """`run.stop(state)` (a checkpoint, then exit) or `run.fail(error)`, once the generator thread (--async) has
+    finished its batch."""
     if background is not None:
         background.settle()
-    run.stop(state, error)
+    run.fail(error) if error else run.stop(state)
 
 
 def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:

@@ -159,11 +159,14 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do, instead of training bf16 weights directly.
+# They checkpoint ten times a run (`save_every`): TL;DR 1,000,000 episodes / 512 an update = 1,953 updates, GSM8K
+# 29,892 / 256 = 116.
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
             exp_name="ppo_tldr_pythia-1b",
+            save_every=195,
             per_device_batch_size=64,
             num_mini_batches=4,
             gradient_accumulation_steps=4,
@@ -174,6 +177,7 @@ PRESETS = {
         "N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
             exp_name="ppo_tldr_pythia-2.8b",
+            save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
             per_device_batch_size=64,
@@ -186,6 +190,7 @@ PRESETS = {
         "N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
         Args(
             exp_name="ppo_tldr_pythia-6.9b",
+            save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
             per_device_batch_size=64,
@@ -198,6 +203,7 @@ PRESETS = {
         "PPO on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
         Args(
             exp_name="ppo_gsm8k_qwen2.5-0.5b",
+            save_every=12,
             sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
             reward_model_path=None,
             reward_source="math",
@@ -584,15 +590,14 @@ def main(args: Args) -> dict:
             error = f"non-finite policy logits while sampling at update {update}: {lower_lr} or check {flag}"
             with packing.padded_attention(unwrapped.policy), engines.full_weights(model, accelerator):
                 responses, sampled_logprobs, sampled_entropy = runs.sample_or_stop(
-                    run, loop_state(update - 1), error, generation.sample_responses, *sampler, synced=synced
+                    run, error, generation.sample_responses, *sampler, synced=synced
                 )
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
             if run.any_process(bool((sequence_lengths < 0).any())):
-                run.stop(
-                    loop_state(update - 1),
+                run.fail(
                     f"a response sampled at update {update} is empty (its first token is "
-                    f"the pad token {pad_id}): the policy samples PAD; check --sft-model-path",
+                    f"the pad token {pad_id}): the policy samples PAD; check --sft-model-path"
                 )
 
             # ---- 2. logprobs, reference logprobs and values: forward passes on the packed query + truncated
@@ -685,22 +690,17 @@ def main(args: Args) -> dict:
                             separate_backward,
                             pad_id,
                         )
-                        # before the optimizer step, so this micro-batch moves no parameter (the checkpoint holds the
-                        # weights after the minibatches of this update that were finite, and resumes the update)
+                        # before the optimizer step, so this micro-batch moves no parameter
                         runs.stop_unless_finite(
                             run,
                             torch.stack((mb_stats["pg_loss"], mb_stats["vf_loss"])),
-                            loop_state(update - 1),
                             f"non-finite PPO loss at update {update} (policy {mb_stats['pg_loss'].item():g}, value "
                             f"{mb_stats['vf_loss'].item():g}): {lower_lr} or check the rewards",
                         )
                         if accelerator.sync_gradients:
                             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                             runs.stop_unless_finite(  # before the optimizer writes it into the weights
-                                run,
-                                grad_norm,
-                                loop_state(update - 1),
-                                f"non-finite gradient norm at update {update}: {lower_lr}",
+                                run, grad_norm, f"non-finite gradient norm at update {update}: {lower_lr}"
                             )
                         optimizer.step()
                         optimizer.zero_grad()
@@ -736,7 +736,7 @@ def main(args: Args) -> dict:
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update
             run.stop(loop_state(update))
-        if args.save_every and update % args.save_every == 0 and update < num_updates:
+        if run.checkpoint_due(update, num_updates):
             run.checkpoint(loop_state(update))
     progress.close()
 

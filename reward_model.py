@@ -187,11 +187,13 @@ class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
 # query + response pair member (queries at most 512 tokens, responses at most 169 with their EOS; shared/real-assets
 # README); the normalisation's SFT references (at most 512 + 53 = 562 tokens) fit too. The labeller confidence is
 # nested in N+ rows (`extra.confidence`, 1-9 or absent).
+# They checkpoint ten times a run (`save_every`): about 92,850 pairs / 64 a step = 1,450 steps.
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)",
         Args(
             exp_name="rm_tldr_pythia-1b",
+            save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
             add_pad_token=True,
             per_device_train_batch_size=8,
@@ -204,6 +206,7 @@ PRESETS = {
         "N+ reward model, Pythia 2.8B (8 GPUs)",
         Args(
             exp_name="rm_tldr_pythia-2.8b",
+            save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             add_pad_token=True,
             per_device_train_batch_size=4,
@@ -216,6 +219,7 @@ PRESETS = {
         "N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
             exp_name="rm_tldr_pythia-6.9b",
+            save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             add_pad_token=True,
             per_device_train_batch_size=2,
@@ -501,7 +505,6 @@ def main(args: Args) -> dict:
             if step < resumed_at:  # replay the data order up to the checkpoint, without training
                 step += 1
                 continue
-            before = (step, len(losses), n_micro, n_steps)  # for a checkpoint after a non-finite loss
             # the loss is the mean over the pairs (outcome) or labelled steps (process) of the whole step: every
             # micro-batch and process (a process's solutions hold different numbers of steps)
             total = global_count(sum(loss_units(b, args.objective) for b in micro), accelerator)
@@ -511,19 +514,17 @@ def main(args: Args) -> dict:
                 with accelerator.accumulate(model):
                     loss_sum, out = micro_batch_loss(model, batch, args)
                     if not run.all_finite(loss_sum):
-                        run.stop(
-                            loop_state(*before, {"losses": losses, "running": running}, metrics, batch_episodes),
+                        run.fail(
                             f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
-                            f"{args.learning_rate:g}) or check the data",
+                            f"{args.learning_rate:g}) or check the data"
                         )
                     backward_share(accelerator, loss_sum, total)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                            run.stop(
-                                loop_state(*before, {"losses": losses, "running": running}, metrics, batch_episodes),
+                            run.fail(
                                 f"non-finite gradient norm at step {step + 1}: lower --learning-rate (now "
-                                f"{args.learning_rate:g})",
+                                f"{args.learning_rate:g})"
                             )
                     optimizer.step()
                     optimizer.zero_grad()
@@ -554,7 +555,7 @@ def main(args: Args) -> dict:
             stats = {"losses": losses, "running": running}
             if run.stop_requested():
                 run.stop(loop_state(step, len(losses), n_micro, n_steps, stats, metrics, batch_episodes))
-            if args.save_every and step % args.save_every == 0 and step < total_steps:
+            if run.checkpoint_due(step, total_steps):
                 run.checkpoint(loop_state(step, len(losses), n_micro, n_steps, stats, metrics, batch_episodes))
     progress.close()
 

@@ -137,11 +137,13 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do. Lengths: the default limits 512 / 53 fit the N+ TL;DR
 # SFT data (queries at most 512 tokens; longest reference response 53 tokens with its EOS; shared/real-assets README).
+# They checkpoint ten times a run (`save_every`): 116,722 rows / 128 a step = 911 steps.
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ SFT on TL;DR, Pythia 1B (8 GPUs)",
         Args(
             exp_name="sft_tldr_pythia-1b",
+            save_every=90,
             model_name_or_path="EleutherAI/pythia-1b-deduped",
             add_pad_token=True,
             per_device_train_batch_size=16,
@@ -153,6 +155,7 @@ PRESETS = {
         "N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)",
         Args(
             exp_name="sft_tldr_pythia-2.8b",
+            save_every=90,
             model_name_or_path="EleutherAI/pythia-2.8b-deduped",
             add_pad_token=True,
             per_device_train_batch_size=8,
@@ -164,6 +167,7 @@ PRESETS = {
         "N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
             exp_name="sft_tldr_pythia-6.9b",
+            save_every=90,
             model_name_or_path="EleutherAI/pythia-6.9b-deduped",
             add_pad_token=True,
             per_device_train_batch_size=4,
@@ -307,7 +311,6 @@ def main(args: Args) -> dict:
             if step < resumed_at:  # replay the data order up to the checkpoint, without training
                 step += 1
                 continue
-            before = (step, len(running), n_micro, n_steps)  # for a checkpoint after a non-finite loss
             # the loss is the mean over the response tokens of the whole step: every micro-batch and process
             total = global_count(sum(response_tokens(b) for b in micro), accelerator)
             # `accumulate` syncs when its count of micro-batches reaches the accumulation steps: on this step's last
@@ -316,18 +319,12 @@ def main(args: Args) -> dict:
                 with accelerator.accumulate(model):
                     loss_sum = micro_batch_loss(model, batch)
                     if not run.all_finite(loss_sum):
-                        run.stop(
-                            loop_state(*before, running, metrics, batch_episodes),
-                            f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data",
-                        )
+                        run.fail(f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data")
                     backward_share(accelerator, loss_sum, total)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
-                            run.stop(
-                                loop_state(*before, running, metrics, batch_episodes),
-                                f"non-finite gradient norm at step {step + 1}: lower --learning-rate",
-                            )
+                            run.fail(f"non-finite gradient norm at step {step + 1}: lower --learning-rate")
                     optimizer.step()
                     optimizer.zero_grad()
                 running.append(loss_sum.detach() / max(total, 1.0))  # summed over micro-batches and processes: the mean
@@ -355,7 +352,7 @@ def main(args: Args) -> dict:
                 t_last = time.time()
             if run.stop_requested():
                 run.stop(loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
-            if args.save_every and step % args.save_every == 0 and step < total_steps:
+            if run.checkpoint_due(step, total_steps):
                 run.checkpoint(loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
     progress.close()
 

@@ -63,6 +63,7 @@ from pathlib import Path
 from benchmark.assets import ensure_assets
 from benchmark.compare import provenance_differences, read_run
 from benchmark.status import BLOCKED, DONE, FAILED, RUNNING, SKIPPED, Display, StageStatus, headline, log_tail
+from clean_rlhf_utils import storage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -603,8 +604,8 @@ def decide(runs_dir: Path, run_name: str, args: list[str], rebuilt: list[str] = 
         return "rerun", f"its done.json is from another command, the budget or flags differ: {_difference(was, args)}"
     if (run_dir / "done.json").exists():
         return "rerun", "its done.json is unreadable"
-    if not any((run_dir / name / "state.json").exists() for name in ("checkpoint", "checkpoint.old")):
-        return "rerun", "it did not finish (no done.json) and has no checkpoint to resume"
+    if storage.checkpoint_to_resume(run_dir)[0] is None:
+        return "rerun", "it did not finish (no done.json) and has no complete checkpoint to resume"
     record = _read_json(stage_record(runs_dir, run_name))
     if record is None:
         return "rerun", "it did not finish and there is no record of the command that started it"

@@ -16,6 +16,9 @@ Modules, by job:
   engines   accelerate (DDP, DeepSpeed ZeRO-2/3, FSDP), LoRA, gathered saves, global means over processes
   runs      the run directory, checkpoints and resume, signals, done.json, the argument checks, loop state, batch
             sizes
+  storage   faults of the disk: the output directory checked, directory renames, the checkpoint to resume from,
+            torn rows read past, model directories checked for what a killed save or copy leaves out
+  tracking  provenance.json (the commit, library versions, host) and Weights & Biases (--track)
   ownership  one owner per run directory (its lock), the inputs --overwrite must not delete, the flags --resume
             must not change
   metrics   what a step logs, summed and averaged over the processes

@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 
 from clean_rlhf_utils.datafiles import SAVE_AS_JSONL, check_json_rows
 from clean_rlhf_utils.prompts import prepare_prompts
+from clean_rlhf_utils.storage import check_model_files
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -139,6 +140,7 @@ def load_config(name_or_path: str, args, flag: str = "--sft-model-path"):
     local = os.path.isdir(name_or_path)
     if not local:
         require_hub(name_or_path, "model", flag)
+    check_model_files(name_or_path, flag)  # what a killed save or copy leaves: no config.json, truncated weights
     try:
         return AutoConfig.from_pretrained(
             name_or_path, revision=args.revision, trust_remote_code=args.trust_remote_code, local_files_only=local
@@ -196,6 +198,7 @@ def load_causal_lm(args, tokenizer, flag: str = "--model-name-or-path"):
     """The causal LM at `--model-name-or-path` in `--dtype`, its embedding grown for an added `[PAD]`, the pad token
     set in its configs. Dropout is as the checkpoint has it: the scripts turn it off (`disable_dropout`)."""
     local = os.path.isdir(args.model_name_or_path)
+    check_model_files(args.model_name_or_path, flag)
     model = AutoModelForCausalLM.from_pretrained(
         args.model_name_or_path,
         revision=args.revision,
@@ -244,6 +247,7 @@ def load_scorer(path: str, args, flag: str, reward_type: str, tokenizer):
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
+    check_model_files(path, flag)
     model = AutoModelForSequenceClassification.from_pretrained(
         path,
         trust_remote_code=args.trust_remote_code,
@@ -308,6 +312,7 @@ def load_pretrained(cls, path: str, args, what: str, flag: str, trained_head: bo
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
+    check_model_files(path, flag)
     try:
         model = cls.from_pretrained(
             path,

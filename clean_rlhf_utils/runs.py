@@ -5,15 +5,11 @@ every script shares (docs/faults.md; tests/test_faults*.py). Nothing here change
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import math
 import os
-import platform
-import secrets
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,42 +19,39 @@ import tyro
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
-from clean_rlhf_utils import ownership
+from clean_rlhf_utils import ownership, storage
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
-
-
-def replace_dir(tmp: Path, final: Path) -> None:
-    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
-    the two renames, `final.old`, which `Run` puts back) and never a half-written one."""
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    tmp.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+from clean_rlhf_utils.storage import replace_dir
+from clean_rlhf_utils.tracking import record_provenance, start_wandb
 
 
 class Run:
     """runs/<run_name>/: config.json, metrics.jsonl (every row carries `step`, `episode` and `time`, the seconds since
-    the start, pauses excluded), samples.jsonl, checkpoint/, model/ and done.json (the budget completed); the metrics
-    go to wandb too with `--track`.
+    the start, pauses excluded), samples.jsonl, checkpoint/ (and checkpoint.prev/, the one before), model/ and done.json
+    (the budget completed); the metrics go to wandb too with `--track`.
 
-    The main process locks the directory for the life of the run (`ownership.take_lock`: a second run of the same
-    directory is refused while the first lives). A directory that holds a run is refused unless `--resume` (continue
-    from its checkpoint, with the arguments it was started with) or `--overwrite` (delete it and start over; neither
-    when a path the run reads lies inside it). On resume `state` is the loop's state at the checkpoint, and the rows
-    logged after it (by a run killed before its next checkpoint) are dropped, so the files read as one run. SIGTERM
-    and SIGINT only set a flag: the loop finishes its step, checkpoints and exits (`stop_requested`, `stop`); a second
-    SIGINT stops at once."""
+    The main process checks `--output-dir` and locks the directory for the life of the run (`ownership.take_lock`: a
+    second run of the same directory is refused while the first lives). A directory that holds a run is refused unless
+    `--resume` (continue from its newest complete checkpoint, with the arguments it was started with) or `--overwrite`
+    (delete it and start over; neither when a path the run reads lies inside it). On resume `state` is the loop's state
+    at the checkpoint, and the rows logged after it (by a run killed before its next checkpoint) are dropped, so the
+    files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its step, checkpoints and exits
+    (`stop_requested`, `stop`); a second SIGINT stops at once. A write that fails (a full disk) ends the run in one
+    line naming the checkpoint to resume from."""
 
     def __init__(self, args, accelerator: Accelerator, presets: dict):
         self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
         self.presets = presets  # the script's PRESETS: done.json names the one the command chose
         self.dir = Path(args.output_dir) / args.run_name
-        self.state, self.signal, self.wandb, self.file = None, None, None, None
-        # one owner per directory, for the whole run: the main process takes the lock before it looks at the directory
-        error = ownership.take_lock(self.dir) if self.main else None
+        self.state, self.signal, self.wandb, self.file, self.rows, self.last_step = None, None, None, None, {}, None
+        error = None
+        if self.main:  # where the run writes, checked before anything loads; then one owner for the whole run
+            try:
+                storage.check_output_dir(Path(args.output_dir))
+            except SystemExit as e:
+                error = str(e)
+            error = error or ownership.take_lock(self.dir)
         if accelerator.num_processes > 1:  # every process leaves with the main one's error
             error = broadcast_object_list([error])[0]
         if error:
@@ -73,10 +66,8 @@ class Run:
         """The used-directory check, under the lock: a used directory needs `--resume` (same arguments) or
         `--overwrite`, and neither may write over a path the run reads."""
         args, accelerator = self.args, self.accelerator
-        for name in ("checkpoint", "model"):  # a kill between replace_dir's two renames
-            old = self.dir / f"{name}.old"
-            if self.main and old.exists() and not (self.dir / name).exists():
-                old.rename(self.dir / name)
+        if self.main and (self.dir / "model.old").exists() and not (self.dir / "model").exists():
+            (self.dir / "model.old").rename(self.dir / "model")  # a kill between replace_dir's two renames
         accelerator.wait_for_everyone()
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
@@ -84,13 +75,17 @@ class Run:
                 raise SystemExit(
                     f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
                 )
-            if not (self.dir / "checkpoint" / "state.json").exists():
+            self.resume_from, passed = storage.checkpoint_to_resume(self.dir)
+            if self.resume_from is None:
+                why = f" ({'; '.join(passed)})" if passed else ""
                 raise SystemExit(
-                    f"error: --resume: {self.dir} holds no checkpoint; start the run without --resume "
+                    f"error: --resume: {self.dir} holds no complete checkpoint{why}; start the run without --resume "
                     "(with --overwrite if the directory is in use)"
                 )
+            if passed and self.main:
+                print(f"note: --resume passes over {'; '.join(passed)}: resuming {self.resume_from}", file=sys.stderr)
             ownership.check_resume_args(args, self.dir)
-            self.state = json.loads((self.dir / "checkpoint" / "state.json").read_text())
+            self.state = storage.read_state(self.resume_from)
         elif self.held and not args.overwrite:
             raise SystemExit(
                 f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
@@ -108,14 +103,20 @@ class Run:
             if self.held and not args.resume:
                 shutil.rmtree(self.dir)
             self.dir.mkdir(parents=True, exist_ok=True)
+            if self.state and self.resume_from.name != "checkpoint":  # the newest complete one goes in its place
+                shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)
+                self.resume_from.rename(self.dir / "checkpoint")
             shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
             (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
             record_provenance(self.dir, resumed=self.state is not None)
-            last = self.state["step"] if self.state else -1
             for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
-                path = self.dir / name
-                rows = path.read_text().splitlines(keepends=True) if self.state and path.exists() else []
-                path.write_text("".join(r for r in rows if r.strip() and json.loads(r)["step"] <= last))
+                rows = storage.read_rows(self.dir / name) if self.state else []
+                if self.state and name in self.state.get("rows", {}):  # the rows written when it was checkpointed
+                    rows = rows[: self.state["rows"][name]]
+                else:  # a checkpoint that predates the count: the rows of its step or before
+                    rows = [r for r in rows if json.loads(r)["step"] <= self.state["step"]] if self.state else []
+                (self.dir / name).write_text("".join(rows))
+                self.rows[name] = len(rows)
             self.file = open(self.dir / "metrics.jsonl", "a")
             if args.track:
                 try:
@@ -152,16 +153,38 @@ class Run:
             "time": round(time.time() - self.start, 3),
             **{k: float(v) for k, v in metrics.items()},
         }
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
+        self.write(lambda: (self.file.write(json.dumps(row) + "\n"), self.file.flush()), "metrics.jsonl")
+        self.rows["metrics.jsonl"] += 1
         if self.wandb is not None:
             self.wandb.log(row, step=step)
 
     def log_samples(self, records: list[dict], step: int) -> None:
         if self.main:
-            with open(self.dir / "samples.jsonl", "a") as f:
-                for r in records:
-                    f.write(json.dumps({"step": step, **r}) + "\n")
+
+            def append():
+                with open(self.dir / "samples.jsonl", "a") as f:
+                    f.writelines(json.dumps({"step": step, **r}) + "\n" for r in records)
+
+            self.write(append, "samples.jsonl")
+            self.rows["samples.jsonl"] += len(records)
+
+    def write(self, write, what: str, partial: Path | None = None) -> None:
+        """`write()`, or on a failed write (a full disk, a lost mount) one line naming the checkpoint to resume from;
+        `partial`, what the write left half done, is removed to give the space back."""
+        try:
+            write()
+        except OSError as e:
+            if partial is not None and self.main:
+                shutil.rmtree(partial, ignore_errors=True)
+            raise SystemExit(f"error: writing {self.dir / what} failed ({e.strerror or e}); {self.retry()}") from None
+
+    def retry(self) -> str:
+        """How to go on after a failed write: the newest complete checkpoint and `--resume`, or none."""
+        path, _ = storage.checkpoint_to_resume(self.dir)
+        if path is None:
+            return "no checkpoint was written (--save-every 0): free space, then start over with --overwrite"
+        step = storage.read_state(path)["step"]
+        return f"free space, then continue from {path} (after step {step}) with the same command and --resume"
 
     def any_process(self, flag: bool) -> bool:
         """`flag` or-ed over the processes: a collective, so every process calls it at the same point."""
@@ -179,19 +202,45 @@ class Run:
         finite = all(bool(torch.isfinite(torch.as_tensor(v)).all()) for v in values if v is not None)
         return not self.any_process(not finite)
 
-    def checkpoint(self, state: dict) -> Path:
+    def checkpoint_due(self, step: int, last: int) -> bool:
+        """Every `--save-every` steps, and after the last one (with `--save-model`), so that a final save of model/
+        that fails (a full disk) leaves the finished run resumable: `finish` removes that checkpoint once model/ and
+        done.json are written."""
+        every, self.last_step = self.args.save_every, last
+        return bool(every and step % every == 0) or (step == last and self.args.save_model)
+
+    def checkpoint(self, state: dict) -> Path | None:
         """checkpoint/: accelerate's state (weights, optimizer, scheduler, every process's RNG) and the loop's `state`
-        (step, episode, data position, ...), written to checkpoint.tmp and renamed; every process calls it."""
+        (step, episode, data position, the rows logged so far, ...), written to checkpoint.tmp and renamed; the one
+        it replaces is kept as checkpoint.prev. A failed write (a full disk) ends in one line naming the checkpoint
+        before, except after the last step, where model/ may still fit: then None, and `finish` goes on. Every
+        process calls it."""
         tmp, final = self.dir / "checkpoint.tmp", self.dir / "checkpoint"
         if self.main:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(self.dir / "checkpoint.prev", ignore_errors=True)  # two on disk at most, as before
         self.accelerator.wait_for_everyone()
-        self.accelerator.save_state(str(tmp))
-        self.accelerator.wait_for_everyone()
+        error = None
+        try:
+            self.accelerator.save_state(str(tmp))
+            if self.main:
+                rows, n = dict(self.rows), self.accelerator.num_processes
+                state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
+                storage.write_synced(
+                    tmp / "state.json", json.dumps(state) + "\n"
+                )  # last: marks the checkpoint complete
+        except OSError as e:
+            error = e.strerror or str(e)
+        if self.any_process(error is not None):
+            if self.main:
+                shutil.rmtree(tmp, ignore_errors=True)
+            failed = f"writing the checkpoint after step {state['step']} failed ({error or 'on another process'})"
+            if state["step"] == self.last_step:  # the budget is trained: model/ is what counts, and is smaller
+                self.accelerator.print(f"note: {failed}; writing model/ all the same")
+                return None
+            raise SystemExit(f"error: {failed}; {self.retry()}")
         if self.main:
-            state = {**state, "time": time.time() - self.start, "num_processes": self.accelerator.num_processes}
-            (tmp / "state.json").write_text(json.dumps(state) + "\n")
-            replace_dir(tmp, final)
+            replace_dir(tmp, final, keep_old_as=self.dir / "checkpoint.prev")
         self.accelerator.wait_for_everyone()
         return final
 
@@ -208,30 +257,45 @@ class Run:
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
 
-    def stop(self, state: dict, error: str | None = None) -> None:
-        """Writes a checkpoint and exits with one line: after SIGTERM / SIGINT with the signal's exit code, after a
-        failure (`error`, e.g. a non-finite loss) with `error: ...` and code 1. Every process calls it."""
+    def stop(self, state: dict) -> None:
+        """After SIGTERM / SIGINT: writes a checkpoint and exits with the signal's exit code and one line saying how to
+        continue. Every process calls it."""
         path = self.checkpoint(state)
         self.close()
-        how = f"continue with the same command and --resume (checkpoint: {path})"
-        if error:
-            raise SystemExit(f"error: {error}; the weights at that point are in {path}")
         signum = self.signal or signal.SIGTERM
+        if path is None:  # stopped after the last step, whose checkpoint failed
+            raise SystemExit(f"error: stopped by {signal.Signals(signum).name}; {self.retry()}")
         if self.main:
-            print(f"stopped by {signal.Signals(signum).name} after step {state['step']}: {how}", file=sys.stderr)
+            print(
+                f"stopped by {signal.Signals(signum).name} after step {state['step']}: continue with the same command "
+                f"and --resume (checkpoint: {path})",
+                file=sys.stderr,
+            )
         raise SystemExit(128 + signum)
+
+    def fail(self, error: str) -> None:
+        """A failure of the training itself (`error`: a non-finite loss, gradient norm or logits): one line, exit code 1
+        and no new checkpoint, since the weights may already be wrecked (an update moved them too far); the last
+        checkpoint stays as it was, and the advice is a new run. Every process calls it."""
+        self.close()
+        path, _ = storage.checkpoint_to_resume(self.dir)
+        kept = f"; the last checkpoint, after step {storage.read_state(path)['step']}, stays in {path}" if path else ""
+        raise SystemExit(f"error: {error}, then start over with --overwrite (--resume would repeat the steps){kept}")
 
     def finish(self, model, tokenizer, budget: dict, prefix: str = "") -> None:
         """The end of a run that completed its budget: model/ (with `--save-model`) written to model.tmp and renamed,
         done.json holding the budget (`total_steps`, `total_episodes`), what was trained (`step`, `episode`: the
-        counters of the last row the loop logged) and the command, the checkpoint removed, and where it all went."""
+        counters of the last row the loop logged) and the command, the checkpoints removed, and where it all went. A
+        write that fails leaves the checkpoint of the last step and says how to retry (`--resume` writes model/)."""
         accelerator, args = self.accelerator, self.args
         if args.save_model:
             if self.main:
                 shutil.rmtree(self.dir / "model.tmp", ignore_errors=True)
             accelerator.wait_for_everyone()
             # every process (it gathers shards), in the dtype the model was loaded in: --dtype, whatever the engine
-            save_model(model, tokenizer, accelerator, self.dir / "model.tmp", prefix, getattr(torch, args.dtype))
+            to = self.dir / "model.tmp"
+            dtype = getattr(torch, args.dtype)
+            self.write(lambda: save_model(model, tokenizer, accelerator, to, prefix, dtype), to.name, partial=to)
             if self.main:
                 replace_dir(self.dir / "model.tmp", self.dir / "model")
         if self.main:
@@ -239,9 +303,10 @@ class Run:
             if self.reached:  # what was trained: the counters of the loop's last row, whatever the arguments say
                 budget = {**budget, "step": self.reached[0], "episode": self.reached[1]}
             done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
-            (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n")
+            self.write(lambda: (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n"), "done.json")
             os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
-            shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)  # model/ holds the weights
+            for name in storage.CHECKPOINTS:  # model/ holds the weights
+                shutil.rmtree(self.dir / name, ignore_errors=True)
         self.close()
         accelerator.wait_for_everyone()
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
@@ -250,89 +315,15 @@ class Run:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: the signals act as usual again
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if self.file is not None:
-            self.file.close()
+            try:
+                self.file.close()
+            except OSError:  # its last write failed already (a full disk): that error is the one to report
+                pass
             self.file = None
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
         ownership.release_lock(self.dir)  # the run is over: the directory may have another owner
-
-
-PROVENANCE_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft", "deepspeed", "trl", "vllm", "wandb")
-
-
-def provenance() -> dict:
-    """What produced a run (Open RL Benchmark's point: a curve compares only with runs of the same code, libraries and
-    machine): the git commit of this checkout and whether its tracked files had uncommitted changes (None outside a
-    git checkout), the versions of the libraries a result depends on (those installed), and the host."""
-    repo, git = Path(__file__).resolve().parent.parent, {"commit": None, "dirty": None}
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
-            changes = ["git", "status", "--porcelain", "--untracked-files=no"]
-            status = subprocess.run(changes, cwd=repo, capture_output=True, text=True, timeout=10)
-            git = {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    versions = {}
-    for name in PROVENANCE_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():  # Linux: the model name, which platform does not give
-        models = [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name") and ":" in line
-        ]
-        cpu = models[0] if models else cpu
-    gpus = []
-    if torch.cuda.is_available():
-        gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    host = {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, "python": platform.python_version()}
-    return {"git": git, "versions": versions, "host": host}
-
-
-def record_provenance(run_dir: Path, resumed: bool) -> None:
-    """`provenance.json` of a run: what started it, and what each `--resume` continued it with."""
-    path, now = run_dir / "provenance.json", provenance()
-    record = json.loads(path.read_text()) if resumed and path.exists() else {"started": now, "resumed": []}
-    if resumed:
-        record.setdefault("resumed", []).append(now)
-    path.write_text(json.dumps(record, indent=2) + "\n")
-
-
-def start_wandb(args, run_dir: Path):
-    """(--track) The run mirrored to Weights & Biases: every row of metrics.jsonl under the same names and steps, the
-    arguments as its config. The wandb run id is made here and kept in `wandb_id`, so `--resume` continues the same
-    wandb run (wandb 0.31 dropped the `wandb.util.generate_id` this used). `WANDB_MODE=offline` tracks without network
-    (`wandb sync` uploads later). A failure to start is a one-line error."""
-    try:
-        import wandb
-    except ImportError:
-        raise SystemExit("error: --track needs the wandb package: pip install 'wandb>=0.31,<0.32'") from None
-    id_file = run_dir / "wandb_id"
-    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # 8 characters, as wandb's
-    try:
-        run = wandb.init(
-            project=args.wandb_project,
-            entity=args.wandb_entity,
-            name=args.run_name,
-            id=run_id,
-            resume="allow",
-            config=dataclasses.asdict(args),
-            dir=str(run_dir),
-        )
-    except Exception as e:  # no network, no login, a bad entity: wandb's own message, on one line
-        why = " ".join(str(e).split())[:300] or type(e).__name__
-        raise SystemExit(
-            f"error: --track: wandb did not start ({why}); log in (`wandb login`), set WANDB_MODE=offline to "
-            "track without network, or drop --track"
-        ) from None
-    id_file.write_text(run_id)
-    return run
 
 
 def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
@@ -442,24 +433,11 @@ def dpo_loop_state(step: int, drawn: int, metrics: dict, pending: dict | None, a
     }
 
 
-def stop_dpo_non_finite(run: Run, what: str, step: int, drawn: int, metrics: dict, data, pending, args) -> None:
-    """A non-finite value in dpo.py's step `step`: a checkpoint of the state before it (online: with this step's batch
-    `data`, which the resumed run trains on; `pending`: the async generator's next batch, in flight), and out."""
-    if pending is not None:
-        pending.result()  # the generator thread has drawn and is sampling the next batch: let it finish
-    # not replayed: offline this step's micro-batches; async the next step's prompts, drawn already
-    before = drawn - (int(pending is not None) if args.mode == "online" else args.gradient_accumulation_steps)
-    run.stop(
-        dpo_loop_state(step - 1, before, metrics, data, args, run.accelerator),
-        f"non-finite {what} at step {step}: lower --learning-rate (now {args.learning_rate:g}) or check the data",
-    )
-
-
-def stop_unless_finite(run: Run, value, state: dict, error: str) -> None:
-    """The non-finite guard of a loss or a gradient norm: a checkpoint of `state` and the one-line `error` (`run.stop`)
-    when `value` is not finite on some process. A collective: every process calls it at the same point."""
+def stop_unless_finite(run: Run, value, error: str) -> None:
+    """The non-finite guard of a loss or a gradient norm: the one-line `error` (`run.fail`) when `value` is not finite
+    on some process. A collective: every process calls it at the same point."""
     if not run.all_finite(value):
-        run.stop(state, error)
+        run.fail(error)
 
 
 def non_finite_policy(update: int, args) -> str:
@@ -471,23 +449,21 @@ def non_finite_policy(update: int, args) -> str:
         return f"the logits of --sft-model-path {args.sft_model_path} are not finite (inf or nan); nothing to sample"
     return (
         f"the policy's logits are not finite at update {update} (sampling met inf or nan): update {update - 1} "
-        f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g}) and start over with "
-        "--overwrite"
+        f"moved the weights too far; lower --learning-rate (now {args.learning_rate:g})"
     )
 
 
-def sample_or_stop(run: Run, state: dict, error: str, sample, *args, **kwargs):
+def sample_or_stop(run: Run, error: str, sample, *args, **kwargs):
     """`sample(*args, **kwargs)` (a sampler returning (tokens, logprobs, ...)), or, when the policy's logits are not
     finite on some process (torch.multinomial's "probability tensor contains either inf, nan or element < 0", or
-    non-finite logprobs), a checkpoint of `state` and the one-line `error` (`non_finite_policy`). Every process calls
-    it."""
+    non-finite logprobs), the one-line `error` (`non_finite_policy`, `run.fail`). Every process calls it."""
     sampled = None
     try:
         sampled = sample(*args, **kwargs)
     except RuntimeError as e:
         if "probability tensor" not in str(e):
             raise
-    stop_unless_finite(run, sampled[1] if sampled else torch.tensor(float("nan")), state, error)
+    stop_unless_finite(run, sampled[1] if sampled else torch.tensor(float("nan")), error)
     return sampled
 
 

@@ -204,6 +204,25 @@ def foreign_tokenizer(script: str, w: World) -> list[str]:
     return [POLICY[script], str(dst)]
 
 
+def broken_model(script: str, w: World, how: str) -> list[str]:
+    """The script's model as a killed save or copy leaves it: `truncated`, its model.safetensors cut to half;
+    `no-config`, without config.json."""
+    dst = w.tmp / f"model-{how}"
+    shutil.copytree(w.assets / "models" / MODEL[script], dst)
+    if how == "truncated":
+        weights = dst / "model.safetensors"
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    else:
+        (dst / "config.json").unlink()
+    return [POLICY[script], str(dst)]
+
+
+def a_file(path: Path) -> Path:
+    path.write_text("")
+    return path
+
+
 def one_dataset(script: str, w: World) -> list[str]:
     """The script's training rows as one `save_to_disk` Dataset (not a DatasetDict): no evaluation split of its own."""
     from datasets import load_dataset
@@ -349,7 +368,10 @@ CASES = [
         lambda s, w: ["--resume", "--overwrite"],
     ),
     BadInput(
-        "resume-nothing", "--resume where no run was checkpointed", "holds no checkpoint", lambda s, w: ["--resume"]
+        "resume-nothing",
+        "--resume where no run was checkpointed",
+        "holds no complete checkpoint",
+        lambda s, w: ["--resume"],
     ),
     BadInput("empty-file", "an empty training file", "is empty", lambda s, w: bad_copy(s, w, lambda text: "")),
     BadInput(
@@ -398,6 +420,31 @@ CASES = [
         "a data path that does not exist (and is no reachable hub name)",
         "--dataset-name-or-path",
         lambda s, w: ["--dataset-name-or-path", str(w.tmp / "nowhere")],
+    ),
+    # ---- storage faults: what a killed save or copy leaves, and an output directory that cannot be written ----
+    BadInput(
+        "model-truncated",
+        "the policy's model.safetensors cut short, as a killed copy leaves it (was: a traceback)",
+        "model.safetensors is truncated",
+        lambda s, w: broken_model(s, w, "truncated"),
+    ),
+    BadInput(
+        "model-no-config",
+        "the policy's directory without config.json (was: a traceback)",
+        "holds no config.json",
+        lambda s, w: broken_model(s, w, "no-config"),
+    ),
+    BadInput(
+        "output-dir-file",
+        "`--output-dir` naming a file (was: a traceback after all the loading)",
+        "is a file, not a directory",
+        lambda s, w: ["--output-dir", str(a_file(w.tmp / "a-file"))],
+    ),
+    BadInput(
+        "output-dir-unwritable",
+        "`--output-dir` where this user cannot write (/sys; was: a traceback after all the loading)",
+        "cannot be written",
+        lambda s, w: ["--output-dir", "/sys/clean-rlhf-runs"],
     ),
 ]
 

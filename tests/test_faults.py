@@ -104,7 +104,7 @@ def test_a_used_run_directory_is_refused_unless_resume_or_overwrite(assets, tmp_
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == files  # untouched
     with pytest.raises(SystemExit, match="finished its run"):
         sft.main(small_sft_args(assets, tmp_path, resume=True))
-    with pytest.raises(SystemExit, match="holds no checkpoint"):
+    with pytest.raises(SystemExit, match="holds no complete checkpoint"):
         sft.main(small_sft_args(assets, tmp_path, run_name="other", resume=True))
     sft.main(small_sft_args(assets, tmp_path, overwrite=True, learning_rate=1e-4))
     assert json.loads((run_dir / "config.json").read_text())["learning_rate"] == 1e-4

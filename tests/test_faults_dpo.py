@@ -125,9 +125,10 @@ def test_async_online_dpo_checkpointed_and_stopped_resumes_to_the_uninterrupted_
     assert [r["async/policy_lag"] for r in rows if "train/loss" in r] == [0, 1, 1, 1, 1, 1]
 
 
-def test_a_non_finite_loss_stops_with_a_checkpoint_of_the_step_before(assets, tmp_path):
+def test_a_non_finite_loss_stops_in_one_line_keeping_the_last_checkpoint(assets, tmp_path):
     """Learning rate 1e30: Adam moves every weight by about 1e30 at step 1, so the loss of step 2 is not finite. The
-    run writes a checkpoint of step 1 and ends in one line, before the weights take the non-finite gradient."""
+    run ends in one line before the weights take the non-finite gradient, leaving the last checkpoint (of step 1,
+    --save-every 1) as it was and advising a new run (`--resume` would repeat the steps)."""
     argv = [
         *OFFLINE,
         *dpo_flags(
@@ -141,9 +142,15 @@ def test_a_non_finite_loss_stops_with_a_checkpoint_of_the_step_before(assets, tm
             "0",
             "--run-name",
             "nan",
+            "--save-every",
+            "1",
         ),
     ]
-    with pytest.raises(SystemExit, match=r"^error: non-finite (DPO loss|gradient norm) at step 2: lower --learning"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^error: non-finite (DPO loss|gradient norm) at step 2: lower --learning.*"
+        r"then start over with --overwrite .*the last checkpoint, after step 1, stays in",
+    ):
         in_process(argv)
     state = json.loads((tmp_path / "nan" / "checkpoint" / "state.json").read_text())
     assert state["step"] == 1 and state["drawn"] == 2 and not (tmp_path / "nan" / "done.json").exists()

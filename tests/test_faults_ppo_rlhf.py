@@ -106,11 +106,12 @@ def test_ppo_killed_outright_resumes_from_its_last_periodic_checkpoint(world):
     assert_same_run(tmp / "sigkill", tmp / "full")
 
 
-def test_a_non_finite_loss_stops_with_one_line_and_a_checkpoint_of_the_last_finite_update(
+def test_a_non_finite_loss_stops_with_one_line_keeping_the_checkpoint_of_the_last_finite_update(
     assets, tmp_path, monkeypatch
 ):
     """A NaN value loss at update 2 (of a run of one optimizer step an update): `error: non-finite PPO loss at update
-    2 ...`, before the optimizer step, and a checkpoint of update 1 (the weights never saw the NaN)."""
+    2 ...`, before the optimizer step, and the checkpoint of update 1 (--save-every 1) kept as it was (the weights
+    never saw the NaN)."""
     import torch
 
     import ppo_rlhf as ppo
@@ -143,9 +144,12 @@ def test_a_non_finite_loss_stops_with_one_line_and_a_checkpoint_of_the_last_fini
         num_ppo_epochs=1,
         eval_every=100,
         num_eval_examples=2,
+        save_every=1,
     )
     try:
-        with pytest.raises(SystemExit, match=r"^error: non-finite PPO loss at update 2 .*--learning-rate"):
+        with pytest.raises(
+            SystemExit, match=r"^error: non-finite PPO loss at update 2 .*--learning-rate.*after step 1"
+        ):
             ppo.main(args)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # `Run` installs its handlers in-process

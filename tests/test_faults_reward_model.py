@@ -133,16 +133,22 @@ def test_running_sums_not_yet_logged_are_restored(assets, tmp_path, monkeypatch)
     assert_same_run(tmp_path / "stopped", tmp_path / "full")
 
 
-def test_a_learning_rate_that_blows_up_the_model_ends_in_one_line_and_a_checkpoint(assets, tmp_path):
+def test_a_learning_rate_that_blows_up_the_model_ends_in_one_line_keeping_the_last_checkpoint(assets, tmp_path):
     """--learning-rate 1e6: within a few steps the loss or the gradient norm is not finite. The run stops before the
-    optimizer writes it into the weights, with one line naming the step and the flag, and a checkpoint of the last
-    finite step."""
+    optimizer writes it into the weights, with one line naming the step, the flag and the last checkpoint (of the step
+    before, with --save-every 1), which it leaves as it was: no checkpoint of weights the bad steps moved. Its advice
+    works: the same command with a lower learning rate and --overwrite trains to the end."""
+    flags = rm_flags(assets, tmp_path, "huge", "--no-pack-pairs", "--save-every", "1")
     with pytest.raises(SystemExit) as e:
-        in_process(rm_flags(assets, tmp_path, "huge", "--learning-rate", "1e6", "--no-pack-pairs"))
+        in_process([*flags, "--learning-rate", "1e6"])
     message = str(e.value.code)
     assert message.startswith("error: non-finite") and "lower --learning-rate (now 1e+06)" in message, message
+    assert "then start over with --overwrite" in message, message
     state = json.loads((tmp_path / "huge" / "checkpoint" / "state.json").read_text())
-    assert f"at step {state['step'] + 1}:" in message and str(tmp_path / "huge" / "checkpoint") in message
+    assert f"at step {state['step'] + 1}:" in message
+    assert f"the last checkpoint, after step {state['step']}, stays in {tmp_path / 'huge' / 'checkpoint'}" in message
     assert not (tmp_path / "huge" / "done.json").exists()
     weights = load_file(tmp_path / "huge" / "checkpoint" / "model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
+    in_process([*flags, "--overwrite"])  # the advice: a lower learning rate (the preset's), started over
+    assert (tmp_path / "huge" / "done.json").exists()

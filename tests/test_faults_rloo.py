@@ -116,22 +116,29 @@ def test_rloo_killed_outright_resumes_from_its_last_periodic_checkpoint(assets, 
     assert samples[0] == samples[1]
 
 
-def test_rloo_learning_rate_that_blows_up_the_policy_ends_in_one_line_and_a_checkpoint(assets, tmp_path):
-    """--learning-rate 1e3: within a few updates the gradient norm is NaN. The run stops before the optimizer writes it
-    into the weights (the next update's sampling would die in torch.multinomial), with one line and a checkpoint of the
-    last finite update."""
-    message = error_line(rloo_flags(assets, tmp_path, "huge", "--learning-rate", "1e3"))
-    assert message.startswith("error: non-finite") and "lower --learning-rate (now 1000)" in message
+def test_rloo_learning_rate_that_blows_up_the_policy_ends_in_one_line_keeping_the_last_checkpoint(assets, tmp_path):
+    """--learning-rate 300: at update 2 the gradient norm is NaN. The run stops before the optimizer writes it
+    into the weights (the next update's sampling would die in torch.multinomial), with one line naming the last
+    checkpoint (--save-every 1: of the update before), which it leaves as it was. Its advice works: a lower learning
+    rate (the preset's) and --overwrite train to the end."""
+    flags = rloo_flags(assets, tmp_path, "huge", "--save-every", "1")
+    message = error_line([*flags, "--learning-rate", "300"])
+    assert message.startswith("error: non-finite") and "lower --learning-rate (now 300)" in message
+    assert "then start over with --overwrite" in message, message
     state = json.loads((tmp_path / "huge" / "checkpoint" / "state.json").read_text())
-    assert f"at update {state['step'] + 1}:" in message and str(tmp_path / "huge" / "checkpoint") in message
+    assert f"at update {state['step'] + 1}:" in message
+    assert f"the last checkpoint, after step {state['step']}, stays in {tmp_path / 'huge' / 'checkpoint'}" in message
     assert not (tmp_path / "huge" / "done.json").exists()
     weights = load_file(tmp_path / "huge" / "checkpoint" / "model.safetensors")
     assert all(torch.isfinite(w).all() for w in weights.values())
+    in_process([*flags, "--overwrite"])
+    assert (tmp_path / "huge" / "done.json").exists()
 
 
 def test_rloo_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(assets, tmp_path, monkeypatch):
     """Weights whose update was finite but whose logits are not (met by sampling at update 3 here): one line naming the
-    update that moved them and the learning rate, and a checkpoint of step 2, not torch.multinomial's RuntimeError."""
+    update that moved them and the learning rate (the checkpoint of step 2 kept: --save-every 1), not
+    torch.multinomial's RuntimeError."""
     real, calls = generation.sample_responses, []
 
     def blows_up_at_update_3(*args, **kwargs):
@@ -141,7 +148,7 @@ def test_rloo_logits_that_turn_non_finite_end_in_one_line_not_in_a_torch_error(a
         return real(*args, **kwargs)
 
     monkeypatch.setattr(generation, "sample_responses", blows_up_at_update_3)
-    message = error_line(rloo_flags(assets, tmp_path, "nan"))
+    message = error_line(rloo_flags(assets, tmp_path, "nan", "--save-every", "1"))
     assert message.startswith(
         "error: the policy's logits are not finite at update 3 (sampling met inf or nan): "
         "update 2 moved the weights too far; lower --learning-rate (now 0.001)"

@@ -190,7 +190,7 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     # a checkpoint without the suite's record of the command (run by hand): started over, not resumed blindly
     (tmp_path / "runs" / "q__1" / "done.json").unlink()
     (tmp_path / "runs" / "q__1" / "checkpoint").mkdir()
-    (tmp_path / "runs" / "q__1" / "checkpoint" / "state.json").write_text("{}")
+    (tmp_path / "runs" / "q__1" / "checkpoint" / "state.json").write_text('{"step": 1}')
     run.stage_record(tmp_path / "runs", "q__1").unlink()
     assert run.decide(tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"]) == (
         "rerun",

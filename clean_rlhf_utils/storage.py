@@ -1,0 +1,151 @@
+"""What a run writes to disk and reads back, made safe against storage faults (docs/faults.md, "Storage faults"): the
+output directory checked before anything loads, directories replaced by renames, the checkpoint to resume from (the
+last complete one), metrics rows read back past a torn last line, and model directories checked for the files a
+killed copy or save leaves out. Nothing here changes a number."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+CHECKPOINTS = ("checkpoint", "checkpoint.tmp", "checkpoint.prev")  # the newest first; see `checkpoint_to_resume`
+
+
+def check_output_dir(root: Path) -> None:
+    """`--output-dir` exists as a directory (or can be made) and takes a file, or a one-line error, before anything
+    loads: a file of that name, or a read-only file system, otherwise ends the run in a traceback at its first write,
+    after all the loading."""
+    if root.exists() and not root.is_dir():
+        raise SystemExit(f"error: --output-dir {root} is a file, not a directory; pass a directory for the runs")
+    probe = root / f".write-test-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise SystemExit(
+            f"error: --output-dir {root} cannot be written ({e.strerror or e}); pass a directory this user can write"
+        ) from None
+
+
+def replace_dir(tmp: Path, final: Path, keep_old_as: Path | None = None) -> None:
+    """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
+    the two renames, `final.old`, which `Run` puts back) and never a half-written one. `keep_old_as`: the old `final`
+    is kept there instead of deleted (the previous checkpoint)."""
+    old = keep_old_as or final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    if keep_old_as is None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_synced(path: Path, text: str) -> None:
+    """`path.write_text(text)`, flushed to the disk before it returns: a crash of the machine after it cannot leave the
+    file empty."""
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_state(checkpoint: Path) -> dict | None:
+    """The loop state of a checkpoint directory (`state.json`, written last), or None when it is missing, empty or
+    torn: a checkpoint whose write did not end."""
+    try:
+        state = json.loads((checkpoint / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) and isinstance(state.get("step"), int) else None
+
+
+def checkpoint_to_resume(run_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest complete checkpoint of a run and what was passed over, newest first: `checkpoint/`; while it is
+    missing, `checkpoint.tmp/` when complete (a kill between the two renames that put it in place); then
+    `checkpoint.prev/`, the one before (kept for a `checkpoint/` whose `state.json` is empty or torn, as a crash of
+    the machine can leave it)."""
+    passed = []
+    for name in CHECKPOINTS:
+        path = run_dir / name
+        if name == "checkpoint.tmp" and (run_dir / "checkpoint").exists():
+            continue  # a write that a kill interrupted: checkpoint/ is the newest complete one, if any
+        if not path.is_dir():
+            continue
+        if read_state(path) is not None:
+            return path, passed
+        passed.append(f"{path} (its state.json is missing, empty or torn)")
+    return None, passed
+
+
+def read_rows(path: Path) -> list[str]:
+    """The lines of a run's `.jsonl` file that hold a JSON object, or a one-line error. A last line that does not
+    parse is a row whose write a kill cut short: it is dropped (the checkpoint before it did not count it)."""
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            if i == len(lines):
+                break
+            raise SystemExit(f"error: --resume: {path} line {i} is not a JSON row; fix or delete that line") from None
+        rows.append(line if line.endswith("\n") else line + "\n")
+    return rows
+
+
+def check_model_files(path: str, flag: str) -> None:
+    """A local model directory holds `config.json` and whole safetensors weights, or a one-line error naming `flag`:
+    a copy or a save that was killed leaves a truncated `model.safetensors`, or the weights without `config.json`,
+    which transformers reports in a traceback. Hub names and other directories (no weights expected) pass."""
+    root = Path(path)
+    if not root.is_dir():
+        return
+    if not (root / "config.json").is_file():
+        raise SystemExit(
+            f"error: {flag} {path} holds no config.json: it is no model directory, or its save or copy was cut "
+            "short; pass a complete model directory (config.json, weights, tokenizer)"
+        )
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise SystemExit(f"error: {flag} {path}: {index.name} is not a weight index (truncated?)") from None
+    else:
+        files = [p.name for p in root.glob("*.safetensors")]
+    for name in files:
+        problem = safetensors_problem(root / name)
+        if problem:
+            raise SystemExit(
+                f"error: {flag} {path}: {name} {problem} (was its save or copy interrupted?); pass a complete model "
+                "directory"
+            )
+
+
+def safetensors_problem(file: Path) -> str | None:
+    """What is wrong with a safetensors file (missing, or shorter than its header says), or None. The format: an
+    8-byte little-endian header length, a JSON header giving each tensor's byte range, then the data."""
+    size, n, header = 0, None, None
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            (n,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
+            header = json.loads(f.read(n)) if n is not None and n <= size - 8 else None
+    except FileNotFoundError:
+        return "is missing"
+    except (OSError, ValueError):
+        pass
+    try:
+        want = 8 + n + max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        return f"has no readable safetensors header ({size} bytes)"
+    if size < want:
+        return f"is truncated ({size} of {want} bytes)"
+    return None

@@ -47,11 +47,7 @@ class Run:
         self.state, self.signal, self.wandb, self.file, self.rows, self.last_step = None, None, None, None, {}, None
         error = None
         if self.main:  # where the run writes, checked before anything loads; then one owner for the whole run
-            try:
-                storage.check_output_dir(Path(args.output_dir))
-            except SystemExit as e:
-                error = str(e)
-            error = error or ownership.take_lock(self.dir)
+            error = storage.output_dir_problem(Path(args.output_dir)) or ownership.take_lock(self.dir)
         if accelerator.num_processes > 1:  # every process leaves with the main one's error
             error = broadcast_object_list([error])[0]
         if error:

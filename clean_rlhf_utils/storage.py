@@ -14,21 +14,20 @@ from pathlib import Path
 CHECKPOINTS = ("checkpoint", "checkpoint.tmp", "checkpoint.prev")  # the newest first; see `checkpoint_to_resume`
 
 
-def check_output_dir(root: Path) -> None:
-    """`--output-dir` exists as a directory (or can be made) and takes a file, or a one-line error, before anything
-    loads: a file of that name, or a read-only file system, otherwise ends the run in a traceback at its first write,
-    after all the loading."""
+def output_dir_problem(root: Path) -> str | None:
+    """The one-line error of an `--output-dir` that is not a directory this process can write (a file of that name, a
+    read-only file system), or None; checked before anything loads, where the first write would otherwise end the run
+    in a traceback after all the loading."""
     if root.exists() and not root.is_dir():
-        raise SystemExit(f"error: --output-dir {root} is a file, not a directory; pass a directory for the runs")
+        return f"error: --output-dir {root} is a file, not a directory; pass a directory for the runs"
     probe = root / f".write-test-{os.getpid()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise SystemExit(
-            f"error: --output-dir {root} cannot be written ({e.strerror or e}); pass a directory this user can write"
-        ) from None
+        return f"error: --output-dir {root} cannot be written ({e.strerror or e}); pass a directory this user can write"
+    return None
 
 
 def replace_dir(tmp: Path, final: Path, keep_old_as: Path | None = None) -> None:

@@ -72,29 +72,19 @@ def test_every_real_stage_runs(workdir, engine):
     assert sum(r.startswith("ok") for r in result.values()) >= (MIN_OK_FULL if FULL else MIN_OK)[engine]
 
 
-def test_a_zero3_model_reloads_equal_to_its_trained_weights(tmp_path):
-    model = build_model(tmp_path / "pythia", PYTHIA, str(ASSETS / "tokenizers" / "pythia"))
-    cmd = [
-        "accelerate",
-        "launch",
-        "--config_file",
-        "benchmark/accelerate_configs/deepspeed_zero3.yaml",
-        "--num_processes",
-        "2",
-        "tests/zero3_save_check.py",
-        str(model),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        cmd, cwd=REPO, env={**env_for("zero3"), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+def trained_and_saved(tmp_path, config: str, check: str, engine: str) -> dict:
+    """Launches `tests/<check>` (one step, then `save_model`) on a small Pythia-shaped model under `config` with two
+    processes; asserts the saved model/ reloads equal to the trained weights the check wrote (and that they moved), and
+    returns the check's result.json."""
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    info = json.loads((tmp_path / "result.json").read_text())
-    assert info["zero_stage"] == 3 and info["processes"] == 2
-    assert info["partitioned"] > 0  # the trained module held only shards of its weights: the save had to gather them
+    model = build_model(tmp_path / "pythia", PYTHIA, str(ASSETS / "tokenizers" / "pythia"))
+    cmd = ["accelerate", "launch", "--config_file", config, "--num_processes", "2", check, str(model), str(tmp_path)]
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**env_for(engine), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     trained = load_file(tmp_path / "trained.safetensors")
     reloaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "model").named_parameters())
     initial = dict(AutoModelForCausalLM.from_pretrained(model).named_parameters())
@@ -102,39 +92,22 @@ def test_a_zero3_model_reloads_equal_to_its_trained_weights(tmp_path):
     for k, v in trained.items():
         assert torch.equal(reloaded[k].to(v.dtype), v), k
     assert any(not torch.equal(initial[k].to(v.dtype), v) for k, v in trained.items())
+    return json.loads((tmp_path / "result.json").read_text())
+
+
+def test_a_zero3_model_reloads_equal_to_its_trained_weights(tmp_path):
+    info = trained_and_saved(
+        tmp_path, "benchmark/accelerate_configs/deepspeed_zero3.yaml", "tests/zero3_save_check.py", "zero3"
+    )
+    assert info["zero_stage"] == 3 and info["processes"] == 2
+    assert info["partitioned"] > 0  # the trained module held only shards of its weights: the save had to gather them
 
 
 def test_fsdp_shards_the_model_and_its_save_reloads_equal_to_the_trained_weights(tmp_path):
     """Under fsdp.yaml on CPU the engine is FSDP2 over both processes (accelerate alone would leave it at
     DistributedType.NO: two unrelated processes that each train alone, and still exit 0), and `save_model` gathers
     the shards into the trained weights."""
-    model = build_model(tmp_path / "pythia", PYTHIA, str(ASSETS / "tokenizers" / "pythia"))
-    cmd = [
-        "accelerate",
-        "launch",
-        "--config_file",
-        "benchmark/accelerate_configs/fsdp.yaml",
-        "--num_processes",
-        "2",
-        "tests/fsdp_save_check.py",
-        str(model),
-        str(tmp_path),
-    ]
-    proc = subprocess.run(
-        cmd, cwd=REPO, env={**env_for("fsdp"), "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
-    info = json.loads((tmp_path / "result.json").read_text())
+    info = trained_and_saved(tmp_path, "benchmark/accelerate_configs/fsdp.yaml", "tests/fsdp_save_check.py", "fsdp")
     assert info["distributed_type"] == "DistributedType.FSDP" and info["processes"] == 2, info
     assert info["processes_counted"] == 2 and info["sharded"], info  # collectives reach both processes
     assert info["shards"] > 0, info  # each rank held only shards of the weights: the save had to gather them
-    trained = load_file(tmp_path / "trained.safetensors")
-    reloaded = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "model").named_parameters())
-    initial = dict(AutoModelForCausalLM.from_pretrained(model).named_parameters())
-    assert set(trained) == set(reloaded)
-    for k, v in trained.items():
-        assert torch.equal(reloaded[k].to(v.dtype), v), k
-    assert any(not torch.equal(initial[k].to(v.dtype), v) for k, v in trained.items())

@@ -53,6 +53,11 @@ def take_lock(run_dir: Path) -> str | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             owner = _owner(fd)
+            for _ in range(40):  # the owner writes its record just after taking the lock: give it a moment to name it
+                if owner:
+                    break
+                time.sleep(0.05)
+                owner = _owner(fd)
             os.close(fd)
             return (
                 f"error: {run_dir} is in use by {_describe(owner)}; wait for it to end or stop it (two runs in one "

@@ -19,6 +19,7 @@ the gold metric and the proxy (`eval/score`, the reward model the policy optimis
 from __future__ import annotations
 
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,14 @@ def read_curves(runs_dir: Path, track: str) -> list[Curve]:
     for run in finished_runs([read_run(d) for d in dirs]):
         m = NAME.match(run.name)
         rows = [r for r in run.rows if "eval/kl" in r and gold_m in r]
+        finite = [r for r in rows if all(np.isfinite(float(r.get(k, 0.0))) for k in ("eval/kl", gold_m, proxy_m or ""))]
+        if len(finite) < len(rows):  # a point of the frontier is a finite evaluation; a diverged run keeps its earlier
+            print(
+                f"warning: {run.name}: {len(rows) - len(finite)} of its {len(rows)} evaluations are not finite "
+                "(diverged?); left out of the frontier",
+                file=sys.stderr,
+            )
+        rows = finite
         if not rows:
             continue
         curves.append(

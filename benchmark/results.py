@@ -9,13 +9,17 @@ wall-clock time, a marker per evaluation, mean over seeds with the band the lege
 below them the proxy reward and KL of the training samples, a point per update: TRAIN_METRICS).
 The "SFT (start)" row is the evaluation every RL run makes before its first update, so it is measured on
 the same prompts with the same code as the final numbers; it counts the SFT runs (the models evaluated), and shows
-one value when those evaluations agree.
+one value when those evaluations agree. A run whose final main metric is not finite is a diverged seed, as in
+`benchmark.compare`: the seeds column says "3 (1 diverged)", its values and curves are left out (never an earlier
+value), and a group whose every seed diverged shows "diverged".
 The KL-frontier suites (`frontier-tldr`) get `runs/frontier_<track>.md` and `.png` (benchmark/frontier.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -80,6 +84,7 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     runs = finished_runs([r for r in runs if r.group.split("_")[0] not in ("sft", "rm", "prm")])
     start: dict[str, list[float]] = defaultdict(list)
     final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    diverged: dict[str, list[str]] = defaultdict(list)
     for run in runs:
         evals = [row for row in run.rows if metrics[0] in row]
         if not evals:
@@ -87,6 +92,15 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
         for m in metrics:
             if m in evals[0] and evals[0].get("episode", 0) == 0:
                 start[m].append(float(evals[0][m]))
+        if not math.isfinite(float(evals[-1][metrics[0]])):  # as benchmark.compare: never an earlier value
+            print(
+                f"warning: {run.name}: its final {metrics[0]} is not finite (diverged); counted as a diverged seed of "
+                f"{run.group.split('_')[0]}, left out of its values and curves",
+                file=sys.stderr,
+            )
+            diverged[run.group].append(run.name)
+            continue
+        for m in metrics:
             if m in evals[-1]:  # a secondary metric some scripts do not log is left blank, not an error
                 final[run.group][m].append(float(evals[-1][m]))
         for m in PERF:
@@ -104,10 +118,17 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
         + " |"
         + " - |" * (len(PERF) + 1)
     )
-    for group in sorted(final):
-        seeds = len(final[group][metrics[0]])
-        lines.append(f"| {group.split('_')[0]} | {seeds} | " + " | ".join(_cell(final[group][c]) for c in cols) + " |")
-    return "\n".join(lines) + "\n", runs
+    for group in sorted(set(final) | set(diverged)):
+        seeds = len(final[group][metrics[0]]) + len(diverged[group])
+        cells = (
+            [_cell(final[group][c]) for c in cols]
+            if final[group][metrics[0]]
+            else ["diverged"] + ["-"] * (len(cols) - 1)
+        )
+        seeds_cell = f"{seeds} ({len(diverged[group])} diverged)" if diverged[group] else f"{seeds}"
+        lines.append(f"| {group.split('_')[0]} | {seeds_cell} | " + " | ".join(cells) + " |")
+    plotted = [r for r in runs if not any(r.name in names for names in diverged.values())]  # as compare's curves
+    return ("\n".join(lines) + "\n" if final or diverged else ""), plotted
 
 
 # Gao et al. 2024 in miniature: PPO on the success reward alone, plus the raw process reward, plus Clip + Delta
@@ -153,12 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     wrote: list[Path] = []  # listed at the end, where they are seen after the tables scrolled by
     for track in a.tracks:
         md, runs = track_table(runs_dir, track)
-        if not runs:
+        if not md:
             print(f"{track}: no RL runs under {runs_dir}")
             continue
         (runs_dir / f"results_{track}.md").write_text(md)
-        plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png", TITLES[track], TRAIN_METRICS)
-        wrote += [runs_dir / f"results_{track}.md", runs_dir / f"results_{track}.png"]
+        wrote.append(runs_dir / f"results_{track}.md")
+        if runs:  # not when every run diverged
+            plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png", TITLES[track], TRAIN_METRICS)
+            wrote.append(runs_dir / f"results_{track}.png")
         print(f"## {track}\n\n{md}")
         if track == "tiny-math" and (family := [r for r in runs if r.group.split("_")[0] in GRPO_FAMILY]):
             title = "tiny-math: GRPO's variants, greedy accuracy and the training reward"

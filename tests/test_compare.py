@@ -134,6 +134,28 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, caps
     assert (tmp_path / "results_tiny-math.png").stat().st_size > 0
 
 
+def test_results_table_counts_a_non_finite_final_as_a_diverged_seed(tmp_path, capsys):
+    """As benchmark.compare (issue 42 item 5): a NaN final is neither shown nor replaced by an earlier value."""
+
+    def run(name, values):
+        rows = [{"step": i, "episode": 64 * i, "time": 1.0 + i, "eval/accuracy": v} for i, v in enumerate(values)]
+        _write_rows(tmp_path, name, rows)
+
+    run("grpo_tiny-math__1", [0.3, 0.5])
+    run("grpo_tiny-math__2", [0.3, 0.7])
+    run("grpo_tiny-math__3", [0.3, 0.9, float("nan")])
+    run("ppo_tiny-math__1", [0.3, float("inf")])
+    md, runs = results.track_table(tmp_path, "tiny-math")
+    err = capsys.readouterr().err
+    assert "warning: grpo_tiny-math__3: its final eval/accuracy is not finite (diverged)" in err
+    assert "warning: ppo_tiny-math__1: its final eval/accuracy is not finite (diverged)" in err
+    assert "| grpo | 3 (1 diverged) | 0.600 (0.500, 0.700: 2 seeds) |" in md
+    assert "| ppo | 1 (1 diverged) | diverged | - | - | - | - |" in md
+    assert "nan" not in md and "inf" not in md
+    assert sorted(r.name for r in runs) == ["grpo_tiny-math__1", "grpo_tiny-math__2"], "diverged runs: no curve"
+    assert results.main(["--runs-dir", str(tmp_path), "--tracks", "tiny-math"]) == 0
+
+
 def test_prm_table_reports_the_last_values_of_each_reward_setting(tmp_path):
     def run(name, acc, length, eos, steps):
         rows = [

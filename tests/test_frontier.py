@@ -3,6 +3,7 @@ tables of benchmark/frontier.py on hand-made curves. The runs themselves are tes
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmark import tiny_world
-from benchmark.frontier import Curve, best_within, frontier_tables, overoptimised, plot_frontier
+from benchmark.frontier import Curve, best_within, frontier_tables, overoptimised, plot_frontier, read_curves
 from clean_rlhf_utils import data, judges
 
 
@@ -148,3 +149,21 @@ def test_one_seed_shows_its_value_and_the_order_at_each_budget(tmp_path):
     assert "| ppo | kl0 | 1 of 1 | 1.000 (2.60) -> 0.283 (8.40) | 1.70 -> 3.30 |" in md
     plot_frontier(curves, "tiny-tldr-noisy", tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_a_non_finite_evaluation_is_not_a_point_of_the_frontier(tmp_path, capsys):
+    """A run that diverged keeps its finite evaluations; a NaN would make every budget's best NaN (np.max)."""
+    run = tmp_path / "ppo-kl0.05_tiny-tldr-noisy__1"
+    run.mkdir()
+    rows = [
+        {"step": 0, "episode": 0, "eval/kl": 0.0, "eval/gold_reward": 0.6, "eval/score": 0.1},
+        {"step": 1, "episode": 8, "eval/kl": 0.2, "eval/gold_reward": 0.8, "eval/score": 0.5},
+        {"step": 2, "episode": 16, "eval/kl": float("nan"), "eval/gold_reward": 0.9, "eval/score": 0.7},
+        {"step": 3, "episode": 24, "eval/kl": 0.4, "eval/gold_reward": float("nan"), "eval/score": 0.9},
+    ]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "done.json").write_text(json.dumps({"step": 3}))
+    (curve,) = read_curves(tmp_path, "tiny-tldr-noisy")
+    assert curve.kl.tolist() == [0.0, 0.2] and curve.gold.tolist() == [0.6, 0.8]
+    assert "ppo-kl0.05_tiny-tldr-noisy__1: 2 of its 4 evaluations are not finite" in capsys.readouterr().err
+    assert best_within([curve], 1.0) == {1: 0.8}

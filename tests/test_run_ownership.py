@@ -60,12 +60,13 @@ SLOW_STAGE = """
 import os, pathlib, signal, sys, time
 argv = sys.argv[1:]
 name = argv[argv.index("--run-name") + 1]
-pathlib.Path(f"{name}.pid").write_text(str(os.getpid()))
 def stop(signum, frame):
     time.sleep(1.0)
     pathlib.Path(f"{name}.checkpointed").write_text(signal.Signals(signum).name)
     raise SystemExit(128 + signum)
 signal.signal(signal.SIGTERM, stop)
+pathlib.Path(f"{name}.pid.tmp").write_text(str(os.getpid()))
+os.replace(f"{name}.pid.tmp", f"{name}.pid")  # once the handler is in place, and whole
 time.sleep(120)
 """
 
@@ -92,11 +93,10 @@ def test_sigterm_to_the_suite_runner_stops_its_running_stage_and_waits_for_it(tm
         text=True,
     )
     pid_file, start = tmp_path / "a__1.pid", time.time()
-    while not pid_file.exists() or not pid_file.read_text():
+    while not pid_file.exists():
         assert driver.poll() is None and time.time() - start < 60, driver.communicate()[0]
         time.sleep(0.05)
     child = int(pid_file.read_text())
-    time.sleep(0.3)  # the stage has installed its handler
     driver.send_signal(signal.SIGTERM)
     out = driver.communicate(timeout=60)[0]
     assert driver.returncode == 128 + signal.SIGTERM, out

@@ -1310,12 +1310,17 @@ def grpo_loop_state(step: int, episode: int, drawn: int, metrics: dict) -> dict:
     return {"step": step, "episode": episode, "metrics": metrics, "drawn": gather_object([drawn])}
 
 
-def halt(run: runs.Run, background, state: dict | None = None, error: str | None = None) -> None:
+def halt(
+    run: runs.Run, background: generation.BackgroundSampler | None, state: dict | None = None, error: str | None = None
+) -> None:
     """`run.stop(state)` (a checkpoint, then exit) or `run.fail(error)`, once the generator thread (--async) has
     finished its batch."""
     if background is not None:
         background.settle()
-    run.fail(error) if error else run.stop(state)
+    if error:
+        run.fail(error)
+    else:
+        run.stop(state)
 
 
 def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:

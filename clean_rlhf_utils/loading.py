@@ -425,7 +425,10 @@ def check_same_token_ids(tokenizer, path: str, flag: str) -> None:
     except (OSError, ValueError, KeyError, TypeError):
         rm_vocab = None  # no tokenizer saved with it: nothing to compare
     if rm_vocab is not None:
-        differ = [t for t, i in tokenizer.get_vocab().items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i]
+        vocab = tokenizer.get_vocab()  # its order varies between runs: the example is the lowest id that differs
+        differ = sorted(
+            (t for t, i in vocab.items() if i != tokenizer.pad_token_id and rm_vocab.get(t) != i), key=vocab.get
+        )
         if differ:
             raise SystemExit(
                 f"error: the tokenizer of {flag} {path} differs from the policy's ({len(differ)} tokens, "

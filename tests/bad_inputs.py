@@ -425,7 +425,7 @@ CASES = [
     BadInput(
         "model-truncated",
         "the policy's model.safetensors cut short, as a killed copy leaves it (was: a traceback)",
-        "model.safetensors is truncated",
+        "model.safetensors is not a whole safetensors file",
         lambda s, w: broken_model(s, w, "truncated"),
     ),
     BadInput(

@@ -80,3 +80,16 @@ def check_stopped(out: subprocess.CompletedProcess, run_dir: Path, sig: int = si
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert f"stopped by {signal.Signals(sig).name} after step" in out.stderr and "--resume" in out.stderr
     assert (run_dir / "checkpoint" / "state.json").exists() and not (run_dir / "done.json").exists()
+
+
+def check_non_finite_stop(message: str, run_dir: Path, learning_rate: str, unit: str = "update") -> None:
+    """A run stopped by a non-finite update: one line naming the update, the learning rate and the last checkpoint,
+    whose weights it left finite and as they were; no done.json. Its advice is a new run (--overwrite)."""
+    assert message.startswith("error: non-finite") and f"lower --learning-rate (now {learning_rate})" in message
+    assert "then start over with --overwrite" in message, message
+    state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
+    assert f"at {unit} {state['step'] + 1}:" in message
+    assert f"the last checkpoint, after step {state['step']}, stays in {run_dir / 'checkpoint'}" in message
+    assert not (run_dir / "done.json").exists()
+    weights = load_file(run_dir / "checkpoint" / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights.values())

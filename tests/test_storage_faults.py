@@ -165,7 +165,7 @@ def test_a_full_disk_at_grpos_final_save_resumes_without_repeating_its_pass_at_k
 
 def test_storage_helpers(tmp_path):
     """A torn row in the middle is an error naming the line; a checkpoint.tmp whose write ended is used when a kill
-    between the renames left no checkpoint/; a truncated safetensors file is named with its sizes."""
+    between the renames left no checkpoint/; a truncated safetensors file is named with its size and the cause."""
     rows = tmp_path / "metrics.jsonl"
     rows.write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
     with pytest.raises(SystemExit, match=r"line 2 is not a JSON row"):
@@ -181,7 +181,8 @@ def test_storage_helpers(tmp_path):
     assert storage.safetensors_problem(tmp_path / "w.safetensors") is None
     data = (tmp_path / "w.safetensors").read_bytes()
     (tmp_path / "w.safetensors").write_bytes(data[:-10])
-    assert (
-        storage.safetensors_problem(tmp_path / "w.safetensors")
-        == f"is truncated ({len(data) - 10} of {len(data)} bytes)"
+    assert storage.safetensors_problem(tmp_path / "w.safetensors") == (
+        f"is not a whole safetensors file ({len(data) - 10} bytes; Error while deserializing header: incomplete "
+        "metadata, file not fully covered)"
     )
+    assert storage.safetensors_problem(tmp_path / "none.safetensors") == "is missing"

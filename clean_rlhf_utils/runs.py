@@ -222,9 +222,8 @@ class Run:
             if self.main:
                 rows, n = dict(self.rows), self.accelerator.num_processes
                 state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
-                storage.write_synced(
-                    tmp / "state.json", json.dumps(state) + "\n"
-                )  # last: marks the checkpoint complete
+                # last: state.json marks the checkpoint complete
+                storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
         except OSError as e:
             error = e.strerror or str(e)
         if self.any_process(error is not None):

@@ -415,6 +415,9 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
     # ---- ours ----
     run_name = f"scratch_speed_{algo}"
     cmd = ours_command(w, run_name)
+    gen_dir = os.environ.get("CLEAN_RLHF_GEN_TIMES")  # benchmark.gpu_check: split each side's loop (gen_timer.py)
+    if gen_dir:
+        cmd = [cmd[0], "-m", "benchmark.gen_timer", f"{gen_dir}/{algo}_ours.json", *cmd[1:]]
     rc, rss, wall = run_child(cmd, out_dir / f"{algo}_ours.log", child_env(), a.timeout)
     if rc != 0:
         result["skipped"] = f"our script failed (exit {rc}); see {out_dir / f'{algo}_ours.log'}"
@@ -456,6 +459,13 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
         return result
     t = json.loads(trl_json.read_text())
     result["trl"] = {**t, "episodes_per_sec": t["episodes"] / t["train_s"], "peak_rss_gb": rss, "wall_s": wall}
+    if gen_dir:  # generation seconds of the training loop's sampling calls (more than the 8 evaluation prompts)
+        from benchmark.gen_timer import generation_seconds
+
+        for side in ("ours", "trl"):
+            path = Path(gen_dir) / f"{algo}_{side}.json"
+            if path.exists():
+                result[side]["generation_s"], result[side]["generation_calls"] = generation_seconds(path, 8)
     for side in ("ours", "trl"):
         result[side]["tokens_per_sec"] = result[side]["episodes_per_sec"] * t["tokens_per_episode"]
     result.update(ratios(result["ours"], result["trl"]))
@@ -556,6 +566,10 @@ def trl_side(a: argparse.Namespace) -> None:
     import torch
 
     torch.set_num_threads(1)
+    if os.environ.get("CLEAN_RLHF_GEN_TIMES"):
+        from benchmark.gen_timer import install_trl
+
+        install_trl(f"{os.environ['CLEAN_RLHF_GEN_TIMES']}/{a.algo}_trl.json")
     w = work(a.algo, a)
     t = {"rm": trl_rm, "dpo": trl_dpo, "ppo": trl_ppo, "grpo": trl_grpo, "rloo": trl_rloo}[a.algo](w)
     Path(a.out).write_text(json.dumps(t) + "\n")
@@ -579,6 +593,12 @@ def _tokenizer(path: str, padding_side: str = "right"):
     return tok
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _common_trainer_args(w: dict, tmp: str) -> dict:
     return dict(
         output_dir=tmp,
@@ -587,7 +607,7 @@ def _common_trainer_args(w: dict, tmp: str) -> dict:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=True,
+        use_cpu=not _cuda(),  # a GPU when there is one (benchmark.gpu_check), as our scripts do through accelerate
         disable_tqdm=True,
         dataloader_drop_last=True,
         bf16=False,

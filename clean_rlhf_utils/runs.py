@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -18,6 +19,7 @@ import torch
 import tyro
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
+from accelerate.utils.other import load as accelerate_load
 
 from clean_rlhf_utils import ownership, storage
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
@@ -45,9 +47,14 @@ class Run:
         self.presets = presets  # the script's PRESETS: done.json names the one the command chose
         self.dir = Path(args.output_dir) / args.run_name
         self.state, self.signal, self.wandb, self.file, self.rows, self.last_step = None, None, None, None, {}, None
+        self.previous = None  # a finished run that --overwrite set aside until this one finishes
         error = None
         if self.main:  # where the run writes, checked before anything loads; then one owner for the whole run
-            error = storage.output_dir_problem(Path(args.output_dir)) or ownership.take_lock(self.dir)
+            error = (
+                storage.output_dir_problem(Path(args.output_dir))
+                or storage.run_dir_problem(self.dir)
+                or ownership.take_lock(self.dir)
+            )
         if accelerator.num_processes > 1:  # every process leaves with the main one's error
             error = broadcast_object_list([error])[0]
         if error:
@@ -97,7 +104,7 @@ class Run:
         accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
         if self.main:
             if self.held and not args.resume:
-                shutil.rmtree(self.dir)
+                self.set_aside()
             self.dir.mkdir(parents=True, exist_ok=True)
             if self.state and self.resume_from.name != "checkpoint":  # the newest complete one goes in its place
                 shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)
@@ -121,11 +128,29 @@ class Run:
                     if not args.resume:  # a new run that never started: no directory left to refuse the next try
                         self.file.close()
                         shutil.rmtree(self.dir)
+                        if self.previous is not None:  # and the finished run it was to replace goes back
+                            self.previous.rename(self.dir)
                     raise
         self.start = time.time() - (self.state["time"] if self.state else 0.0)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
         accelerator.wait_for_everyone()
+
+    def set_aside(self) -> None:
+        """`--overwrite` of a used directory, once everything is loaded: a finished run (done.json) is moved to
+        `<run_name>.previous/` and deleted only when the new run finishes, so a new run that fails or is killed never
+        costs the finished one (docs/faults.md); an unfinished run is deleted (its checkpoints were only a way to
+        finish it)."""
+        if (self.dir / "done.json").exists():
+            self.previous = self.dir.with_name(self.dir.name + ".previous")
+            shutil.rmtree(self.previous, ignore_errors=True)
+            self.dir.rename(self.previous)
+            print(
+                f"note: --overwrite: the finished run is kept in {self.previous} until this run finishes",
+                file=sys.stderr,
+            )
+        else:
+            shutil.rmtree(self.dir)
 
     def on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signal == signal.SIGINT:
@@ -218,7 +243,7 @@ class Run:
         self.accelerator.wait_for_everyone()
         error = None
         try:
-            self.accelerator.save_state(str(tmp))
+            save_state_without_pickles(self.accelerator, tmp)
             if self.main:
                 rows, n = dict(self.rows), self.accelerator.num_processes
                 state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
@@ -248,7 +273,7 @@ class Run:
                     f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
                     f"processes, not {self.accelerator.num_processes}; resume it with as many"
                 )
-            self.accelerator.load_state(str(self.dir / "checkpoint"))
+            load_state_safely(self.accelerator, self.dir / "checkpoint")
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
 
@@ -302,6 +327,8 @@ class Run:
             os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
             for name in storage.CHECKPOINTS:  # model/ holds the weights
                 shutil.rmtree(self.dir / name, ignore_errors=True)
+            # this run replaces the finished one --overwrite set aside (also when a resume finishes it)
+            shutil.rmtree(self.dir.with_name(self.dir.name + ".previous"), ignore_errors=True)
         self.close()
         accelerator.wait_for_everyone()
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))
@@ -319,6 +346,51 @@ class Run:
             self.wandb.finish()
             self.wandb = None
         ownership.release_lock(self.dir)  # the run is over: the directory may have another owner
+
+
+def save_state_without_pickles(accelerator: Accelerator, path: Path) -> None:
+    """accelerate's `save_state` (weights in safetensors, the optimizer, every process's RNG states), except that the
+    objects registered with `register_for_checkpointing` (the learning-rate schedule) are written as JSON,
+    `custom_state_<i>.json`: accelerate would pickle them to `custom_checkpoint_<i>.pkl` and load that pickle with
+    `weights_only=False`, so a tampered checkpoint could run code on `--resume` (docs/faults.md)."""
+    custom, accelerator._custom_objects = accelerator._custom_objects, []
+    try:
+        accelerator.save_state(str(path))
+    finally:
+        accelerator._custom_objects = custom
+    if accelerator.is_main_process:
+        for i, obj in enumerate(custom):
+            storage.write_synced(path / f"custom_state_{i}.json", json.dumps(obj.state_dict()) + "\n")
+
+
+def load_state_safely(accelerator: Accelerator, path: Path) -> None:
+    """The inverse of `save_state_without_pickles`: accelerate loads its files with `weights_only=True` (tensors,
+    numbers and numpy arrays; a pickle that would call anything else is refused), the registered objects come from
+    JSON, and a pickle of a registered object (an older checkpoint, or one planted) is never loaded. A file that does
+    not load (damaged, planted, of another model) is a one-line error."""
+    pickles = sorted(p.name for p in path.glob("custom_checkpoint_*.pkl"))
+    if pickles:
+        raise SystemExit(
+            f"error: --resume: {path / pickles[0]} is a pickle, which this library does not load (it could run code); "
+            "this checkpoint was not written by this version of clean-rlhf: start over with --overwrite"
+        )
+    custom, accelerator._custom_objects = accelerator._custom_objects, []
+    try:
+        # accelerate passes over RNG states it cannot load (a resume that is no longer exact, silently): load them first
+        rng = path / f"random_states_{accelerator.process_index}.pkl"
+        if rng.exists():
+            accelerate_load(rng)
+        accelerator.load_state(str(path))
+        for i, obj in enumerate(custom):
+            obj.load_state_dict(json.loads((path / f"custom_state_{i}.json").read_text()))
+    except (pickle.UnpicklingError, RuntimeError, OSError, ValueError, EOFError, KeyError, TypeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(
+            f"error: --resume: {path} cannot be loaded ({type(e).__name__}: {reason}); it is damaged or not this "
+            "run's: start over with --overwrite"
+        ) from None
+    finally:
+        accelerator._custom_objects = custom
 
 
 def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
@@ -363,6 +435,8 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
+    if getattr(args, "run_name", None) is not None and storage.run_name_problem(args.run_name):
+        raise SystemExit(storage.run_name_problem(args.run_name))
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run
         raise SystemExit(
             f"error: --lora-r is {args.lora_r}; a LoRA rank must be at least 1 (leave --lora-r out to "

@@ -31,6 +31,48 @@ def output_dir_problem(root: Path) -> str | None:
     return None
 
 
+# the longest name the library puts beside a run directory: `.<run_name>.lock` (ownership.lock_file) and
+# `<run_name>.previous` (a finished run that --overwrite keeps until the new one finishes)
+SIBLING_SUFFIX = len(".previous")
+NAME_MAX = 255 - SIBLING_SUFFIX
+
+
+def run_name_problem(run_name: str) -> str | None:
+    """The one-line error of a `--run-name` that is not one plain directory name, or None: `.` and `..` name the
+    output directory and its parent (an `--overwrite` would delete them), a `/` a directory elsewhere, and a name
+    too long for the file system fails at the first write, after all the loading."""
+    if run_name in ("", ".", "..") or any(c in run_name for c in "/\\\0"):
+        return (
+            f"error: --run-name {run_name!r} is not a plain directory name; give a name without '/', other than "
+            "'.' and '..' (the run goes to --output-dir/NAME)"
+        )
+    if len(run_name.encode()) > NAME_MAX:
+        return f"error: --run-name is {len(run_name.encode())} bytes long; give one of at most {NAME_MAX}"
+    return None
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """The one-line error of a run directory the run cannot own, or None: a symbolic link (two names would share one
+    directory, and `--overwrite` would delete what it points to or fail), a file, or a directory this process cannot
+    write (a read-only mount). Checked before anything loads."""
+    flag = f"--run-name {run_dir.name}"
+    if run_dir.is_symlink():
+        return (
+            f"error: {run_dir} ({flag}) is a symbolic link; a run directory is a plain directory inside --output-dir: "
+            "remove the link or pass another --run-name"
+        )
+    if run_dir.exists() and not run_dir.is_dir():
+        return f"error: {run_dir} ({flag}) is a file, not a run directory; move it or pass another --run-name"
+    if run_dir.is_dir():
+        probe = run_dir / f".write-test-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            return f"error: {run_dir} ({flag}) cannot be written ({e.strerror or e}); pass another --run-name"
+    return None
+
+
 def replace_dir(tmp: Path, final: Path, keep_old_as: Path | None = None) -> None:
     """Puts the finished directory `tmp` at `final` by renames, so a kill part way leaves the old `final` (or, between
     the two renames, `final.old`, which `Run` puts back) and never a half-written one. `keep_old_as`: the old `final`

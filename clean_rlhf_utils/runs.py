@@ -138,11 +138,11 @@ class Run:
 
     def set_aside(self) -> None:
         """`--overwrite` of a used directory, once everything is loaded: a finished run (done.json) is moved to
-        `<run_name>.previous/` and deleted only when the new run finishes, so a new run that fails or is killed never
+        `.<run_name>.previous/` and deleted only when the new run finishes, so a new run that fails or is killed never
         costs the finished one (docs/faults.md); an unfinished run is deleted (its checkpoints were only a way to
         finish it)."""
         if (self.dir / "done.json").exists():
-            self.previous = self.dir.with_name(self.dir.name + ".previous")
+            self.previous = storage.previous_dir(self.dir)
             shutil.rmtree(self.previous, ignore_errors=True)
             self.dir.rename(self.previous)
             print(
@@ -328,7 +328,7 @@ class Run:
             for name in storage.CHECKPOINTS:  # model/ holds the weights
                 shutil.rmtree(self.dir / name, ignore_errors=True)
             # this run replaces the finished one --overwrite set aside (also when a resume finishes it)
-            shutil.rmtree(self.dir.with_name(self.dir.name + ".previous"), ignore_errors=True)
+            shutil.rmtree(storage.previous_dir(self.dir), ignore_errors=True)
         self.close()
         accelerator.wait_for_everyone()
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))

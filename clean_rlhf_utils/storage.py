@@ -32,9 +32,15 @@ def output_dir_problem(root: Path) -> str | None:
 
 
 # the longest name the library puts beside a run directory: `.<run_name>.lock` (ownership.lock_file) and
-# `<run_name>.previous` (a finished run that --overwrite keeps until the new one finishes)
-SIBLING_SUFFIX = len(".previous")
+# `.<run_name>.previous` (a finished run that --overwrite keeps until the new one finishes)
+SIBLING_SUFFIX = len("..previous")
 NAME_MAX = 255 - SIBLING_SUFFIX
+
+
+def previous_dir(run_dir: Path) -> Path:
+    """Where `--overwrite` keeps a finished run until the new one finishes: hidden (a dot name), so that globs of
+    runs (`runs/ppo_*`) never count it as another seed."""
+    return run_dir.with_name(f".{run_dir.name}.previous")
 
 
 def run_name_problem(run_name: str) -> str | None:

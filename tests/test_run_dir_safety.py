@@ -66,7 +66,7 @@ def test_overwrite_keeps_the_finished_run_until_the_new_one_finishes(assets, tmp
     from clean_rlhf_utils import runs
 
     sft.main(small_sft_args(assets, tmp_path))
-    run_dir, previous = tmp_path / "r", tmp_path / "r.previous"
+    run_dir, previous = tmp_path / "r", tmp_path / ".r.previous"
     files = {p.relative_to(run_dir): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
 
     def broken(self, *a, **k):

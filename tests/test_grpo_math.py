@@ -1029,6 +1029,29 @@ def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
     assert (tmp_path / loss_type / "config.json").exists() and (tmp_path / loss_type / "samples.jsonl").exists()
 
 
+def test_issue_52_flags_run_end_to_end_and_the_sequence_mean_counts_the_kept_completions(assets, tmp_path, monkeypatch):
+    """--dual-clip, --kl-clamp, --entropy-coef and --overlong-filtering (a 6-token budget truncates most completions)
+    with two mini-batches a step: `main` gives the `sequence` mean the number of completions in each mini-batch's loss,
+    not the mini-batch size."""
+    gen = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
+    calls, loss = [], grpo.micro_batch_loss
+
+    def recorded(model, packed, adv, mask, old, ref, args, num_sequences, *rest):
+        calls.append((num_sequences, int((mask.sum(1) > 0).sum()), mask.shape[0]))
+        return loss(model, packed, adv, mask, old, ref, args, num_sequences, *rest)
+
+    monkeypatch.setattr(grpo, "micro_batch_loss", recorded)
+    flags = dict(dual_clip=3.0, kl_clamp=10.0, entropy_coef=0.01, overlong_filtering=True, max_completion_length=6)
+    grpo.main(_args(assets, tmp_path, run_name="f", pass_k=0, eval_every=2, save_model=False, beta=0.04, **flags))
+    train = [r for r in _rows(tmp_path / "f" / "metrics.jsonl") if "loss/policy" in r]
+    assert [r["step"] for r in train] == [1, 2] and all(math.isfinite(r["loss/policy"]) for r in train)
+    assert len(calls) == 4 and all(n == kept for n, kept, _ in calls)  # one micro-batch per mini-batch of 4
+    assert any(kept < size for _, kept, size in calls), calls  # some completions were filtered
+
+
 @pytest.mark.parametrize(
     "variant",
     [

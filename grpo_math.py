@@ -577,14 +577,16 @@ def aggregate_loss(
     raise ValueError(f"unknown loss aggregation {aggregation}")
 
 
-def dapo_num_tokens(local_tokens: float, accelerator: Accelerator) -> float:
-    """DAPO's `num_tokens` for `aggregate_loss` on this process: the loss tokens of the mini-batch of every process
-    divided by the number of processes. DDP averages the processes' gradients, so each process's token sum over
-    (all tokens / processes), averaged, is the token sum of all processes over all their tokens, however the tokens are
-    spread (`sequence` under overlong filtering counts its kept completions so too). The other aggregations divide by
-    `num_sequences`, this process's mini-batch size, equal on every process, so DDP's average is already their mean."""
-    total = accelerator.reduce(torch.tensor(float(local_tokens), device=accelerator.device), "sum")
-    return total.item() / accelerator.num_processes
+def mini_batch_norms(loss_mask: torch.Tensor, args: Args, accelerator: Accelerator) -> tuple[float, float]:
+    """`num_sequences` and `num_tokens` of `aggregate_loss` for this process's mini-batch (its `loss_mask`): DAPO's loss
+    tokens and, under overlong filtering, `sequence`'s completions with a loss token, each summed over the processes and
+    divided by their number. DDP averages the processes' gradients, so each process's sum over (all tokens /
+    processes), averaged, is the sum of all processes over all their tokens, however the tokens are spread. Otherwise
+    `num_sequences` is the mini-batch size, equal on every process, so DDP's average is already the mean."""
+    local = torch.tensor([float(loss_mask.sum()), float((loss_mask.sum(1) > 0).sum())], device=accelerator.device)
+    tokens, kept = (total / accelerator.num_processes for total in accelerator.reduce(local, "sum").tolist())
+    filtered = args.overlong_filtering and args.loss_aggregation == "sequence"  # rows the filter emptied do not count
+    return (kept if filtered else loss_mask.shape[0]), tokens
 
 
 def micro_batch_loss(
@@ -969,12 +971,8 @@ def main(args: Args) -> dict:
             )
             for mb_start in range(0, B, mini_size):
                 mini = order[mb_start : mb_start + mini_size]
-                # DAPO normalises by the tokens of the whole mini-batch of every process (dapo_num_tokens)
-                num_tokens = dapo_num_tokens(loss_mask[mini].sum().item(), accelerator)
-                # `sequence` counts the completions in the loss (overlong filtering empties rows), as DAPO its tokens
-                n_seq = mini_size
-                if args.overlong_filtering and args.loss_aggregation == "sequence":
-                    n_seq = dapo_num_tokens((loss_mask[mini].sum(1) > 0).sum().item(), accelerator)
+                # DAPO normalises by the tokens of the whole mini-batch of every process (mini_batch_norms)
+                n_seq, num_tokens = mini_batch_norms(loss_mask[mini], args, accelerator)
                 update_loss = torch.zeros((), device=device)
                 for micro_start in range(0, mini_size, args.micro_batch_size):
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
@@ -991,7 +989,7 @@ def main(args: Args) -> dict:
                             error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
                             halt(run, background, error=error)
                         # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
-                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens)
+                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: mini_batch_norms)
                         engines.backward_share(accelerator, out["loss"], accelerator.num_processes)
                     update_loss += out["surrogate"]
                     sums.add(**micro_batch_stats(out, mask, completion_mask[idx, :c_end], iteration == 0))

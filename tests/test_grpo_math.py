@@ -382,7 +382,9 @@ def test_sampler_correction_defaults_follow_trl_1_16_and_weight_the_surrogate_on
     grpo.resolve_variant(args)
     assert args.sampler_correction == "sequence_mask"  # the old logprobs are not the sampler's: TRL's default mode
     logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
-    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, packed, temperature: (logp, torch.zeros(1, 2)))
+    monkeypatch.setattr(
+        grpo, "completion_logprobs", lambda model, packed, temperature, entropy_grad: (logp, torch.zeros(1, 2))
+    )
     args = grpo.Args(beta=1.0, sampler_logprobs=False, sampler_correction="token_truncate", loss_aggregation="token")
     grpo.resolve_variant(args)
     ref, mask = torch.full((1, 2), math.log(0.25)), torch.ones(1, 2)

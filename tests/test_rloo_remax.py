@@ -305,7 +305,14 @@ def _math_args(assets, tmp_path, run_name):
             ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--num-mini-batches", "2"],
         ),
         ("remax.py", ["--per-device-batch-size", "4", "--gradient-accumulation-steps", "2"]),
+        (  # issue 52's flags, all on
+            "rloo.py",
+            ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--dual-clip", "3"]
+            + ["--kl-clamp", "10", "--entropy-coef", "0.01"],
+        ),
+        ("remax.py", ["--per-device-batch-size", "4", "--kl-clamp", "10", "--entropy-coef", "0.01"]),
     ],
+    ids=["rloo", "remax", "rloo-issue-52-flags", "remax-issue-52-flags"],
 )
 def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
     cmd = [sys.executable, str(REPO / script), *_math_args(assets, tmp_path, "smoke"), "--total-episodes", "16", *extra]

@@ -198,6 +198,9 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     kl_estimator: Literal["k3", "k2"] | None = None
     """estimator of the KL loss term: k3 (DeepSeekMath), k2 = (log ratio)^2 / 2; default k2 for reinforce_pp_baseline
     (REINFORCE++), k3 otherwise. `objective/kl` logs k3 whatever the loss uses"""
+    kl_clamp: float | None = None
+    """bound every trained KL estimate (loss term, REINFORCE++'s in-reward k1) to [-c, c], no gradient past it (verl
+    clamps k3 at 10, OpenRLHF every estimator); None: off, as in every preset's paper (range: > 0)"""
     num_generations: int = 8
     """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8) (range: >= 2; advantages are relative
     to the group)"""
@@ -219,6 +222,13 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     epsilon_high: float | None = None
     """upper clip, 1 + epsilon_high; default: 0.28 for dapo (clip-higher), 4e-4 for sequence ratios (GSPO), 4 for
     cispo (weights capped at 5, TRL's ScaleRL setting), epsilon_low otherwise (range: >= 0)"""
+    dual_clip: float | None = None
+    """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
+    (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off, as in DeepSeekMath, Dr. GRPO, DAPO and
+    GSPO, so in every preset; not with cispo (range: > 1)"""
+    entropy_coef: float | None = None
+    """weight of an entropy bonus, -coef * the token entropy aggregated as the loss (verl's `entropy_coeff`, default
+    0); None: none, as in every preset's paper (range: >= 0)"""
     scale_rewards: bool | None = None
     """divide advantages by the group std; default: on, off for dr_grpo"""
     advantage_eps: float = 1e-4
@@ -437,15 +447,19 @@ def importance_log_ratio(
 
 
 def clipped_surrogate(
-    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float
+    log_ratio: torch.Tensor, advantages: torch.Tensor, epsilon_low: float, epsilon_high: float, dual_clip=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token loss -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A), ratio = exp(`log_ratio`),
     `advantages` (B,) broadcast over the tokens or (B, T) per token; and where the clip is active (no gradient):
-    ratio > 1 + eps_high with A > 0, < 1 - eps_low with A < 0."""
+    ratio > 1 + eps_high with A > 0, < 1 - eps_low with A < 0. `dual_clip` c (verl's default 3): a token with A < 0
+    loses at most c * |A|, flat (no gradient) past ratio c, so one runaway ratio cannot dominate an off-policy step."""
     ratio = torch.exp(log_ratio)
     adv = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
     loss = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv)
     clipped = ((ratio > 1 + epsilon_high) & (adv > 0)) | ((ratio < 1 - epsilon_low) & (adv < 0))
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip * adv), loss)
+        clipped = clipped | ((ratio > dual_clip) & (adv < 0))
     return loss, clipped
 
 
@@ -512,9 +526,10 @@ def reinforce_pp_advantages(
     """REINFORCE++ token advantages (B, T) (Hu 2025, arXiv:2501.03262). Without baseline (eq. 8-9): the return of
     token t, r - beta * sum_{s >= t} KL_s with KL_s = log pi_old(s) - log pi_ref(s) (k1, in the reward; `kl` None: no
     KL). With baseline (REINFORCE++-baseline): r - the mean reward of its group of G. Then both are normalised over
-    every token of the global batch (eq. 10), not per group: a group-normalised port is GRPO again."""
+    every token of the global batch (eq. 10), not per group: a group-normalised port is GRPO again. In the rewards'
+    dtype, as every estimator here, at least float32 (whitening integer or half-precision rewards would round)."""
     r = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True) if baseline else rewards.view(-1, G)
-    returns = r.reshape(-1, 1).expand(mask.shape).to(torch.float32)
+    returns = r.reshape(-1, 1).expand(mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))
     if kl is not None and beta:
         kl = kl * mask
         returns = returns - beta * (kl.sum(1, keepdim=True) - kl.cumsum(1) + kl)  # sum over s >= t
@@ -541,16 +556,18 @@ def aggregate_loss(
     num_tokens: float | None = None,
     seq_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token losses (B, T) and their mask to one number. sequence (GRPO): mean over sequences of
-    sum_t loss / |o_i|; fixed (Dr. GRPO): sum of everything / (num_sequences * max_completion_length); token (DAPO):
+    """Reduce per-token losses (B, T) and their mask to one number. sequence (GRPO): mean over the sequences in the loss
+    of sum_t loss / |o_i| (a row that overlong filtering emptied is not counted: verl's seq-mean-token-mean; TRL 1.16
+    counts it); fixed (Dr. GRPO): sum of everything / (num_sequences * max_completion_length); token (DAPO):
     sum of everything / num_tokens; prompt (ScaleRL): sum_i `seq_weights`_i sum_t loss / num_sequences, the weights
     from `prompt_weights` of the whole batch. `num_sequences` and `num_tokens` default to this batch's; pass the whole
     mini-batch's (token: the token count of all processes / processes) when `per_token` is one micro-batch, so the
     pieces sum to the whole."""
     mask = mask.to(per_token.dtype)
+    if aggregation == "sequence":  # `main` passes the mini-batch's non-empty rows of every process / processes
+        kept = (mask.sum(1) > 0).sum().item() if num_sequences is None else num_sequences
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / (kept or 1)
     num_sequences = per_token.shape[0] if num_sequences is None else num_sequences
-    if aggregation == "sequence":
-        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / num_sequences
     if aggregation == "fixed":
         return (per_token * mask).sum() / (num_sequences * max_completion_length)
     if aggregation == "token":
@@ -560,14 +577,16 @@ def aggregate_loss(
     raise ValueError(f"unknown loss aggregation {aggregation}")
 
 
-def dapo_num_tokens(local_tokens: float, accelerator: Accelerator) -> float:
-    """DAPO's `num_tokens` for `aggregate_loss` on this process: the loss tokens of the mini-batch of every process
-    divided by the number of processes. DDP averages the processes' gradients, so each process's token sum over
-    (all tokens / processes), averaged, is the token sum of all processes over all their tokens, however the tokens are
-    spread. The other aggregations divide by `num_sequences`, this process's mini-batch size, equal on every process,
-    so DDP's average is already their mean over every sequence."""
-    total = accelerator.reduce(torch.tensor(float(local_tokens), device=accelerator.device), "sum")
-    return total.item() / accelerator.num_processes
+def mini_batch_norms(loss_mask: torch.Tensor, args: Args, accelerator: Accelerator) -> tuple[float, float]:
+    """`num_sequences` and `num_tokens` of `aggregate_loss` for this process's mini-batch (its `loss_mask`): DAPO's loss
+    tokens and, under overlong filtering, `sequence`'s completions with a loss token, each summed over the processes and
+    divided by their number. DDP averages the processes' gradients, so each process's sum over (all tokens /
+    processes), averaged, is the sum of all processes over all their tokens, however the tokens are spread. Otherwise
+    `num_sequences` is the mini-batch size, equal on every process, so DDP's average is already the mean."""
+    local = torch.tensor([float(loss_mask.sum()), float((loss_mask.sum(1) > 0).sum())], device=accelerator.device)
+    tokens, kept = (total / accelerator.num_processes for total in accelerator.reduce(local, "sum").tolist())
+    filtered = args.overlong_filtering and args.loss_aggregation == "sequence"  # rows the filter emptied do not count
+    return (kept if filtered else loss_mask.shape[0]), tokens
 
 
 def micro_batch_loss(
@@ -587,17 +606,20 @@ def micro_batch_loss(
     (`old_logprobs` None: on-policy, ratio 1 with the logprobs' gradient), times the `sampler_logprobs` correction if
     given, plus beta * KL to `ref_logprobs` (None: no KL term), reduced by `aggregate_loss` with the whole mini-batch's
     `num_sequences` / `num_tokens` (and, for the prompt aggregation, these rows' `seq_weights`), so the micro-batches'
-    losses sum to the mini-batch's. Also the detached pieces `main` logs: `surrogate` (the loss without the KL term),
-    `clipped`, `ratio`, `kl` and `entropy`, per token."""
-    logprobs, entropy = completion_logprobs(model, packed, args.temperature)
+    losses sum to the mini-batch's; --kl-clamp bounds the KL term, --entropy-coef subtracts coef * the entropy. Also the
+    detached pieces `main` logs: `surrogate` (the loss without those terms), `clipped`, `ratio`, `kl` and `entropy`."""
+    logprobs, entropy = completion_logprobs(model, packed, args.temperature, entropy_grad=bool(args.entropy_coef))
     old = logprobs.detach() if old_logprobs is None else old_logprobs
     log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
     if args.loss_type == "cispo":
         per_token, clipped = cispo_surrogate(logprobs, log_ratio, advantages, 1 + args.epsilon_high)
     else:
-        per_token, clipped = clipped_surrogate(log_ratio, advantages, args.epsilon_low, args.epsilon_high)
+        per_token, clipped = clipped_surrogate(
+            log_ratio, advantages, args.epsilon_low, args.epsilon_high, args.dual_clip
+        )
     kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
     kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
+    kl_loss = kl_loss if args.kl_clamp is None else kl_loss.clamp(-args.kl_clamp, args.kl_clamp)  # zero grad past it
     kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward
     weights = capped = mismatch = scored = None
     if sampler_logprobs is not None:  # the tokens were drawn by the sampler: reweight towards the trainer's policy
@@ -617,13 +639,15 @@ def micro_batch_loss(
     )
     surrogate = aggregate_loss(per_token.detach(), mask, **agg)  # logged as loss/policy: without the KL term
     per_token = per_token + kl_coef * kl_loss
+    if args.entropy_coef:  # a bonus: lower loss for a higher entropy of the policy's next-token distribution
+        per_token = per_token - args.entropy_coef * entropy
     return {
         "loss": aggregate_loss(per_token, mask, **agg),
         "surrogate": surrogate,
         "clipped": clipped,
         "ratio": torch.exp(log_ratio.detach()),
         "kl": kl.detach(),
-        "entropy": entropy,
+        "entropy": entropy.detach(),
         "is_weight": weights,
         "is_capped": capped,
         "mismatch": mismatch,
@@ -649,6 +673,7 @@ def compute_advantages(
     if args.advantage_estimator != "group":  # REINFORCE++: normalised over the tokens of every process's batch
         kl_in_reward = args.advantage_estimator == "reinforce_pp" and args.beta > 0
         kl = (old_logprobs - ref_logprobs) if kl_in_reward else None
+        kl = kl.clamp(-args.kl_clamp, args.kl_clamp) if kl is not None and args.kl_clamp is not None else kl
         baseline = args.advantage_estimator == "reinforce_pp_baseline"
         rewards = batch["reward"].to(loss_mask.device)
         return reinforce_pp_advantages(rewards, loss_mask, G, baseline, kl, args.beta, reduce)
@@ -706,11 +731,11 @@ def soft_overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, f
     return -factor * (over / buffer).clamp(max=1.0)
 
 
-def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_logprobs(model, packed: dict, temperature: float, entropy_grad=False) -> tuple[torch.Tensor, ...]:
     """Logprobs (N, C) of the completion tokens of a `pack`ed batch under logits / temperature, and the token entropies
-    (no gradient). use_cache=False: with a cache, transformers would not read the packing from the position ids. The
-    LM head runs only on the columns that predict a completion token (`logits_to_keep`): over the prompts it would be
-    most of the logits' time and memory (a 151,936-word vocabulary for Qwen2.5)."""
+    (with a gradient only for --entropy-coef: it keeps another vocabulary-wide tensor). use_cache=False: with a cache,
+    transformers would not read the packing from the position ids. The LM head runs only on the columns that predict a
+    completion token (`logits_to_keep`): over the prompts it would be most of the logits' time and memory."""
     device = next(model.parameters()).device
     rows, cols = packed["rows"].to(device), packed["cols"].to(device)
     keep = cols.unique()  # sorted
@@ -723,7 +748,7 @@ def completion_logprobs(model, packed: dict, temperature: float) -> tuple[torch.
     logits = logits[rows, torch.searchsorted(keep, cols)].float() / temperature
     logp = logits.log_softmax(dim=-1)
     token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         entropy = -(logp.exp() * logp).sum(-1)
     return token_logp, entropy
 
@@ -946,8 +971,8 @@ def main(args: Args) -> dict:
             )
             for mb_start in range(0, B, mini_size):
                 mini = order[mb_start : mb_start + mini_size]
-                # DAPO normalises by the tokens of the whole mini-batch of every process (dapo_num_tokens)
-                num_tokens = dapo_num_tokens(loss_mask[mini].sum().item(), accelerator)
+                # DAPO normalises by the tokens of the whole mini-batch of every process (mini_batch_norms)
+                n_seq, num_tokens = mini_batch_norms(loss_mask[mini], args, accelerator)
                 update_loss = torch.zeros((), device=device)
                 for micro_start in range(0, mini_size, args.micro_batch_size):
                     idx = mini[micro_start : micro_start + args.micro_batch_size]
@@ -959,12 +984,12 @@ def main(args: Args) -> dict:
                         adv = advantages[idx, :c_end] if advantages.dim() == 2 else advantages[idx]
                         slp = sampler_lp[idx, :c_end] if sampler_lp is not None else None
                         w = seq_weights[idx] if seq_weights is not None else None
-                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, mini_size, num_tokens, slp, w)
+                        out = micro_batch_loss(model, packed, adv, mask, old, ref, args, n_seq, num_tokens, slp, w)
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
                             error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
                             halt(run, background, error=error)
                         # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
-                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens)
+                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: mini_batch_norms)
                         engines.backward_share(accelerator, out["loss"], accelerator.num_processes)
                     update_loss += out["surrogate"]
                     sums.add(**micro_batch_stats(out, mask, completion_mask[idx, :c_end], iteration == 0))

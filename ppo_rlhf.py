@@ -137,6 +137,9 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """beta of the per-token KL penalty (N+: 0.05) (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate in the reward: k1 = logp - ref_logp (N+), k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+    kl_clamp: float | None = None
+    """bound each token's KL estimate to [-c, c] (OpenRLHF clamps every estimator at 10, verl k3 at 10); None: off, as
+    in N+ and every preset (range: > 0)"""
     adaptive_kl: bool = False
     """adapt kl_coef towards `target_kl` (Ziegler et al. 2019)"""
     target_kl: float = 6.0
@@ -149,6 +152,12 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """GAE lambda (N+: 0.95) (range: [0, 1])"""
     cliprange: float = 0.2
     """policy ratio clip (N+: 0.2) (range: > 0)"""
+    dual_clip: float | None = None
+    """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
+    (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off (the N+ recipe has none) (range: > 1)"""
+    entropy_coef: float | None = None
+    """weight of an entropy bonus, -coef * the mean token entropy in the policy loss (verl's `entropy_coeff`, default
+    0); None: none, as in N+ (range: >= 0)"""
     cliprange_value: float = 0.2
     """value clip around the rollout values (N+: 0.2) (range: > 0)"""
     vf_coef: float = 0.1
@@ -330,14 +339,15 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened if shift_mean else whitened + mean
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None
+) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
     divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0)."""
+    >= 0); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
     log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    return torch.exp(-log_ratio) - 1 + log_ratio
+    kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def response_masks(sequence_lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -379,18 +389,23 @@ def compute_gae(
 
 
 def policy_loss(
-    new_logprobs, old_logprobs, advantages, mask, cliprange: float, count: float | None = None
+    new_logprobs, old_logprobs, advantages, mask, cliprange: float, count: float | None = None, dual_clip=None
 ) -> tuple[torch.Tensor, dict]:
     """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
     divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which `backward_share`
-    divides by the valid tokens of the whole minibatch). The statistics are means over these valid tokens."""
+    divides by the valid tokens of the whole minibatch). `dual_clip` c: a token with A < 0 loses at most c * |A|, flat
+    past ratio c (counted as clipped). The statistics are means over these valid tokens."""
     log_ratio = new_logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     losses = -advantages * ratio
     losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = (torch.max(losses, losses_clipped) * mask).sum() / (mask.sum() if count is None else count)
+    per_token, clipped = torch.max(losses, losses_clipped), losses_clipped > losses
+    if dual_clip is not None:  # one runaway ratio of a bad token cannot dominate a later epoch's update
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, -dual_clip * advantages), per_token)
+        clipped = clipped | ((ratio > dual_clip) & (advantages < 0))
+    loss = (per_token * mask).sum() / (mask.sum() if count is None else count)
     stats = {
-        "clipfrac": masked_mean((losses_clipped > losses).float(), mask),
+        "clipfrac": masked_mean(clipped.float(), mask),
         "approxkl": 0.5 * masked_mean(log_ratio**2, mask),
         "ratio": masked_mean(ratio, mask),
     }
@@ -436,13 +451,15 @@ def ppo_micro_batch(
     new_logits, vpred = model(**inputs, with_value=not separate_backward)
     new_logprobs = response_logprobs(new_logits[:, :width], packed["targets"][:, :width], args.temperature)
     new_logprobs = new_logprobs.masked_fill(mask, INVALID_LOGPROB)
-    pg_sum, pg_stats = policy_loss(
-        new_logprobs, rollout["logprobs"][:, :width], rollout["advantages"][:, :width], ~mask, args.cliprange, count=1.0
-    )
+    old, adv = rollout["logprobs"][:, :width], rollout["advantages"][:, :width]
+    pg_sum, pg_stats = policy_loss(new_logprobs, old, adv, ~mask, args.cliprange, 1.0, args.dual_clip)
+    trained = pg_sum  # with --entropy-coef, minus coef * the entropy of the same tokens (logged apart: pg_loss)
+    if args.entropy_coef:
+        trained = pg_sum - args.entropy_coef * (logits_entropy(new_logits[:, :width], args.temperature) * ~mask).sum()
     if separate_backward:
         # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
         # are freed before the value model's forward pass makes its own
-        engines.backward_share(accelerator, pg_sum, counts[0])
+        engines.backward_share(accelerator, trained, counts[0])
         _, vpred = model(**inputs, with_policy=False)
     vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
     vf_sum, vf_clipfrac = value_loss(
@@ -451,7 +468,7 @@ def ppo_micro_batch(
     if separate_backward:
         engines.backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
     else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
-        engines.backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
+        engines.backward_share(accelerator, trained / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
     return {
         "pg_loss": pg_sum.detach() / (~mask).sum(),
         "vf_loss": vf_sum.detach() / (~mask_p1).sum(),
@@ -644,7 +661,7 @@ def main(args: Args) -> dict:
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             values = values.masked_fill(padding_mask_p1, 0)
-            kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
+            kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator, args.kl_clamp).masked_fill(padding_mask, 0)
             rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
             if step_rewards is not None:
                 rewards = rewards + F.pad(step_rewards, (0, W - R)).masked_fill(padding_mask, 0)

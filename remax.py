@@ -130,6 +130,12 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+    kl_clamp: float | None = None
+    """bound each token's KL estimate to [-c, c] (OpenRLHF clamps every estimator at 10, verl k3 at 10); None: off, as
+    in N+ and every preset (range: > 0)"""
+    entropy_coef: float | None = None
+    """weight of an entropy bonus, -coef * the mean token entropy, over the tokens of the loss (verl's
+    `entropy_coeff`, default 0); None: none, as in the ReMax paper (range: >= 0)"""
 
     # ---- evaluation and logging ----
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
@@ -292,10 +298,11 @@ PRESETS = {
 
 
 def sequence_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str, clamp=None
 ) -> torch.Tensor:
-    """Summed per-token KL estimate of each response (B,): padding (after the EOS) contributes nothing."""
-    return kl_penalty(logprobs, ref_logprobs, estimator).masked_fill(padding_mask, 0).sum(1)
+    """Summed per-token KL estimate of each response (B,), each token's bounded by `clamp` (`kl_penalty`): padding
+    (after the EOS) contributes nothing."""
+    return kl_penalty(logprobs, ref_logprobs, estimator, clamp).masked_fill(padding_mask, 0).sum(1)
 
 
 def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
@@ -331,14 +338,21 @@ def remax_micro_batch_loss(
     pad_id: int,
     capacity: int,
     temperature: float,
-) -> torch.Tensor:
+    entropy_coef: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One micro-batch's summed ReMax loss: the responses' logprobs under the policy (one packed forward pass), then
-    `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens."""
-    new_logprobs = packed_logprobs(model, packing.pack_sequences(queries, responses, pad_id, capacity), temperature)
+    `remax_loss` with `advantages` (n, >= the longest response) over each response's own tokens. Returns the loss to
+    train (with `entropy_coef`, minus coef * the summed token entropy: a token mean once divided) and `remax_loss`."""
+    packed = packing.pack_sequences(queries, responses, pad_id, capacity)
+    out = packed_logprobs(model, packed, temperature, entropy=bool(entropy_coef))
+    new_logprobs, entropy = out if entropy_coef else (out, None)
     width = new_logprobs.shape[1]  # the longest response of this micro-batch
     lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
     padding_mask = torch.arange(width, device=new_logprobs.device)[None] >= lengths[:, None]
-    return remax_loss(new_logprobs, advantages[:, :width], padding_mask)
+    loss_sum = remax_loss(new_logprobs, advantages[:, :width], padding_mask)
+    if not entropy_coef:
+        return loss_sum, loss_sum
+    return loss_sum - entropy_coef * entropy.masked_fill(padding_mask, 0).sum(), loss_sum
 
 
 def disable_dropout(*models) -> None:
@@ -498,8 +512,8 @@ def main(args: Args) -> dict:
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
 
             # ---- 3. per-token advantages: the clipped score difference to the greedy response, minus beta * KL_t ----
-            token_kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator).masked_fill(padding_mask, 0)
-            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator)
+            token_kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator, args.kl_clamp).masked_fill(padding_mask, 0)
+            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator, args.kl_clamp)
             rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
             advantages = remax_advantages(scores, greedy_scores, token_kl, args.kl_coef, args.reward_clip)
             valid = ~padding_mask
@@ -512,13 +526,20 @@ def main(args: Args) -> dict:
             with accelerator.accumulate(model):
                 mb = list(range(micro_start, micro_start + micro_batch_size))
                 mb_queries, mb_responses = [query_tokens[i] for i in mb], [response_tokens[i] for i in mb]
-                loss_sum = remax_micro_batch_loss(
-                    model, mb_queries, mb_responses, advantages[mb], pad_id, capacity, args.temperature
+                trained, loss_sum = remax_micro_batch_loss(
+                    model,
+                    mb_queries,
+                    mb_responses,
+                    advantages[mb],
+                    pad_id,
+                    capacity,
+                    args.temperature,
+                    args.entropy_coef,
                 )
                 # a collective: every process checks every micro-batch
                 error = runs.non_finite_error("ReMax loss", update, args.learning_rate, " or check the rewards")
                 runs.stop_unless_finite(run, loss_sum, error)
-                engines.backward_share(accelerator, loss_sum, total_tokens)
+                engines.backward_share(accelerator, trained, total_tokens)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     # before the optimizer writes it into the weights
@@ -595,9 +616,10 @@ def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) 
     return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
 
 
-def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
-    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail).
-    use_cache=False: with a cache, transformers would not read the packing from the position ids."""
+def packed_logprobs(model, packed: dict, temperature: float, entropy: bool = False):
+    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail); with
+    `entropy`, also the tokens' entropies (N, C), with gradient (an entropy bonus). use_cache=False: with a cache,
+    transformers would not read the packing from the position ids."""
     device = next(model.parameters()).device
     rows, cols = packed["rows"].to(device), packed["cols"].to(device)
     keep = cols.unique()  # sorted; the LM head runs on the columns that predict a response token, not on the prompts
@@ -608,17 +630,20 @@ def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
         logits_to_keep=keep,
     ).logits
     logits = logits[rows, torch.searchsorted(keep, cols)].float() / (temperature + 1e-7)
-    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+    logp = logits.log_softmax(-1)
+    token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+    return (token_logp, -(logp.exp() * logp).sum(-1)) if entropy else token_logp
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None
+) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
     divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0)."""
+    >= 0); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
     log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    return torch.exp(-log_ratio) - 1 + log_ratio
+    kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def padded_inputs(query_responses: torch.Tensor, pad_id: int) -> dict:

@@ -135,8 +135,18 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """beta of the KL penalty in the sequence reward (N+: 0.05) (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+    kl_clamp: float | None = None
+    """bound each token's KL estimate to [-c, c] (OpenRLHF clamps every estimator at 10, verl k3 at 10); None: off, as
+    in N+ and every preset (range: > 0)"""
     cliprange: float = 0.2
     """clip of the sequence-level ratio when a batch is reused (PPO's epsilon) (range: > 0)"""
+    dual_clip: float | None = None
+    """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729) on the sequence ratio: a response with A < 0 loses at most
+    c * |A|, flat past ratio c (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off, as the RLOO
+    paper (one pass, ratio 1) and N+ have none (range: > 1)"""
+    entropy_coef: float | None = None
+    """weight of an entropy bonus, -coef * the mean over responses of each one's mean token entropy (verl's
+    `entropy_coeff`, default 0); None: none, as in the RLOO paper (range: >= 0)"""
 
     # ---- evaluation and logging ----
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
@@ -307,10 +317,11 @@ PRESETS = {
 
 
 def sequence_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str, clamp=None
 ) -> torch.Tensor:
-    """Summed per-token KL estimate of each response (B,): padding (after the EOS) contributes nothing."""
-    return kl_penalty(logprobs, ref_logprobs, estimator).masked_fill(padding_mask, 0).sum(1)
+    """Summed per-token KL estimate of each response (B,), each token's bounded by `clamp` (`kl_penalty`): padding
+    (after the EOS) contributes nothing."""
+    return kl_penalty(logprobs, ref_logprobs, estimator, clamp).masked_fill(padding_mask, 0).sum(1)
 
 
 def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
@@ -336,20 +347,23 @@ def sequence_logprobs(logprobs: torch.Tensor, padding_mask: torch.Tensor) -> tor
     return logprobs.masked_fill(padding_mask, 0).sum(1)
 
 
-def reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange: float) -> tuple[torch.Tensor, dict]:
+def reinforce_loss(
+    new_seq_logprobs, old_seq_logprobs, advantages, cliprange: float, dual_clip=None
+) -> tuple[torch.Tensor, dict]:
     """REINFORCE on whole responses, as PPO's clipped surrogate on the sequence-level ratio r = pi(y|x) / pi_old(y|x):
     mean over responses of max(-A r, -A clip(r, 1 - eps, 1 + eps)). On fresh samples r = 1 and the gradient is
-    exactly REINFORCE's -A grad log pi(y|x); the clip only matters when a batch is reused."""
+    exactly REINFORCE's -A grad log pi(y|x); the clip only matters when a batch is reused. `dual_clip` c: a response
+    with A < 0 loses at most c * |A|, flat past ratio c (counted as clipped)."""
     log_ratio = new_seq_logprobs - old_seq_logprobs
     ratio = torch.exp(log_ratio)
     losses = -advantages * ratio
     losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    loss = torch.max(losses, losses_clipped).mean()
-    stats = {
-        "clipfrac": (losses_clipped > losses).float().mean(),
-        "approxkl": 0.5 * (log_ratio**2).mean(),
-        "ratio": ratio.mean(),
-    }
+    per_response, clipped = torch.max(losses, losses_clipped), losses_clipped > losses
+    if dual_clip is not None:  # one runaway ratio of a bad response cannot dominate a reused batch's update
+        per_response = torch.where(advantages < 0, torch.minimum(per_response, -dual_clip * advantages), per_response)
+        clipped = clipped | ((ratio > dual_clip) & (advantages < 0))
+    loss = per_response.mean()
+    stats = {"clipfrac": clipped.float().mean(), "approxkl": 0.5 * (log_ratio**2).mean(), "ratio": ratio.mean()}
     return loss, stats
 
 
@@ -363,14 +377,23 @@ def rloo_micro_batch_loss(
     capacity: int,
     temperature: float,
     cliprange: float,
+    dual_clip: float | None = None,
+    entropy_coef: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """One micro-batch's RLOO loss, a mean over its responses: log pi(y | x) of each response under the policy (one
-    packed forward pass, summed over the response's own tokens), then `reinforce_loss`."""
-    new_logprobs = packed_logprobs(model, packing.pack_sequences(queries, responses, pad_id, capacity), temperature)
+    packed forward pass, summed over the response's own tokens), then `reinforce_loss`; with `entropy_coef`, minus
+    coef * the mean over responses of each one's mean token entropy (the statistics' `pg_loss`: without it)."""
+    packed = packing.pack_sequences(queries, responses, pad_id, capacity)
+    out = packed_logprobs(model, packed, temperature, entropy=bool(entropy_coef))
+    new_logprobs, entropy = out if entropy_coef else (out, None)
     lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
     padding_mask = torch.arange(new_logprobs.shape[1], device=new_logprobs.device)[None] >= lengths[:, None]
     new_seq_logprobs = sequence_logprobs(new_logprobs, padding_mask)
-    return reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange)
+    loss, stats = reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange, dual_clip)
+    stats["pg_loss"] = loss.detach()
+    if entropy_coef:
+        loss = loss - entropy_coef * (entropy.masked_fill(padding_mask, 0).sum(1) / lengths).mean()
+    return loss, stats
 
 
 def disable_dropout(*models) -> None:
@@ -522,7 +545,7 @@ def main(args: Args) -> dict:
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
 
             # ---- 3. sequence-level reward and leave-one-out advantages ----
-            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator)
+            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator, args.kl_clamp)
             rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
             advantages = rloo_advantages(rlhf_reward, args.rloo_k)
             if args.normalize_advantage:
@@ -550,6 +573,8 @@ def main(args: Args) -> dict:
                             capacity,
                             args.temperature,
                             args.cliprange,
+                            args.dual_clip,
+                            args.entropy_coef,
                         )
                         # a collective: every process checks every micro-batch
                         error = runs.non_finite_error("RLOO loss", update, args.learning_rate, " or check the rewards")
@@ -564,7 +589,9 @@ def main(args: Args) -> dict:
                             runs.stop_unless_finite(run, grad_norm, error)
                         optimizer.step()
                         optimizer.zero_grad()
-                    for k, v in zip(stats, (pg_stats["approxkl"], pg_stats["clipfrac"], pg_loss, pg_stats["ratio"])):
+                    for k, v in zip(
+                        stats, (pg_stats["approxkl"], pg_stats["clipfrac"], pg_stats["pg_loss"], pg_stats["ratio"])
+                    ):
                         stats[k].append(v.detach())
 
         # ---- 5. log (means over every process), evaluate, checkpoint ----
@@ -634,9 +661,10 @@ def truncate_response(responses: torch.Tensor, stop_token_id: int, pad_id: int) 
     return torch.masked_fill(responses, idxs > trunc_idxs, pad_id)
 
 
-def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
-    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail).
-    use_cache=False: with a cache, transformers would not read the packing from the position ids."""
+def packed_logprobs(model, packed: dict, temperature: float, entropy: bool = False):
+    """Logprobs (N, C) of the response tokens of a `pack`ed batch under logits / temperature (N+ detail); with
+    `entropy`, also the tokens' entropies (N, C), with gradient (an entropy bonus). use_cache=False: with a cache,
+    transformers would not read the packing from the position ids."""
     device = next(model.parameters()).device
     rows, cols = packed["rows"].to(device), packed["cols"].to(device)
     keep = cols.unique()  # sorted; the LM head runs on the columns that predict a response token, not on the prompts
@@ -647,17 +675,20 @@ def packed_logprobs(model, packed: dict, temperature: float) -> torch.Tensor:
         logits_to_keep=keep,
     ).logits
     logits = logits[rows, torch.searchsorted(keep, cols)].float() / (temperature + 1e-7)
-    return torch.gather(logits.log_softmax(-1), 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+    logp = logits.log_softmax(-1)
+    token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
+    return (token_logp, -(logp.exp() * logp).sum(-1)) if entropy else token_logp
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None
+) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
     divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0)."""
+    >= 0); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
     log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    return torch.exp(-log_ratio) - 1 + log_ratio
+    kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

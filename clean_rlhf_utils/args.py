@@ -281,6 +281,11 @@ def check_grpo_args(args, synced: bool) -> None:
             "error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
             "clipped sequence ratio: pick one"
         )
+    if args.loss_type == "cispo" and args.dual_clip is not None:
+        raise SystemExit(
+            "error: --dual-clip bounds PPO's clipped surrogate; --loss-type cispo has none (its weights are capped at "
+            "1 + --epsilon-high): drop one"
+        )
     if (args.advantage_estimator == "distill") != bool(args.teacher_model_path):
         raise SystemExit(
             "error: on-policy distillation takes both --advantage-estimator distill and "

@@ -310,6 +310,27 @@ CASES = [
         lambda s, w: ["--weight-decay", "-0.1"],
         scripts_with("--weight-decay"),
     ),
+    BadInput(
+        "dual-clip-1",
+        "`--dual-clip 1` (dual-clip PPO bounds ratios above 1, issue 52)",
+        "--dual-clip is 1.0; it must be above 1",
+        lambda s, w: ["--dual-clip", "1"],
+        scripts_with("--dual-clip"),
+    ),
+    BadInput(
+        "kl-clamp-0",
+        "`--kl-clamp 0` (would zero every KL estimate, issue 52)",
+        "--kl-clamp is 0.0; it must be above 0",
+        lambda s, w: ["--kl-clamp", "0"],
+        scripts_with("--kl-clamp"),
+    ),
+    BadInput(
+        "entropy-coef-negative",
+        "a negative `--entropy-coef` (an entropy penalty, issue 52)",
+        "--entropy-coef is -0.01; it must be at least 0",
+        lambda s, w: ["--entropy-coef", "-0.01"],
+        scripts_with("--entropy-coef"),
+    ),
     BadInput("seed-negative", "`--seed -1` (was: a traceback)", "--seed is -1", lambda s, w: ["--seed", "-1"]),
     BadInput(
         "seed-huge",

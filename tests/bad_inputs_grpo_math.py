@@ -302,6 +302,13 @@ CASES = [
         S,
     ),
     BadInput(
+        "cispo-dual-clip",
+        "`--loss-type cispo --dual-clip 3` (CISPO has no clipped surrogate to bound)",
+        "--dual-clip bounds PPO's clipped surrogate; --loss-type cispo has none",
+        lambda s, w: ["--loss-type", "cispo", "--dual-clip", "3"],
+        S,
+    ),
+    BadInput(
         "overlong-buffer-negative",
         "a negative `--overlong-buffer`",
         "--overlong-buffer is -4",

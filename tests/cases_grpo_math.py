@@ -4,7 +4,7 @@ then `accelerator.backward(loss * gradient_accumulation_steps)`), against each p
 
 How `main` normalises: grpo and dr_grpo divide by `num_sequences` = this process's mini-batch size (equal on every
 process; DDP then averages the processes), so `global_count` is this process's count; dapo divides by
-`dapo_num_tokens`, the loss tokens of every process / the number of processes."""
+`mini_batch_norms`, the loss tokens of every process / the number of processes."""
 
 from __future__ import annotations
 
@@ -109,7 +109,8 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
         return float(sum(len(it["completion"]) for it in items)) if by_tokens else float(len(items))
 
     def global_count(accelerator, count):
-        return grpo.dapo_num_tokens(count, accelerator) if by_tokens else count
+        # mini_batch_norms of a mask holding `count` loss tokens: the tokens of every process / processes
+        return grpo.mini_batch_norms(torch.ones(1, int(count)), args, accelerator)[1] if by_tokens else count
 
     def step(accelerator, model, items, total):
         packed = packing.pack_completions(

@@ -66,7 +66,7 @@ def step(accelerator, model, items, total):
     advantages = torch.zeros(len(items), width)
     for i, it in enumerate(items):
         advantages[i, : len(it["response"])] = it["advantages"]
-    loss_sum = remax.remax_micro_batch_loss(
+    loss_sum, _ = remax.remax_micro_batch_loss(
         model, [it["query"] for it in items], [it["response"] for it in items], advantages, PAD, CAPACITY, TEMPERATURE
     )
     engines.backward_share(accelerator, loss_sum, total)

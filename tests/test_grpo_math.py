@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 import grpo_math as grpo
 from clean_rlhf_utils import data, judges, loading, packing, prompts
+from clean_rlhf_utils.args import check_ranges
 from tests.launch import free_port, launch_cmd
 
 REPO = Path(__file__).resolve().parent.parent
@@ -381,7 +382,9 @@ def test_sampler_correction_defaults_follow_trl_1_16_and_weight_the_surrogate_on
     grpo.resolve_variant(args)
     assert args.sampler_correction == "sequence_mask"  # the old logprobs are not the sampler's: TRL's default mode
     logp = torch.tensor([[math.log(0.5), math.log(0.25)]], requires_grad=True)
-    monkeypatch.setattr(grpo, "completion_logprobs", lambda model, packed, temperature: (logp, torch.zeros(1, 2)))
+    monkeypatch.setattr(
+        grpo, "completion_logprobs", lambda model, packed, temperature, entropy_grad: (logp, torch.zeros(1, 2))
+    )
     args = grpo.Args(beta=1.0, sampler_logprobs=False, sampler_correction="token_truncate", loss_aggregation="token")
     grpo.resolve_variant(args)
     ref, mask = torch.full((1, 2), math.log(0.25)), torch.ones(1, 2)
@@ -544,6 +547,124 @@ def test_prompt_aggregation_is_the_mean_over_prompts_of_each_group_token_mean():
         (10 / 4 + 8 / 6) / 2
     )
     assert grpo.aggregate_loss(per_token, mask, "token", 8).item() == pytest.approx(1.8)
+
+
+def test_dual_clip_bounds_the_loss_of_a_runaway_negative_advantage_token():
+    """Dual-clip PPO (verl's clip_ratio_c, OpenRLHF's --dual_clip; issue 52): one token, ratio 5, A = -1, eps 0.2.
+    PPO: max(-A r, -A clip(r, 0.8, 1.2)) = max(5, 1.2) = 5, d loss / d log r = r |A| = 5. With c = 3: min(5, 3 |A|) = 3,
+    flat: gradient 0, and the token counts as clipped."""
+    x = torch.tensor([[math.log(5.0)]], requires_grad=True)
+    neg, pos = torch.tensor([-1.0]), torch.tensor([1.0])
+    loss, clipped = grpo.clipped_surrogate(x, neg, 0.2, 0.2)
+    loss.sum().backward()
+    assert (loss.item(), x.grad.item(), clipped.item()) == (pytest.approx(5.0), pytest.approx(5.0), False)
+    x.grad = None
+    loss, clipped = grpo.clipped_surrogate(x, neg, 0.2, 0.2, dual_clip=3.0)
+    loss.sum().backward()
+    assert (loss.item(), x.grad.item(), clipped.item()) == (pytest.approx(3.0), 0.0, True)
+    # below c, and with A > 0, it changes nothing (ratio 2, A = -1: loss 2; ratio 5, A = 1: PPO's clip, -1.2)
+    for ratio, adv, expected in [(2.0, neg, 2.0), (5.0, pos, -1.2)]:
+        lr = torch.tensor([[math.log(ratio)]])
+        loss, clipped = grpo.clipped_surrogate(lr, adv, 0.2, 0.2, 3.0)
+        assert loss.item() == pytest.approx(expected) and clipped.item() == (adv.item() > 0)
+    assert grpo.Args().dual_clip is None  # off by default: no paper of a preset uses it
+    with pytest.raises(SystemExit, match="--dual-clip is 1.0; it must be above 1"):
+        check_ranges(grpo.Args(dual_clip=1.0))
+    with pytest.raises(SystemExit, match="--dual-clip bounds PPO's clipped surrogate"):
+        grpo.resolve_variant(grpo.Args(loss_type="cispo", dual_clip=3.0))
+
+
+class OneTokenPolicy(torch.nn.Module):
+    """A policy whose logits over a two-word vocabulary are its parameter z, for a `pack`ed batch of one completion
+    of one token (word 1), so that `micro_batch_loss` runs its real code on numbers small enough to check by hand."""
+
+    def __init__(self, z: list[float]):
+        super().__init__()
+        self.z = torch.nn.Parameter(torch.tensor([[z]]))
+
+    def forward(self, **kwargs):
+        return type("Out", (), {"logits": self.z})()
+
+
+ONE_TOKEN = {k: torch.tensor([[v]]) for k, v in dict(input_ids=0, position_ids=0, rows=0, cols=0, targets=1).items()}
+
+
+def one_token_loss(z: list[float], ref: float | None = None, **flags) -> tuple[dict, torch.Tensor]:
+    """micro_batch_loss of the one-token policy at advantage 0 (so the surrogate adds no gradient): the output and the
+    gradient of the loss with respect to the logits z."""
+    args = grpo.Args(**flags)
+    grpo.resolve_variant(args)
+    model = OneTokenPolicy(z)
+    ref_logprobs = None if ref is None else torch.tensor([[ref]])
+    out = grpo.micro_batch_loss(model, ONE_TOKEN, torch.zeros(1), torch.ones(1, 1), None, ref_logprobs, args, 1, 1.0)
+    out["loss"].backward()
+    return out, model.z.grad.flatten()
+
+
+def test_kl_clamp_bounds_the_kl_term_and_zeroes_its_gradient_past_the_bound():
+    """verl clamps k3 to [-10, 10] (OpenRLHF every estimator): logits (log 3, 0), word 1 sampled, log p = log 1/4;
+    ref - log p = 3 gives k3 = e^3 - 3 - 1 = 16.0855. beta 1: unclamped, d k3 / d log p = 1 - e^3 and d log p / dz =
+    onehot - p = (-3/4, 3/4), so dz = (1 - e^3)(-3/4, 3/4); clamped at 10, the loss is 10 and the gradient 0."""
+    z, logp = [math.log(3.0), 0.0], math.log(0.25)
+    out, grad = one_token_loss(z, logp + 3, beta=1.0)
+    assert out["loss"].item() == pytest.approx(math.exp(3) - 4, rel=1e-5)
+    torch.testing.assert_close(grad, torch.tensor([-0.75, 0.75]) * (1 - math.exp(3)))
+    out, grad = one_token_loss(z, logp + 3, beta=1.0, kl_clamp=10.0)
+    assert out["loss"].item() == pytest.approx(10.0) and grad.abs().max().item() == 0.0
+    assert out["kl"].item() == pytest.approx(math.exp(3) - 4, rel=1e-5)  # objective/kl logs the estimate unclamped
+    _, grad = one_token_loss(z, logp + 0.5, beta=1.0, kl_clamp=10.0)  # k3 = 0.1487 inside the bound: untouched
+    torch.testing.assert_close(grad, torch.tensor([-0.75, 0.75]) * (1 - math.exp(0.5)))
+    with pytest.raises(SystemExit, match="--kl-clamp is 0.0; it must be above 0"):
+        check_ranges(grpo.Args(kl_clamp=0.0))
+
+
+def test_entropy_bonus_gradient_is_minus_coef_times_the_entropy_gradient():
+    """verl's entropy_coeff: loss - coef * H. Logits (0, log 3): p = (1/4, 3/4), H = 0.56234, and
+    dH/dz_i = -p_i (log p_i + H) = (0.20599, -0.20599); coef 0.1 at advantage 0: loss -0.056234, dz = -0.1 dH/dz.
+    Without the flag the entropy is a statistic: no gradient, the same logged value."""
+    p = torch.tensor([0.25, 0.75])
+    h = -(p * p.log()).sum().item()
+    out, grad = one_token_loss([0.0, math.log(3.0)], entropy_coef=0.1)
+    assert h == pytest.approx(0.56234, abs=1e-5) and out["loss"].item() == pytest.approx(-0.1 * h)
+    torch.testing.assert_close(grad, -0.1 * -p * (p.log() + h))
+    assert grad[0].item() == pytest.approx(-0.020599, abs=1e-6)
+    assert out["surrogate"].item() == 0.0 and out["entropy"].item() == pytest.approx(h)  # logged without the bonus
+    out, grad = one_token_loss([0.0, math.log(3.0)])
+    assert out["entropy"].item() == pytest.approx(h) and grad.abs().max().item() == 0.0
+    with pytest.raises(SystemExit, match="--entropy-coef is -0.1; it must be at least 0"):
+        check_ranges(grpo.Args(entropy_coef=-0.1))
+
+
+def test_sequence_mean_leaves_out_a_completion_that_overlong_filtering_emptied():
+    """Issue 52: per-token losses ones(2, 1), mask ((1), (0)) (the second completion truncated and filtered). The
+    `sequence` mean is over the completions in the loss: 1.0 (verl's seq-mean-token-mean); TRL 1.16 divides by both
+    rows, 0.5. `fixed` and `prompt` keep constant normalisers (Dr. GRPO: completions x L) and count every row."""
+    per_token, mask = torch.ones(2, 1), torch.tensor([[1], [0]])
+    assert grpo.aggregate_loss(per_token, mask, "sequence", 4).item() == 1.0
+    # micro-batched as `main` runs it, each piece over the mini-batch's kept count: the pieces sum to the whole
+    pieces = [grpo.aggregate_loss(per_token[i : i + 1], mask[i : i + 1], "sequence", 4, 1) for i in range(2)]
+    assert sum(pieces).item() == 1.0
+    assert grpo.aggregate_loss(per_token, torch.zeros(2, 1), "sequence", 4).item() == 0.0  # all filtered: no NaN
+    assert grpo.aggregate_loss(per_token, mask, "fixed", 1).item() == 0.5
+    assert grpo.aggregate_loss(per_token, mask, "token", 1).item() == 1.0
+    weights = grpo.prompt_weights(torch.tensor([[1], [0], [0], [0]]), 2)  # group 2 all filtered: still a prompt
+    assert (
+        grpo.aggregate_loss(torch.ones(4, 1), torch.tensor([[1], [0], [0], [0]]), "prompt", 1, seq_weights=weights)
+        == 0.5
+    )
+
+
+def test_reinforce_pp_advantages_keep_the_rewards_dtype():
+    """Issue 52: REINFORCE++ returned float32 whatever its input. Rewards (1, 0, 0, 0) in float64, G = 2, one token
+    each: mean 0.25, population variance 0.25 - 0.0625 = 0.1875, so (1 - 0.25) / sqrt(0.1875) = sqrt(3) and
+    -0.25 / sqrt(0.1875) = -1 / sqrt(3), in float64; half-precision rewards are whitened in float32."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    adv = grpo.reinforce_pp_advantages(rewards, torch.ones(4, 1, dtype=torch.long), 2, baseline=False)
+    assert adv.dtype == torch.float64
+    torch.testing.assert_close(
+        adv[:, 0], torch.tensor([3**0.5, -(3**-0.5), -(3**-0.5), -(3**-0.5)], dtype=torch.float64)
+    )
+    assert grpo.reinforce_pp_advantages(rewards.half(), torch.ones(4, 1), 2, baseline=False).dtype == torch.float32
 
 
 def test_dynamic_sampling_drops_groups_whose_rewards_are_all_equal():
@@ -908,6 +1029,29 @@ def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
     assert {"eval/pass@k", "eval/maj@k"} <= set(metrics)
     assert (tmp_path / loss_type / "model" / "model.safetensors").exists()
     assert (tmp_path / loss_type / "config.json").exists() and (tmp_path / loss_type / "samples.jsonl").exists()
+
+
+def test_issue_52_flags_run_end_to_end_and_the_sequence_mean_counts_the_kept_completions(assets, tmp_path, monkeypatch):
+    """--dual-clip, --kl-clamp, --entropy-coef and --overlong-filtering (a 6-token budget truncates most completions)
+    with two mini-batches a step: `main` gives the `sequence` mean the number of completions in each mini-batch's loss,
+    not the mini-batch size."""
+    gen = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(
+        grpo, "success_reward", lambda text, gold, fmt: float(torch.rand(1, generator=gen).item() < 0.3)
+    )
+    calls, loss = [], grpo.micro_batch_loss
+
+    def recorded(model, packed, adv, mask, old, ref, args, num_sequences, *rest):
+        calls.append((num_sequences, int((mask.sum(1) > 0).sum()), mask.shape[0]))
+        return loss(model, packed, adv, mask, old, ref, args, num_sequences, *rest)
+
+    monkeypatch.setattr(grpo, "micro_batch_loss", recorded)
+    flags = dict(dual_clip=3.0, kl_clamp=10.0, entropy_coef=0.01, overlong_filtering=True, max_completion_length=6)
+    grpo.main(_args(assets, tmp_path, run_name="f", pass_k=0, eval_every=2, save_model=False, beta=0.04, **flags))
+    train = [r for r in _rows(tmp_path / "f" / "metrics.jsonl") if "loss/policy" in r]
+    assert [r["step"] for r in train] == [1, 2] and all(math.isfinite(r["loss/policy"]) for r in train)
+    assert len(calls) == 4 and all(n == kept for n, kept, _ in calls)  # one micro-batch per mini-batch of 4
+    assert any(kept < size for _, kept, size in calls), calls  # some completions were filtered
 
 
 @pytest.mark.parametrize(

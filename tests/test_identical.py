@@ -40,6 +40,13 @@ def test_same_numbers_pass_and_each_kind_of_difference_is_named(tmp_path, capsys
     assert identical.main([str(tmp_path / "a"), str(tmp_path / "e")]) == 1
     assert "config.json: seed 1 != 2" in capsys.readouterr().out
 
+    # a flag added since, at its default None (off), is no difference; at a value it is one
+    make_run(tmp_path / "g", "r", rows, w, {"seed": 1, "learning_rate": 1e-3, "dual_clip": None})
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "g")]) == 0
+    make_run(tmp_path / "h", "r", rows, w, {"seed": 1, "learning_rate": 1e-3, "dual_clip": 3.0})
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "h")]) == 1
+    assert "config.json: dual_clip None != 3.0" in capsys.readouterr().out
+
     make_run(tmp_path / "f", "other", rows, w)
     assert identical.main([str(tmp_path / "a"), str(tmp_path / "f")]) == 1
     assert "missing other" in capsys.readouterr().out

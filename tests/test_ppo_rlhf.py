@@ -9,6 +9,7 @@ import torch
 
 import ppo_rlhf as ppo
 from clean_rlhf_utils import data, generation, packing
+from clean_rlhf_utils.args import check_ranges
 
 
 def test_truncate_response_after_first_eos():
@@ -144,6 +145,76 @@ def test_clipped_policy_loss_by_hand():
     # with `count`: the sum over the valid tokens / count (the minibatch's valid tokens, see ppo_micro_batch)
     summed, _ = ppo.policy_loss(new, old, adv, torch.tensor([[True, False, True]]), cliprange=0.2, count=10.0)
     assert summed.item() == pytest.approx((-1.2 - 3.3) / 10, rel=1e-5)
+
+
+def test_dual_clip_bounds_a_runaway_negative_advantage_token():
+    """Dual-clip PPO (verl's clip_ratio_c, OpenRLHF's --dual_clip; issue 52): ratio 5, A = -1, clip 0.2. PPO:
+    max(-A r, -A clip(r)) = max(5, 1.2) = 5 with d loss / d log r = 5; dual clip c = 3: min(5, 3 |A|) = 3, gradient 0,
+    counted in clipfrac. A token below c keeps PPO's loss (ratio 2, A = -1: 2)."""
+    new = torch.tensor([[math.log(5.0), math.log(2.0)]], requires_grad=True)
+    adv, mask = torch.tensor([[-1.0, -1.0]]), torch.tensor([[True, True]])
+    loss, stats = ppo.policy_loss(new, torch.zeros(1, 2), adv, mask, cliprange=0.2, count=1.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(7.0) and stats["clipfrac"].item() == 0.0
+    torch.testing.assert_close(new.grad, torch.tensor([[5.0, 2.0]]))
+    new.grad = None
+    loss, stats = ppo.policy_loss(new, torch.zeros(1, 2), adv, mask, cliprange=0.2, count=1.0, dual_clip=3.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(3.0 + 2.0) and stats["clipfrac"].item() == 0.5
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0, 2.0]]))
+    assert ppo.Args().dual_clip is None  # off: the N+ recipe has no dual clip
+    with pytest.raises(SystemExit, match="--dual-clip is 0.5; it must be above 1"):
+        check_ranges(ppo.Args(dual_clip=0.5))
+
+
+def test_kl_clamp_bounds_the_estimate_with_no_gradient_past_it():
+    """verl clamps k3 to [-10, 10], OpenRLHF every estimator: ref - logp = 3 gives k3 = e^3 - 3 - 1 = 16.0855, 10 when
+    clamped; k1 = logp - ref = -12 gives -10; inside the bound (k3 of 0.5: 0.1487) nothing changes."""
+    lp = torch.tensor([-4.0, -1.0, -2.0], requires_grad=True)
+    ref = torch.tensor([-1.0, 11.0, -2.5])
+    assert ppo.kl_penalty(lp, ref, "k3")[0].item() == pytest.approx(math.exp(3) - 4)
+    clamped = ppo.kl_penalty(lp, ref, "k3", clamp=10.0)
+    torch.testing.assert_close(clamped.detach(), torch.tensor([10.0, 10.0, math.exp(-0.5) - 1 + 0.5]))
+    torch.testing.assert_close(ppo.kl_penalty(lp, ref, "k1", clamp=10.0).detach(), torch.tensor([-3.0, -10.0, 0.5]))
+    clamped.sum().backward()
+    assert lp.grad[:2].tolist() == [0.0, 0.0] and lp.grad[2].item() == pytest.approx(1 - math.exp(-0.5))
+    with pytest.raises(SystemExit, match="--kl-clamp is 0.0; it must be above 0"):
+        check_ranges(ppo.Args(kl_clamp=0.0))
+
+
+class TwoWordPolicyAndValue(torch.nn.Module):
+    """`PolicyAndValue`'s interface with logits that are the parameter z (one response, two columns, a two-word
+    vocabulary) and values 0, so `ppo_micro_batch` runs its own code on numbers small enough to check by hand."""
+
+    def __init__(self, z: torch.Tensor):
+        super().__init__()
+        self.z = torch.nn.Parameter(z)
+
+    def forward(self, input_ids, position_ids, index, with_policy=True, with_value=True):
+        return self.z, torch.zeros(1, 2)
+
+
+def test_entropy_bonus_gradient_is_minus_coef_times_the_entropy_gradient():
+    """verl's entropy_coeff in PPO's policy loss: the response's one token (word 1) has logits (0, log 3), p = (1/4,
+    3/4), H = 0.56234, dH/dz = -p (log p + H) = (0.20599, -0.20599). At advantage 0 the surrogate adds no gradient, so
+    with coef 0.1 over one valid token dz = -0.1 dH/dz; the second column is padding and gets none. pg_loss logs the
+    surrogate alone."""
+    from accelerate import Accelerator
+
+    p = torch.tensor([0.25, 0.75])
+    h = -(p * p.log()).sum()
+    grads = {}
+    for coef in (None, 0.1):
+        model = TwoWordPolicyAndValue(torch.tensor([[[0.0, math.log(3.0)], [5.0, 0.0]]]))
+        rollout = {k: torch.zeros(1, 2) for k in ("logprobs", "values", "returns", "advantages")}
+        rollout.update(padding_mask=torch.tensor([[False, True]]), padding_mask_p1=torch.tensor([[False, False]]))
+        args = ppo.Args(entropy_coef=coef, temperature=1.0)
+        out = ppo.ppo_micro_batch(model, Accelerator(cpu=True), [[0]], [[1]], rollout, (1.0, 2.0), args, False, 0)
+        assert out["pg_loss"].item() == 0.0
+        grads[coef] = model.z.grad[0]
+    assert grads[None].abs().max().item() == 0.0
+    torch.testing.assert_close(grads[0.1][0], -0.1 * -p * (p.log() + h), atol=1e-6, rtol=1e-5)
+    assert grads[0.1][0, 0].item() == pytest.approx(-0.020599, abs=1e-6) and grads[0.1][1].abs().max().item() == 0.0
 
 
 def test_clipped_value_loss_by_hand():
@@ -602,3 +673,46 @@ def test_stop_token_and_the_column_for_the_score_after_eos(eager_to_stop, assets
     for i, s in enumerate(last.tolist()):
         assert rewards[i, s + 1].item() == pytest.approx(1.0, abs=1e-5)  # the score one past EOS (KL there is 0)
         assert (rewards[i, s + 2 :] == 0).all() and (values[i, s + 2 :] == 0).all()
+
+
+@pytest.mark.parametrize("separate", [True, False], ids=["separate-backward", "one-backward"])
+def test_issue_52_flags_train_end_to_end(assets, tmp_path, separate):
+    """--dual-clip, --kl-clamp and --entropy-coef together through `main` (two updates of two PPO epochs, both backward
+    paths): finite losses, and a training different from the same run without them."""
+    import json
+
+    losses = {}
+    for flags in ({}, dict(dual_clip=3.0, kl_clamp=10.0, entropy_coef=0.1)):
+        name = f"f{len(flags)}"
+        args = ppo.Args(
+            exp_name="flags",
+            run_name=name,
+            output_dir=str(tmp_path),
+            seed=5,
+            num_threads=1,
+            sft_model_path=str(assets / "models" / "tiny-neox"),
+            reward_model_path=None,
+            reward_source="math",
+            dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+            eval_split="test",
+            prompt_template="Question: {question}\nAnswer:\n",
+            reference_template="{answer}",
+            max_prompt_length=96,
+            response_length=10,
+            temperature=1.0,
+            total_episodes=16,
+            per_device_batch_size=8,
+            num_mini_batches=2,
+            num_ppo_epochs=2,
+            learning_rate=1e-3,
+            eval_every=100,
+            num_eval_examples=2,
+            save_model=False,
+            separate_backward=separate,
+            **flags,
+        )
+        ppo.main(args)
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [r["loss/policy_avg"] for r in rows if "loss/policy_avg" in r]
+    assert len(losses["f3"]) == 2 and all(math.isfinite(x) for x in losses["f3"])
+    assert losses["f3"] != losses["f0"]  # the flags changed what was trained (the bonus from the first step on)

@@ -20,6 +20,7 @@ import ppo_rlhf
 import remax
 import rloo
 from clean_rlhf_utils import data, generation, loading, packing
+from clean_rlhf_utils.args import check_ranges
 from tests.bad_inputs import make_reward_model
 from tests.launch import launch_cmd
 
@@ -109,6 +110,71 @@ def test_reinforce_loss_by_hand():
     lp = torch.tensor([[-1.0, -2.0, rloo.INVALID_LOGPROB], [-0.5, -0.5, -0.5]])
     pm = torch.tensor([[False, False, True], [False, False, False]])
     torch.testing.assert_close(rloo.sequence_logprobs(lp, pm), torch.tensor([-3.0, -1.5]))
+
+
+def test_rloo_dual_clip_bounds_a_runaway_negative_advantage_response():
+    """Dual clip on RLOO's sequence ratio (issue 52): ratio 5, A = -1, clip 0.2: PPO's loss 5 with gradient 5; with
+    c = 3 the loss is 3 with gradient 0 (counted as clipped); ratio 2 keeps its loss 2."""
+    new = torch.tensor([math.log(5.0), math.log(2.0)], requires_grad=True)
+    adv = torch.tensor([-1.0, -1.0])
+    loss, stats = rloo.reinforce_loss(new, torch.zeros(2), adv, cliprange=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(3.5) and stats["clipfrac"].item() == 0.0
+    torch.testing.assert_close(new.grad, torch.tensor([2.5, 1.0]))  # the mean over 2 responses
+    new.grad = None
+    loss, stats = rloo.reinforce_loss(new, torch.zeros(2), adv, cliprange=0.2, dual_clip=3.0)
+    loss.backward()
+    assert loss.item() == pytest.approx(2.5) and stats["clipfrac"].item() == 0.5
+    torch.testing.assert_close(new.grad, torch.tensor([0.0, 1.0]))
+
+
+@pytest.mark.parametrize("mod", [rloo, remax], ids=["rloo", "remax"])
+def test_kl_clamp_bounds_the_per_token_kl_of_the_reward(mod):
+    """The clamp (OpenRLHF: every estimator at 10): k3 of ref - logp = 3 is e^3 - 4 = 16.0855, 10 clamped; the
+    sequence KL sums the clamped tokens: 10 + (e^0.5 - 1.5) (ref - logp = 0.5) over the two valid tokens."""
+    logprobs, ref = torch.tensor([[-4.0, -2.0, mod.INVALID_LOGPROB]]), torch.tensor([[-1.0, -1.5, 0.0]])
+    padding_mask = torch.tensor([[False, False, True]])
+    k3 = math.exp(0.5) - 1.5
+    assert mod.kl_penalty(logprobs, ref, "k3")[0, 0].item() == pytest.approx(math.exp(3) - 4)
+    assert mod.sequence_kl(logprobs, ref, padding_mask, "k3", 10.0).item() == pytest.approx(10 + k3)
+    assert mod.sequence_kl(logprobs, ref, padding_mask, "k3").item() == pytest.approx(math.exp(3) - 4 + k3)
+    with pytest.raises(SystemExit, match="--kl-clamp is -1.0; it must be above 0"):
+        check_ranges(mod.Args(kl_clamp=-1.0))
+
+
+class TwoWordPolicy(torch.nn.Module):
+    """A causal LM whose logits over a two-word vocabulary are the parameter z, for a packed batch of one response of
+    one token: `packed_logprobs` and the micro-batch losses run their own code on numbers checked by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.z = torch.nn.Parameter(torch.tensor([[[0.0, math.log(3.0)]]]))
+
+    def forward(self, **kwargs):
+        return type("Out", (), {"logits": self.z})()
+
+
+@pytest.mark.parametrize("mod", [rloo, remax], ids=["rloo", "remax"])
+def test_entropy_bonus_gradient_is_minus_coef_times_the_entropy_gradient(mod):
+    """verl's entropy_coeff (issue 52): the one token (word 1) has logits (0, log 3), p = (1/4, 3/4), H = 0.56234 and
+    dH/dz = -p (log p + H) = (0.20599, -0.20599). At advantage 0 the loss is -0.1 H with coef 0.1 and dz = -0.1 dH/dz;
+    the logged policy loss leaves the bonus out; without the flag there is no gradient."""
+    p = torch.tensor([0.25, 0.75])
+    h = -(p * p.log()).sum()
+    for coef in (None, 0.1):
+        model = TwoWordPolicy()
+        if mod is rloo:
+            trained, stats = rloo.rloo_micro_batch_loss(
+                model, [[0]], [[1]], torch.zeros(1), torch.zeros(1), 0, 8, 1.0, 0.2, None, coef
+            )
+            logged = stats["pg_loss"]
+        else:
+            trained, logged = remax.remax_micro_batch_loss(model, [[0]], [[1]], torch.zeros(1, 1), 0, 8, 1.0, coef)
+        trained.backward()
+        assert logged.item() == 0.0 and trained.item() == pytest.approx(0.0 if coef is None else -0.1 * h.item())
+        expected = torch.zeros(2) if coef is None else -0.1 * -p * (p.log() + h)
+        torch.testing.assert_close(model.z.grad.flatten(), expected, atol=1e-6, rtol=1e-5)
+    assert model.z.grad[0, 0, 0].item() == pytest.approx(-0.020599, abs=1e-6)
 
 
 def test_remax_loss_by_hand():
@@ -239,7 +305,14 @@ def _math_args(assets, tmp_path, run_name):
             ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--num-mini-batches", "2"],
         ),
         ("remax.py", ["--per-device-batch-size", "4", "--gradient-accumulation-steps", "2"]),
+        (  # issue 52's flags, all on
+            "rloo.py",
+            ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-ppo-epochs", "2", "--dual-clip", "3"]
+            + ["--kl-clamp", "10", "--entropy-coef", "0.01"],
+        ),
+        ("remax.py", ["--per-device-batch-size", "4", "--kl-clamp", "10", "--entropy-coef", "0.01"]),
     ],
+    ids=["rloo", "remax", "rloo-issue-52-flags", "remax-issue-52-flags"],
 )
 def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
     cmd = [sys.executable, str(REPO / script), *_math_args(assets, tmp_path, "smoke"), "--total-episodes", "16", *extra]

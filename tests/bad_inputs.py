@@ -467,7 +467,48 @@ CASES = [
         "cannot be written",
         lambda s, w: ["--output-dir", "/sys/clean-rlhf-runs"],
     ),
+    BadInput(
+        "run-name-dot",
+        "`--run-name . --overwrite` (was: the whole --output-dir deleted, other runs in it included, exit 0)",
+        "not a plain directory name",
+        lambda s, w: ["--run-name", ".", "--overwrite"],
+    ),
+    BadInput(
+        "run-name-dotdot",
+        "`--run-name .. --overwrite` (was: the parent of --output-dir deleted)",
+        "not a plain directory name",
+        lambda s, w: ["--run-name", "..", "--overwrite"],
+    ),
+    BadInput(
+        "run-name-slash",
+        "`--run-name a/b` (a directory elsewhere than --output-dir/NAME)",
+        "not a plain directory name",
+        lambda s, w: ["--run-name", "sub/bad"],
+    ),
+    BadInput(
+        "run-name-too-long",
+        "a 300-character `--run-name` (was: a traceback after all the loading)",
+        "bytes long",
+        lambda s, w: ["--run-name", "x" * 300],
+    ),
+    BadInput(
+        "run-dir-symlink",
+        "a run directory that is a symbolic link, with --overwrite (was: two names ran into one directory at once; a "
+        "traceback on --overwrite)",
+        "is a symbolic link",
+        lambda s, w: ["--run-name", "link", "--overwrite", *symlinked_run_dir(w)],
+    ),
 ]
+
+
+def symlinked_run_dir(w: World) -> list[str]:
+    """runs/link -> a directory elsewhere holding a file that must survive."""
+    (w.tmp / "elsewhere").mkdir(parents=True, exist_ok=True)
+    (w.tmp / "elsewhere" / "keep.txt").write_text("mine")
+    (w.tmp / "runs").mkdir(parents=True, exist_ok=True)
+    if not (w.tmp / "runs" / "link").is_symlink():
+        (w.tmp / "runs" / "link").symlink_to(w.tmp / "elsewhere")
+    return []
 
 
 def all_cases() -> list[BadInput]:

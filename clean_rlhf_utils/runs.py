@@ -20,12 +20,23 @@ import tyro
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 from accelerate.utils.other import load as accelerate_load
+from safetensors import SafetensorError
 
 from clean_rlhf_utils import ownership, storage
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
 from clean_rlhf_utils.storage import replace_dir
 from clean_rlhf_utils.tracking import record_provenance, start_wandb
+
+# What a failed write raises on a full or lost file system: OSError from Python's own writes, SafetensorError from
+# safetensors (the weights), RuntimeError from torch.save's zip writer (the optimizer: "PytorchStreamWriter failed
+# writing file ..."); each ends the run in one line naming the checkpoint to go on from, never a traceback.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def write_error(e: BaseException) -> str:
+    """The cause of a failed write, on one line."""
+    return " ".join(str(getattr(e, "strerror", None) or e).split())[:200] or type(e).__name__
 
 
 class Run:
@@ -194,10 +205,10 @@ class Run:
         `partial`, what the write left half done, is removed to give the space back."""
         try:
             write()
-        except OSError as e:
+        except WRITE_ERRORS as e:
             if partial is not None and self.main:
                 shutil.rmtree(partial, ignore_errors=True)
-            raise SystemExit(f"error: writing {self.dir / what} failed ({e.strerror or e}); {self.retry()}") from None
+            raise SystemExit(f"error: writing {self.dir / what} failed ({write_error(e)}); {self.retry()}") from None
 
     def retry(self) -> str:
         """How to go on after a failed write: the newest complete checkpoint and `--resume`, or none."""
@@ -249,8 +260,8 @@ class Run:
                 state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
                 # last: state.json marks the checkpoint complete
                 storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
-        except OSError as e:
-            error = e.strerror or str(e)
+        except WRITE_ERRORS as e:
+            error = write_error(e)
         if self.any_process(error is not None):
             if self.main:
                 shutil.rmtree(tmp, ignore_errors=True)

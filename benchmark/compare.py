@@ -644,8 +644,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=[],
         metavar="ALGO",
-        help="also draw the library's shipped runs of these algorithms (benchmark/reference/: rloo, or rloo_tiny-tldr "
-        "for one track) on the tracks of the runs given, as a band under them, and add them to the table",
+        help="also draw the shipped runs of these algorithms (benchmark/reference_runs/: rloo, or rloo_tiny-tldr for "
+        "one track) on the tracks of the runs given, as a band under them, and add them to the table",
     )
     parser.add_argument("--wandb-project", default=None, help="also read the runs of this wandb project (online)")
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")

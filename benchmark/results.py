@@ -1,7 +1,7 @@
 """The README's results tables and plots: `python -m benchmark.results [--runs-dir runs | --reference] [--out-dir D]`.
 
 It reads the runs of a runs directory, or with `--reference` the library's shipped reference runs
-(benchmark/reference/, `python -m benchmark.reference`), which hold the same metrics rows: the README's tables and
+(benchmark/reference_runs/, `python -m benchmark.reference`), which hold the same metrics rows: the README's tables and
 figures are built from that data without rerunning anything. A run's algorithm is its name without `_<track>__<seed>`,
 in full (`rloo_batchmean_tiny-tldr__1` is `rloo_batchmean`), and one algorithm has one colour in every figure.
 
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reference",
         action="store_true",
-        help="read the shipped reference runs (benchmark/reference/) instead of --runs-dir",
+        help="read the shipped reference runs (benchmark/reference_runs/) instead of --runs-dir",
     )
     parser.add_argument("--out-dir", default=None, help="where to write the tables and figures (default: --runs-dir)")
     parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))

@@ -210,15 +210,15 @@ def main(argv: list[str] | None = None) -> int:
         source, where = reference.load(), f"the reference data ({reference.DIR})"
     else:
         source, where = runs_dir, str(runs_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     names = [r.name for r in source] if a.reference else [d.name for d in runs_dir.glob("*__*") if d.is_dir()]
     colours = Colours({colour_key(n) for n in names} - {"sft", "rm", "prm"})  # one per algorithm, every figure
     wrote: list[Path] = []  # listed at the end, where they are seen after the tables scrolled by
     for track in a.tracks:
         md, runs = track_table(source, track)
         if not md:
-            print(f"{track}: no RL runs in {where}")
+            print(f"{track}: no RL runs under {where}")
             continue
+        out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / f"results_{track}.md").write_text(md)
         wrote.append(out_dir / f"results_{track}.md")
         if runs:  # not when every run diverged
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if (md := write_frontier(source, track, out_dir, colours)) is not None:
             wrote += [out_dir / f"frontier_{track}.md", out_dir / f"frontier_{track}.png"]
             print(f"\n## {track}: {FRONTIER_TRACKS[track][0]} against KL\n\n{md}")
-    print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]) if wrote else f"wrote nothing from {where}")
+    print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]) if wrote else f"wrote nothing under {where}")
     return 0
 
 

@@ -9,7 +9,16 @@ and writes:
     adds panels of per-update training metrics (a point per update);
   * a markdown table of final values: mean, 95% bootstrap CI of the mean (3 or more seeds; with fewer, the seeds'
     values instead: "0.410, 0.520 (2 seeds)"), and the interquartile mean (IQM, the mean of the middle 50% of runs,
-    as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" / rliable).
+    as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" / rliable); next to
+    them two sample-efficiency figures with the same intervals, which rank variants whose final values saturate: the
+    AUC (the area under each run's evaluation curve over the episodes every run covers, divided by that span: its
+    mean value there) and the episodes to reach a threshold (`--threshold`; by default 90% of the way from the start
+    to the best group's peak). Under the table, the ranking by AUC and, for each of the three measures, the pairs of
+    groups that separate (non-overlapping 95% intervals over 3 or more seeds, as benchmark/frontier.py tests), those
+    that do not, and those not tested (fewer seeds).
+`--reference rloo` adds the library's shipped runs of rloo on the tracks of the runs given (benchmark/reference.py:
+metrics data in the repository, nothing is rerun): a dashed curve with its band under the runs, a row of the table.
+A group keeps one colour in every figure of a command (`Colours`).
 Only runs that completed their budget count: a run directory without the `done.json` its script writes at the end
 (a run stopped by a signal or a crash, or one still running) is left out of the curves and the table with a warning,
 since its last value is not a final one. A wandb run counts when its state is "finished" (wandb cannot tell a run

@@ -206,15 +206,20 @@ def main(argv: list[str] | None = None) -> int:
             total = sum(p.stat().st_size for p in out.glob("*.jsonl.gz"))
             print(f"wrote {out}: {total / 1024:.1f} KiB in all")
             return 0
-        runs = load(a.data)
-        if not runs:
+        paths = sorted(Path(a.data or DIR).glob("*.jsonl.gz"))
+        if not paths:
             raise ReferenceError(f"no reference data in {a.data or DIR}")
-        seeds: dict[str, list[str]] = defaultdict(list)
-        for r in runs:
-            seeds[r.group].append(r.name.rsplit("__", 1)[-1])
-        print("| algorithm | track | seeds |\n| --- | --- | --- |")
-        for g in sorted(seeds):
-            print(f"| {algorithm_of(g)} | {track_of(g)} | {', '.join(sorted(seeds[g]))} |")
+        print(
+            "| algorithm | track | seeds | its first run's flags (after the preset and run name) |\n"
+            "| --- | --- | --- | --- |"
+        )
+        for path in paths:
+            records = read_group(path)
+            group = group_name(records[0]["name"])
+            seeds = ", ".join(sorted(r["name"].rsplit("__", 1)[-1] for r in records))
+            argv = records[0].get("argv") or []
+            shown = argv[3:] if len(argv) >= 3 and argv[1] == "--run-name" else argv
+            print(f"| {algorithm_of(group)} | {track_of(group)} | {seeds} | {' '.join(map(str, shown))} |")
         return 0
     except ReferenceError as e:
         print(f"error: {e}", file=sys.stderr)

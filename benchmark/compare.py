@@ -600,10 +600,16 @@ def plot(
                 marker="o" if evaluation else ".",
                 markersize=4 if evaluation else 2,
                 color=color,
+                zorder=2 if group in reference else 3,  # the runs compared over the reference
             )
             if agg["band"] is not None:
                 ax.fill_between(
-                    agg["x"], agg["low"], agg["high"], alpha=0.12 if group in reference else 0.2, color=color
+                    agg["x"],
+                    agg["low"],
+                    agg["high"],
+                    alpha=0.12 if group in reference else 0.2,
+                    color=color,
+                    zorder=1 if group in reference else 2,
                 )
             if evaluation:
                 handles.setdefault(curve_label(group, agg), line)

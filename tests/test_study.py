@@ -31,6 +31,8 @@ metric = "eval/accuracy" if "tiny-math" in name else "eval/gold_reward"
 rows = [
     {"step": i, "episode": 64 * i, "time": i, metric: min(1.0, 0.2 + SPEED * i + 0.01 * seed)} for i in range(9)
 ]
+if "tiny-tldr-noisy" in name:  # evaluated with --eval-kl, as its preset is: KL grows by 0.1 an evaluation
+    rows = [{**r, "eval/kl": 0.1 * r["step"], "eval/score": r["step"]} for r in rows]
 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
 (run / "done.json").write_text(json.dumps({"argv": argv}))
 """
@@ -63,6 +65,11 @@ def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(t
     assert "AUC: fast_copy_tiny-math-study ~ fast_tiny-math-study" in apart  # a script and its copy: not separated
     assert "Ranking by AUC (mean over seeds): fast_copy_tiny-math-study" in md and md in out
     assert (tmp_path / "runs" / "study_tiny-tldr-noisy.png").stat().st_size > 10_000
+    # on tiny-tldr-noisy, also what each script buys per unit of KL (benchmark.frontier), a row per script
+    kl = (tmp_path / "runs" / "study_tiny-tldr-noisy_kl.md").read_text()
+    assert (
+        "| slow | - | 0.320 [0.310, 0.330] (3) | 0.470 [0.460, 0.480] (3) |" in kl and "KL <= 0.25: fast > slow" in kl
+    )
     # the same command again runs nothing: every stage finished with the same command
     status = study.run_study(scripts, [1, 2, 3], tmp_path, jobs=2, live=False)
     assert set(status.values()) == {"skipped"}

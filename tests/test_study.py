@@ -129,3 +129,18 @@ def test_the_study_dry_run_names_each_run_after_its_script_on_its_familys_tracks
     )
     assert not any("tiny-tldr " in x and "study" in x for x in lines)  # not the saturated tiny-tldr
     assert not (tmp_path / "runs").exists(), "a dry run runs nothing"
+
+
+@pytest.mark.parametrize("family", sorted(study.STUDY))
+def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exists(family):
+    """A misspelt budget flag would fail every study run of the family after its models were built."""
+    import dataclasses
+    import importlib
+
+    module = importlib.import_module(family)
+    fields = {f.name for f in dataclasses.fields(module.Args)}
+    for t in study.STUDY[family]:
+        assert t.preset in module.PRESETS, (family, t.preset)
+        flags = [f for f in t.flags if f.startswith("--")]
+        assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
+        assert set(t.needs) <= {st.run_name for st in [*run.frontier_tldr_stages([]), run.sft_stage("tiny-math")]}

@@ -20,6 +20,7 @@ import argparse
 import gzip
 import io
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -127,7 +128,8 @@ def load(data_dir: Path | None = None) -> list[Run]:
 
 def track_of(group: str) -> str:
     """`rloo_batchmean_tiny-tldr` -> `tiny-tldr`: what `compare.algorithm_of` leaves off."""
-    return group[len(algorithm_of(group)) + 1 :] if algorithm_of(group) != group else ""
+    m = re.search(r"_([^_\s()]+)(?: \(.*\))?$", group)  # a group kept apart by folder: `ppo_tiny-tldr (runs/a)`
+    return m[1] if m else ""
 
 
 def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | None = None) -> list[Run]:

@@ -587,7 +587,8 @@ def plot(
     fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows + 1), squeeze=False)
     key = key or (lambda g: g)
     colours = colours if colours is not None else Colours({key(r.group) for r in runs})
-    reference = {r.group for r in runs if r.reference}
+    # drawn under the runs compared with it; a figure of reference runs alone (results --reference) is drawn plainly
+    reference = {r.group for r in runs if r.reference} if any(not r.reference for r in runs) else set()
     handles: dict[str, object] = {}
     for ax, (m, x) in zip(axes.flat, panels):
         for group, agg in group_curves(runs, m, x).items():

@@ -469,10 +469,11 @@ def separation_lines(table: list[dict], metric: str) -> list[str]:
         + "."
     )
     lines.append("Not separated (the intervals overlap): " + ("; ".join(found["not separated"]) or "none") + ".")
-    if found["not tested"]:
+    few = [t for t in table if len(t["values"]) < MIN_SEEDS_FOR_CI]
+    if found["not tested"] and few:  # a pair with such a group is not tested
         lines.append(
-            f"Not tested (a group with fewer than {MIN_SEEDS_FOR_CI} seeds: no interval): "
-            + "; ".join(found["not tested"])
+            f"Not tested (fewer than {MIN_SEEDS_FOR_CI} seeds, so no 95% interval): "
+            + ", ".join(f"{t['group']} ({len(t['values'])} seed{'s' if len(t['values']) != 1 else ''})" for t in few)
             + "."
         )
     return lines

@@ -60,6 +60,21 @@ def record(run_dir: Path) -> dict:
     }
 
 
+def budget(argv: list | None) -> list[str]:
+    """A run's command without what differs between seeds of one experiment (`--seed`, `--run-name`) or does not
+    change what it computes (`--num-threads`, `--resume`, `--overwrite`)."""
+    out, args = [], [str(a) for a in argv or []]
+    i = 0
+    while i < len(args):
+        if args[i] in ("--seed", "--run-name", "--num-threads"):
+            i += 2
+            continue
+        if args[i] not in ("--resume", "--overwrite"):
+            out.append(args[i])
+        i += 1
+    return out
+
+
 def write_group(path: Path, records: list[dict]) -> None:
     """`records` sorted by name as gzip'd JSON lines, without the gzip timestamp (the same runs, the same bytes)."""
     text = "".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["name"]))
@@ -99,6 +114,12 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False) -> l
         new = {r["name"] for r in records}
         kept = [r for r in read_group(path) if r["name"] not in new] if path.exists() else []
         write_group(path, kept + records)
+        commands = {" ".join(budget(r.get("argv"))) for r in kept + records}
+        if len(commands) > 1:  # e.g. seed 1 of the quick suite beside seeds 2 and 3 of the full presets
+            print(
+                f"warning: {group} now holds runs of different commands (budgets): {' | '.join(sorted(commands))}",
+                file=sys.stderr,
+            )
         seeds = sorted(r["name"].rsplit("__", 1)[-1] for r in kept + records)
         lines.append(
             f"{path.name}: {len(records)} run(s) from {runs_dir}"

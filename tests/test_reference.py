@@ -64,10 +64,19 @@ def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_by
     # more seeds later: a directory of seed 4 adds it beside the three shipped
     _run(tmp_path / "more", "rloo_tiny-math__4", [0.2, 0.7])
     assert reference.main(["build", str(tmp_path / "more")]) == 0
-    assert "rloo_tiny-math.jsonl.gz: 1 run(s)" in capsys.readouterr().out
-    assert [r["name"][-1] for r in reference.read_group(data / "rloo_tiny-math.jsonl.gz")] == ["1", "2", "3", "4"]
+    out = capsys.readouterr()
+    assert "rloo_tiny-math.jsonl.gz: 1 run(s)" in out.out and "different commands" not in out.err
+    # another budget in the same group is said, not silently pooled as seeds of one experiment
+    other = _run(tmp_path / "other", "rloo_tiny-math__5", [0.2, 0.7])
+    (other / "done.json").write_text(json.dumps({"argv": ["tiny-math", "--seed", "5", "--total-episodes", "64"]}))
+    assert reference.main(["build", str(tmp_path / "other")]) == 0
+    assert (
+        "warning: rloo_tiny-math now holds runs of different commands (budgets): tiny-math | tiny-math "
+        "--total-episodes 64" in capsys.readouterr().err
+    )
+    assert [r["name"][-1] for r in reference.read_group(data / "rloo_tiny-math.jsonl.gz")] == ["1", "2", "3", "4", "5"]
     assert reference.main(["list"]) == 0
-    assert "| rloo | tiny-math | 1, 2, 3, 4 |" in capsys.readouterr().out
+    assert "| rloo | tiny-math | 1, 2, 3, 4, 5 |" in capsys.readouterr().out
 
 
 def test_results_from_the_reference_data_equal_results_from_the_runs(shipped, tmp_path):

@@ -133,9 +133,10 @@ def read_run(run_dir: Path) -> Run:
 def select_runs(source, pattern: str) -> list[Run]:
     """The runs whose name matches the glob `pattern` (`rloo_tiny-tldr__*`), from a runs directory (each matching
     directory, read by `read_run`) or from runs already read (a list: the shipped reference data,
-    `benchmark.reference.load`), in name order."""
+    `benchmark.reference.load`), in name order. A hidden directory (`.ppo__1.previous`, a finished run that a rerun
+    with --overwrite keeps until it finishes) is not a run: a shell glob skips it, and so does this."""
     if isinstance(source, (str, Path)):
-        return [read_run(d) for d in sorted(Path(source).glob(pattern)) if d.is_dir()]
+        return [read_run(d) for d in sorted(Path(source).glob(pattern)) if d.is_dir() and not d.name.startswith(".")]
     return sorted((r for r in source if fnmatch.fnmatchcase(r.name, pattern)), key=lambda r: r.name)
 
 

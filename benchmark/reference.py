@@ -95,7 +95,7 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False) -> l
         raise ReferenceError(f"{runs_dir} is not a directory of runs")
     found: dict[str, list[dict]] = defaultdict(list)
     for d in sorted(runs_dir.iterdir()):
-        if not (d / "metrics.jsonl").exists():
+        if d.name.startswith(".") or not (d / "metrics.jsonl").exists():  # `.<run>.previous`: kept by --overwrite
             continue
         if not (d / "done.json").exists():
             print(f"warning: {d} did not finish (no done.json); left out", file=sys.stderr)

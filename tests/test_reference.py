@@ -36,6 +36,7 @@ def shipped(tmp_path, monkeypatch) -> Path:
         _run(runs, f"grpo_tiny-math__{seed}", [0.2, 0.3, end - 0.1])
     _run(runs, "sft_tiny-math__1", [0.2])
     _run(runs, "ppo_tiny-math__1", [0.2, 0.9], done=False)  # not finished: not shipped
+    _run(runs, ".rloo_tiny-math__1.previous", [0.2, 0.1])  # a finished run an --overwrite rerun keeps: not a run
     monkeypatch.setattr(reference, "DIR", tmp_path / "data")
     return runs
 

@@ -9,7 +9,16 @@ and writes:
     adds panels of per-update training metrics (a point per update);
   * a markdown table of final values: mean, 95% bootstrap CI of the mean (3 or more seeds; with fewer, the seeds'
     values instead: "0.410, 0.520 (2 seeds)"), and the interquartile mean (IQM, the mean of the middle 50% of runs,
-    as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" / rliable).
+    as recommended by Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" / rliable); next to
+    them two sample-efficiency figures with the same intervals, which rank variants whose final values saturate: the
+    AUC (the area under each run's evaluation curve over the episodes every run covers, divided by that span: its
+    mean value there) and the episodes to reach a threshold (`--threshold`; by default 90% of the way from the start
+    to the best group's peak). Under the table, the ranking by AUC and, for each of the three measures, the pairs of
+    groups that separate (non-overlapping 95% intervals over 3 or more seeds, as benchmark/frontier.py tests), those
+    that do not, and those not tested (fewer seeds).
+`--reference rloo` adds the library's shipped runs of rloo on the tracks of the runs given (benchmark/reference.py:
+metrics data in the repository, nothing is rerun): a dashed curve with its band under the runs, a row of the table.
+A group keeps one colour in every figure of a command (`Colours`).
 Only runs that completed their budget count: a run directory without the `done.json` its script writes at the end
 (a run stopped by a signal or a crash, or one still running) is left out of the curves and the table with a warning,
 since its last value is not a final one. A wandb run counts when its state is "finished" (wandb cannot tell a run
@@ -31,6 +40,7 @@ Works offline, without any account.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import re
@@ -54,7 +64,9 @@ class Run:
     provenance: dict | None = None
     """what produced it (provenance.json: git commit, library versions, host); None for a run that predates it"""
     path: Path | None = None
-    """the run directory as given (None for a wandb run)"""
+    """the run directory as given (None for a wandb run or a shipped reference run)"""
+    reference: bool = False
+    """a run of the shipped reference data (benchmark/reference.py): drawn dashed, under the runs compared"""
 
     def x_axis(self) -> str:
         return "episode" if any("episode" in r for r in self.rows) else "step"
@@ -116,6 +128,16 @@ def read_run(run_dir: Path) -> Run:
             continue
         run.rows.append(row)
     return run
+
+
+def select_runs(source, pattern: str) -> list[Run]:
+    """The runs whose name matches the glob `pattern` (`rloo_tiny-tldr__*`), from a runs directory (each matching
+    directory, read by `read_run`) or from runs already read (a list: the shipped reference data,
+    `benchmark.reference.load`), in name order. A hidden directory (`.ppo__1.previous`, a finished run that a rerun
+    with --overwrite keeps until it finishes) is not a run: a shell glob skips it, and so does this."""
+    if isinstance(source, (str, Path)):
+        return [read_run(d) for d in sorted(Path(source).glob(pattern)) if d.is_dir() and not d.name.startswith(".")]
+    return sorted((r for r in source if fnmatch.fnmatchcase(r.name, pattern)), key=lambda r: r.name)
 
 
 def read_wandb_runs(project: str, entity: str | None) -> list[Run]:
@@ -276,10 +298,56 @@ def diverged_runs(runs: list[Run], metric: str) -> list[Run]:
     return [r for r in runs if r.final(metric) is not None and math.isnan(r.final(metric))]
 
 
-def summarize(runs: list[Run], metric: str) -> list[dict]:
+def common_span(runs: list[Run], metric: str, x: str = "episode") -> tuple[float, float] | None:
+    """The range of `x` that every run's curve of `metric` covers (the latest first point, the earliest last one): the
+    span over which runs of different budgets are compared. None when no run has a point, or the curves do not overlap
+    (one run's last evaluation comes before another's first)."""
+    curves = [c for c in (r.curve(metric, x) for r in runs) if len(c[0])]
+    if not curves:
+        return None
+    lo, hi = max(float(c[0][0]) for c in curves), min(float(c[0][-1]) for c in curves)
+    return (lo, hi) if hi >= lo else None
+
+
+def area_under_curve(x: np.ndarray, y: np.ndarray, lo: float, hi: float) -> float:
+    """The area under the evaluation curve (linear between evaluations) from `lo` to `hi`, divided by `hi - lo`: the
+    mean value of the metric over that span of episodes, in the metric's own unit; the value at `lo` when the span is
+    one point. A run that learns sooner has the larger area for the same final value."""
+    inside = x[(x > lo) & (x < hi)]
+    grid = np.concatenate([[lo], inside, [hi]])
+    values = np.interp(grid, x, y)
+    if hi <= lo:
+        return float(values[0])
+    return float(((values[1:] + values[:-1]) / 2 * np.diff(grid)).sum() / (hi - lo))
+
+
+def episodes_to_reach(x: np.ndarray, y: np.ndarray, threshold: float, hi: float) -> float | None:
+    """The first evaluated episode (up to `hi`) at which the metric is at or above `threshold`; None if none is."""
+    reached = x[(y >= threshold) & (x <= hi)]
+    return float(reached[0]) if len(reached) else None
+
+
+def default_threshold(runs: list[Run], metric: str, span: tuple[float, float]) -> float:
+    """90% of the way from the runs' mean value at the start of the span to the highest mean over seeds that a group
+    reaches at one of its evaluations inside the span."""
+    lo, hi = span
+    start = float(np.mean([np.interp(lo, *r.curve(metric, "episode")) for r in runs]))
+    top = max(
+        float(agg["mean"][(agg["x"] >= lo) & (agg["x"] <= hi)].max())
+        for agg in group_curves(runs, metric, "episode").values()
+    )
+    return start + 0.9 * (top - start)
+
+
+def summarize(runs: list[Run], metric: str, threshold: float | None = None) -> list[dict]:
     """Final value (`Run.final`, the last logged) of `metric` per run, aggregated per group. A run whose final value is
     not finite counts among the group's seeds and is named in `diverged`; the mean, interval and IQM are over the
-    others (NaN when every seed diverged)."""
+    others (NaN when every seed diverged).
+
+    Sample efficiency, over the episodes every finite run covers (`common_span`), per run then per group: `auc`, the
+    area under its evaluation curve divided by the span (`area_under_curve`), and `reach`, the episodes it takes to
+    reach `threshold` (`episodes_to_reach`; the default: `default_threshold`), None for a run that never does. Each
+    row also holds the `span` and `threshold` used (None when the runs have no episodes or do not overlap)."""
     finals: dict[str, list[float]] = defaultdict(list)
     diverged: dict[str, list[str]] = defaultdict(list)
     for run in runs:
@@ -288,6 +356,16 @@ def summarize(runs: list[Run], metric: str) -> list[dict]:
             finals[run.group].append(value)
             if math.isnan(value):
                 diverged[run.group].append(run.name)
+    finite = [r for r in runs if r.final(metric) is not None and not math.isnan(r.final(metric))]
+    span = common_span(finite, metric) if all(r.x_axis() == "episode" for r in finite) else None
+    if span is not None and threshold is None:
+        threshold = default_threshold(finite, metric, span)
+    aucs: dict[str, list[float]] = defaultdict(list)
+    reach: dict[str, list[float | None]] = defaultdict(list)
+    for run in finite if span is not None else []:
+        x, y = run.curve(metric, "episode")
+        aucs[run.group].append(area_under_curve(x, y, *span))
+        reach[run.group].append(episodes_to_reach(x, y, threshold, span[1]))
     table = []
     for group, all_values in sorted(finals.items()):
         values = np.array([v for v in all_values if not math.isnan(v)])
@@ -302,6 +380,10 @@ def summarize(runs: list[Run], metric: str) -> list[dict]:
                 "high": high,
                 "iqm": iqm(values) if len(values) else math.nan,
                 "values": [float(v) for v in values],
+                "auc": aucs[group],
+                "reach": reach[group],
+                "span": span,
+                "threshold": threshold if span is not None else None,
             }
         )
     return table
@@ -316,20 +398,122 @@ def interval_cell(t: dict) -> str:
     return f"{shown} ({n} seeds)" if n > 1 else shown or "-"
 
 
+def estimate_cell(values: list[float], digits: int = 3) -> str:
+    """`mean [low, high]` (95% bootstrap interval of the mean) from 3 or more values; below that the mean and the
+    values, `0.465 (0.410, 0.520: 2 seeds)`, or the one value."""
+    if not values:
+        return "-"
+    v = np.asarray(values, dtype=float)
+    if len(v) >= MIN_SEEDS_FOR_CI:
+        low, high = bootstrap_ci(v)
+        return f"{v.mean():.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} (" + ", ".join(f"{x:.{digits}f}" for x in sorted(v)) + f": {len(v)} seeds)"
+
+
+def reach_cell(reach: list[float | None]) -> str:
+    """Episodes to the threshold (`estimate_cell`); with a seed that never reached it, how many did."""
+    got = [r for r in reach if r is not None]
+    if len(got) < len(reach):
+        return f"{len(got)} of {len(reach)} seeds reached it" + (f" (mean {np.mean(got):.0f})" if got else "")
+    return estimate_cell(got, 0)
+
+
+def separation(table: list[dict], name: str, values_of, higher_is_better: bool = True) -> dict[str, list[str]]:
+    """The pairs of groups that one measure (`values_of(row)`: a list of per-seed values, or None when the measure
+    does not apply to the row) tells apart: "separated" when both have 3 or more seeds and their 95% bootstrap
+    intervals of the mean do not overlap (`a > b`, the better first), "not separated" when they overlap (`a ~ b`),
+    "not tested" for a pair with a group of fewer seeds. The test `benchmark.frontier` makes at each KL budget."""
+    out: dict[str, list[str]] = {"separated": [], "not separated": [], "not tested": []}
+    rows = [(t["group"], values_of(t)) for t in table]
+    rows = [(g, np.asarray(v, dtype=float)) for g, v in rows if v is not None and len(v)]
+    for i, (a, va) in enumerate(rows):
+        for b, vb in rows[i + 1 :]:
+            if min(len(va), len(vb)) < MIN_SEEDS_FOR_CI:
+                out["not tested"].append(f"{name}: {a} ? {b}")
+                continue
+            (la, ha), (lb, hb) = bootstrap_ci(va), bootstrap_ci(vb)
+            b_better = vb.mean() > va.mean() if higher_is_better else vb.mean() < va.mean()
+            first, second = (b, a) if b_better else (a, b)
+            if ha < lb or hb < la:
+                out["separated"].append(f"{name}: {first} > {second}")
+            else:
+                out["not separated"].append(f"{name}: {first} ~ {second}")
+    return out
+
+
+def separation_lines(table: list[dict], metric: str) -> list[str]:
+    """What the table can and cannot rank: the ranking by sample efficiency (AUC), then, per measure (final value,
+    AUC, episodes to the threshold), the pairs of groups that separate, those that do not, those not tested."""
+    measures = [
+        (f"final {metric}", lambda t: t["values"], True),
+        ("AUC", lambda t: t["auc"], True),
+        # a group with a seed that never reached the threshold has no interval of its episodes
+        ("episodes to threshold", lambda t: t["reach"] if None not in t["reach"] else None, False),
+    ]
+    found: dict[str, list[str]] = {"separated": [], "not separated": [], "not tested": []}
+    for name, values_of, higher in measures:
+        for kind, pairs in separation(table, name, values_of, higher).items():
+            found[kind] += pairs
+    ranked = sorted((t for t in table if t["auc"]), key=lambda t: -float(np.mean(t["auc"])))
+    lines = []
+    if ranked:
+        lines.append(
+            "Ranking by AUC (mean over seeds): "
+            + " > ".join(f"{t['group']} {np.mean(t['auc']):.3f}" for t in ranked)
+            + "."
+        )
+    lines.append(
+        f"Separated (non-overlapping 95% intervals over {MIN_SEEDS_FOR_CI} or more seeds): "
+        + ("; ".join(found["separated"]) or "none")
+        + "."
+    )
+    lines.append("Not separated (the intervals overlap): " + ("; ".join(found["not separated"]) or "none") + ".")
+    few = [t for t in table if len(t["values"]) < MIN_SEEDS_FOR_CI]
+    if found["not tested"] and few:  # a pair with such a group is not tested
+        lines.append(
+            f"Not tested (fewer than {MIN_SEEDS_FOR_CI} seeds, so no 95% interval): "
+            + ", ".join(f"{t['group']} ({len(t['values'])} seed{'s' if len(t['values']) != 1 else ''})" for t in few)
+            + "."
+        )
+    return lines
+
+
 def markdown_table(table: list[dict], metric: str) -> str:
     """One row per group; a group with diverged seeds says how many ("3 (1 diverged)"), one whose every seed diverged
-    shows "diverged" for its final value."""
+    shows "diverged" for its final value. When the runs log episodes, two sample-efficiency columns (`summarize`:
+    the AUC, the episodes to the threshold) and, under the table, what they separate (`separation_lines`)."""
     few = [len(t["values"]) < MIN_SEEDS_FOR_CI for t in table]
     head = (
         "95% CI" if not any(few) else "seed values" if all(few) else f"95% CI (values below {MIN_SEEDS_FOR_CI} seeds)"
     )
-    lines = [f"| algorithm | seeds | final {metric} (mean) | {head} | IQM |", "| --- | --- | --- | --- | --- |"]
+    span = next((t["span"] for t in table if t.get("span") is not None), None)
+    extra = ["AUC", f"episodes to {table[0]['threshold']:.3f}"] if span is not None else []
+    lines = [
+        f"| algorithm | seeds | final {metric} (mean) | {head} | IQM |" + "".join(f" {c} |" for c in extra),
+        "|" + " --- |" * (5 + len(extra)),
+    ]
     for t in table:
         seeds = f"{t['seeds']} ({len(t['diverged'])} diverged)" if t.get("diverged") else f"{t['seeds']}"
+        more = "".join(f" {c} |" for c in (estimate_cell(t["auc"]), reach_cell(t["reach"]))) if extra else ""
         if not t["values"]:
-            lines.append(f"| {t['group']} | {seeds} | diverged | - | - |")
+            lines.append(f"| {t['group']} | {seeds} | diverged | - | - |" + more)
             continue
-        lines.append(f"| {t['group']} | {seeds} | {t['mean']:.3f} | {interval_cell(t)} | {t['iqm']:.3f} |")
+        lines.append(f"| {t['group']} | {seeds} | {t['mean']:.3f} | {interval_cell(t)} | {t['iqm']:.3f} |" + more)
+    if not extra:
+        return "\n".join(lines) + "\n"
+    lo, hi = span
+    lines += [
+        "",
+        f"AUC: the area under each run's `{metric}` curve over episodes {lo:g}-{hi:g} (the span every run covers, "
+        f"linear between evaluations), divided by {hi - lo:g}: its mean value over the span. Episodes to "
+        f"{table[0]['threshold']:.3f}: the first evaluation at or above it (90% of the way from the start to the best "
+        "group's peak unless --threshold is given). Mean [95% bootstrap interval] over seeds with 3 or more, else the "
+        "values.",
+        "",
+        *separation_lines(table, metric),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -354,13 +538,47 @@ def curve_label(group: str, agg: dict) -> str:
     return f"{group} (band: min-max of {n} seeds)" if agg["band"] == "min-max" else f"{group} (1 seed)"
 
 
+def algorithm_of(group: str) -> str:
+    """`rloo_batchmean_tiny-tldr` -> `rloo_batchmean`: the group without its last `_<track>` (a track or preset name
+    holds no `_`), a folder kept apart stays (`ppo (runs/a)`); a name without `_` is its own."""
+    m = re.match(r"^(.+)_[^_\s()]+((?: \(.*\))?)$", group)
+    return m[1] + m[2] if m else group
+
+
+class Colours:
+    """One colour per key for every figure of one command: the first key asked for gets the first colour, and so on
+    (tab20, its dark shades first, then its light ones). `Colours(keys)` hands them out in sorted order at once, so
+    that the same set of groups gets the same colours whatever figure is drawn first."""
+
+    def __init__(self, keys=()) -> None:
+        self.of: dict[str, tuple] = {}
+        for k in sorted(keys):
+            self[k]
+
+    def __getitem__(self, key: str) -> tuple:
+        if key not in self.of:
+            import matplotlib
+
+            i = len(self.of)
+            self.of[key] = matplotlib.colormaps["tab20"].colors[2 * i % 20 + (i // 10) % 2]
+        return self.of[key]
+
+
 def plot(
-    runs: list[Run], metric: str, out_png: Path, title: str | None = None, train_metrics: tuple[str, ...] = ()
+    runs: list[Run],
+    metric: str,
+    out_png: Path,
+    title: str | None = None,
+    train_metrics: tuple[str, ...] = (),
+    colours: Colours | None = None,
+    key=None,
 ) -> None:
     """The mean curve of each group against episodes and wall-clock time, with its band (`curve_label`) and a marker
     at each evaluation; below them, per `train_metrics`, the per-update training metric against episodes (each
     update a point: the curve between two evaluations). One legend for the figure, under it; `title` names what is
-    plotted. The caller leaves unfinished runs out (`finished_runs`)."""
+    plotted. The caller leaves unfinished runs out (`finished_runs`). A group's colour is `colours[key(group)]`
+    (default: a new `Colours` of this figure's groups, keyed by the group): pass one `Colours` to every figure of a
+    command for one colour per group across them. Reference runs (`Run.reference`) are dashed, their band lighter."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -369,22 +587,33 @@ def plot(
     panels = [(metric, "episode"), (metric, "time")] + [(m, "episode") for m in train_metrics]
     rows = (len(panels) + 1) // 2
     fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows + 1), squeeze=False)
-    colors = plt.get_cmap("tab20").colors  # more than the default 10: no two curves share a colour
-    groups = sorted({r.group for r in runs})
-    color = {g: colors[2 * i % 20 + i // 10] for i, g in enumerate(groups)}
+    key = key or (lambda g: g)
+    colours = colours if colours is not None else Colours({key(r.group) for r in runs})
+    # drawn under the runs compared with it; a figure of reference runs alone (results --reference) is drawn plainly
+    reference = {r.group for r in runs if r.reference} if any(not r.reference for r in runs) else set()
     handles: dict[str, object] = {}
     for ax, (m, x) in zip(axes.flat, panels):
         for group, agg in group_curves(runs, m, x).items():
             evaluation = m == metric
+            color = colours[key(group)]
             (line,) = ax.plot(
                 agg["x"],
                 agg["mean"],
+                "--" if group in reference else "-",
                 marker="o" if evaluation else ".",
                 markersize=4 if evaluation else 2,
-                color=color[group],
+                color=color,
+                zorder=2 if group in reference else 3,  # the runs compared over the reference
             )
             if agg["band"] is not None:
-                ax.fill_between(agg["x"], agg["low"], agg["high"], alpha=0.2, color=color[group])
+                ax.fill_between(
+                    agg["x"],
+                    agg["low"],
+                    agg["high"],
+                    alpha=0.12 if group in reference else 0.2,
+                    color=color,
+                    zorder=1 if group in reference else 2,
+                )
             if evaluation:
                 handles.setdefault(curve_label(group, agg), line)
         ax.set_xlabel("episodes" if x == "episode" else "wall-clock seconds")
@@ -404,6 +633,15 @@ def plot(
     plt.close(fig)
 
 
+def shared_metrics_hint(runs: list[Run]) -> str:
+    """What the runs could be compared on: the evaluation metrics every one of them logs, or that they share none."""
+    logged = [{k for row in r.rows for k in row if k.startswith("eval/")} for r in runs]
+    shared = sorted(set.intersection(*logged)) if logged else []
+    if shared:
+        return f"they all log {', '.join(shared)}: pass one with --metric"
+    return "they share no evaluation metric" if runs else "no run was read"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", help="run directories (each with a metrics.jsonl)")
@@ -411,6 +649,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/compare", help="output prefix: writes OUT.png and OUT.md")
     parser.add_argument(
         "--train-metrics", nargs="*", default=[], help="per-update metrics plotted below, e.g. objective/reward"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="the value whose episodes to reach the table gives (default: 90%% of the way from the start to the best "
+        "group's peak)",
+    )
+    parser.add_argument(
+        "--reference",
+        nargs="+",
+        default=[],
+        metavar="ALGO",
+        help="also draw the shipped runs of these algorithms (benchmark/reference_runs/: rloo, or rloo_tiny-tldr for "
+        "one track) on the tracks of the runs given, as a band under them, and add them to the table",
     )
     parser.add_argument("--wandb-project", default=None, help="also read the runs of this wandb project (online)")
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")
@@ -422,14 +675,22 @@ def main(argv: list[str] | None = None) -> int:
         for problem in run.problems:
             print(f"warning: {problem}", file=sys.stderr)
     runs = finished_runs(runs)
+    if a.reference:
+        from benchmark import reference
+
+        try:
+            runs += reference.runs_for(a.reference, runs, a.metric)
+        except reference.ReferenceError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
     usable = [r for r in runs if any(a.metric in row for row in r.rows)]
     for r in runs:
         if r not in usable:
             print(f"warning: {r.name} has no value of {a.metric}; left out", file=sys.stderr)
     if not usable:
-        print(f"error: no finished run has the metric {a.metric}", file=sys.stderr)
+        print(f"error: no finished run has the metric {a.metric}; {shared_metrics_hint(runs)}", file=sys.stderr)
         return 1
-    table = summarize(usable, a.metric)
+    table = summarize(usable, a.metric, a.threshold)
     diverged = diverged_runs(usable, a.metric)
     notes = [
         f"{r.name}: its final {a.metric} is not finite (diverged); counted as a diverged seed of {r.group}, left "
@@ -459,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     md += "".join(f"\n> warning: {line}\n" for line in differences)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text(md)
     print(md)
     print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.md')}")

@@ -2,9 +2,12 @@
 optimising an imperfect proxy starts to lower the gold reward (Gao et al. 2022, "Scaling Laws for Reward Model
 Overoptimization", arXiv:2210.10760).
 
-Reads the runs of a frontier suite (`benchmark/run.py` FRONTIER_TLDR: `<algo>-<kl|beta><value>_<track>__<seed>`),
-finished ones only, and from every evaluation row takes `eval/kl` (the same estimator in every script: `sampled_kl`),
-the gold metric and the proxy (`eval/score`, the reward model the policy optimises). Writes:
+`python -m benchmark.frontier RUN_DIR... [--metric eval/gold_reward] [--proxy eval/score] [--budgets 0.25 0.5 1]`
+draws it for any runs evaluated with `--eval-kl`: each group is the run name without its `__<seed>` (as
+`benchmark.compare` groups), whatever the name. `benchmark.results` draws it for the frontier suites
+(`benchmark/run.py` FRONTIER_TLDR: `<algo>-<kl|beta><value>_<track>__<seed>`), where one algorithm's settings are one
+row. Finished runs only; from every evaluation row it takes `eval/kl` (the same estimator in every script:
+`sampled_kl`), the gold metric and the proxy (`eval/score`, the reward model the policy optimises). Writes:
 
 * the frontier table: for each algorithm and KL budget, the best gold reward of any of its evaluations (any penalty
   value, any step) whose KL is within the budget, per seed, then mean [95% bootstrap CI] over seeds; below it, the
@@ -18,6 +21,7 @@ the gold metric and the proxy (`eval/score`, the reward model the policy optimis
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections import defaultdict
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.compare import MIN_SEEDS_FOR_CI, bootstrap_ci, finished_runs, read_run
+from benchmark.compare import MIN_SEEDS_FOR_CI, Colours, Run, bootstrap_ci, finished_runs, read_runs, select_runs
 
 NAME = re.compile(r"^(?P<algo>.+)-(?P<penalty>kl|beta)(?P<value>[0-9.]+)_(?P<track>[^_]+)__(?P<seed>\d+)$")
 OVEROPT_DROP = 0.1
@@ -35,25 +39,45 @@ TRACKS = {  # track: (gold metric, proxy metric or None, KL budgets of the table
     "tiny-tldr-noisy": ("eval/gold_reward", "eval/score", [0.25, 0.5, 1.0, 2.0, 4.0]),
     "tiny-math-kl": ("eval/accuracy", None, [0.1, 0.25, 0.5, 1.0, 2.0]),  # RLOO stays within KL 0.2 here
 }
+BUDGETS = [0.25, 0.5, 1.0, 2.0, 4.0]
+"""the KL budgets of the table when the command names none"""
 
 
 @dataclass
 class Curve:
     algo: str
     penalty: str
-    """`kl0.005` or `beta0.1`"""
+    """`kl0.005` or `beta0.1` (a frontier suite's run name); empty for a group named in full"""
     seed: int
     kl: np.ndarray
     gold: np.ndarray
     proxy: np.ndarray | None
 
 
-def read_curves(runs_dir: Path, track: str) -> list[Curve]:
+def read_curves(source, track: str) -> list[Curve]:
+    """The curves of a frontier suite's runs of `track` (a runs directory, or runs already read: `select_runs`), one
+    algorithm's settings apart by the name's `-kl<v>` / `-beta<v>`."""
     gold_m, proxy_m, _ = TRACKS[track]
-    dirs = [d for d in sorted(runs_dir.glob(f"*_{track}__*")) if d.is_dir() and NAME.match(d.name)]
-    curves = []
-    for run in finished_runs([read_run(d) for d in dirs]):
+    runs = [r for r in select_runs(source, f"*_{track}__*") if NAME.match(r.name)]
+
+    def name(run: Run) -> tuple[str, str, int]:
         m = NAME.match(run.name)
+        return m["algo"], f"{m['penalty']}{m['value']}", int(m["seed"])
+
+    return curves_of(finished_runs(runs), gold_m, proxy_m, name)
+
+
+def by_full_name(run: Run) -> tuple[str, str, int]:
+    """A group named in full: the run name without `__<seed>`, no setting; the seed from the name (1 without one)."""
+    m = re.search(r"__(\d+)$", run.name)
+    return run.group, "", int(m[1]) if m else 1
+
+
+def curves_of(runs: list[Run], gold_m: str, proxy_m: str | None, name=by_full_name) -> list[Curve]:
+    """A curve per run from its evaluations that hold `eval/kl` and `gold_m` (and `proxy_m`, when every evaluation has
+    it); `name(run)` gives its (group, setting, seed). Non-finite evaluations are left out with a warning."""
+    curves = []
+    for run in runs:
         rows = [r for r in run.rows if "eval/kl" in r and gold_m in r]
         finite = [r for r in rows if all(np.isfinite(float(r.get(k, 0.0))) for k in ("eval/kl", gold_m, proxy_m or ""))]
         if len(finite) < len(rows):  # a point of the frontier is a finite evaluation; a diverged run keeps its earlier
@@ -65,11 +89,12 @@ def read_curves(runs_dir: Path, track: str) -> list[Curve]:
         rows = finite
         if not rows:
             continue
+        algo, penalty, seed = name(run)
         curves.append(
             Curve(
-                m["algo"],
-                f"{m['penalty']}{m['value']}",
-                int(m["seed"]),
+                algo,
+                penalty,
+                seed,
                 np.array([r["eval/kl"] for r in rows], float),
                 np.array([r[gold_m] for r in rows], float),
                 np.array([r[proxy_m] for r in rows], float) if proxy_m and all(proxy_m in r for r in rows) else None,
@@ -124,7 +149,7 @@ def frontier_tables(curves: list[Curve], budgets: list[float], metric: str = "ev
             row.append(
                 f"{mean:.3f} ({len(best)})" if len(best) == 1 else f"{mean:.3f} [{low:.3f}, {high:.3f}] ({len(best)})"
             )
-        settings = ", ".join(sorted({c.penalty for c in by_algo[algo]}))
+        settings = ", ".join(sorted({c.penalty for c in by_algo[algo]})) or "-"
         lines.append(f"| {algo} | {settings} | " + " | ".join(row) + " |")
     lines.append("")
     lines.append(
@@ -188,7 +213,7 @@ def frontier_tables(curves: list[Curve], budgets: list[float], metric: str = "ev
                 f"{np.mean([c.proxy[p] for c, p in zip(cs, peaks)]):.2f} -> {np.mean([c.proxy[-1] for c in cs]):.2f}"
             )
         lines.append(
-            f"| {algo} | {penalty} | {flagged} of {len(cs)} | {gold_peak:.3f} ({kl_peak:.2f}) -> {gold_end:.3f} "
+            f"| {algo} | {penalty or '-'} | {flagged} of {len(cs)} | {gold_peak:.3f} ({kl_peak:.2f}) -> {gold_end:.3f} "
             f"({kl_end:.2f}) | {proxy} |"
         )
     return "\n".join(lines) + "\n"
@@ -210,16 +235,34 @@ def mean_curves(curves: list[Curve]) -> dict[tuple[str, str], dict]:
     return out
 
 
-def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
+def _setting_order(penalty: str) -> float:
+    """The strongest penalty first (`kl0.05` before `kl0.005`); a group without a setting is one line."""
+    value = re.sub(r"[a-z]", "", penalty)
+    try:
+        return -float(value)
+    except ValueError:
+        return 0.0
+
+
+def plot_frontier(
+    curves: list[Curve],
+    track: str | None,
+    out_png: Path,
+    colours: Colours | None = None,
+    metrics: tuple[str, str | None, list[float]] | None = None,
+) -> None:
+    """Gold (and proxy) against KL, a line per group and setting, one colour per group (`colours`, shared with the
+    other figures of a command), a line style per setting. `metrics`: (gold, proxy, budgets), by default
+    `TRACKS[track]`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    gold_m, proxy_m, budgets = TRACKS[track]
+    gold_m, proxy_m, budgets = metrics or TRACKS[track]
     means = mean_curves(curves)
     algos = sorted({a for a, _ in means})
-    colors = plt.get_cmap("tab10").colors
+    colours = colours if colours is not None else Colours(algos)
     styles = ["-", "--", ":", "-."]
     panels = [("gold", gold_m)] + ([("proxy", proxy_m)] if proxy_m else [])
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
@@ -227,10 +270,17 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
         for (algo, penalty), m in means.items():
             if m[field] is None:
                 continue
-            settings = sorted({p for a, p in means if a == algo}, key=lambda p: -float(re.sub(r"[a-z]", "", p)))
-            color, style = colors[algos.index(algo) % 10], styles[settings.index(penalty) % len(styles)]
+            settings = sorted({p for a, p in means if a == algo}, key=_setting_order)
+            color, style = colours[algo], styles[settings.index(penalty) % len(styles)]
             seeds = "1 seed" if m["seeds"] == 1 else f"mean of {m['seeds']} seeds"
-            ax.plot(m["kl"], m[field], style, marker=".", color=color, label=f"{algo} {penalty} ({seeds})")
+            ax.plot(
+                m["kl"],
+                m[field],
+                style,
+                marker=".",
+                color=color,
+                label=f"{algo} {penalty} ({seeds})".replace("  ", " "),
+            )
             if 2 * m["overoptimised"] > m["seeds"] and m["proxy"] is not None:  # most seeds over-optimise
                 peak = int(np.argmax(m["gold"]))
                 ax.plot(m["kl"][peak], m[field][peak], "*", color=color, markersize=14, markeredgecolor="black")
@@ -244,7 +294,7 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
         ax.set_ylabel(label + (" (proxy: the reward model optimised)" if field == "proxy" else ""))
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7, ncol=2)
-    title = f"{track}: {gold_m} against KL; dotted: the table's KL budgets" + (
+    title = f"{track or 'frontier'}: {gold_m} against KL; dotted: the table's KL budgets" + (
         "; star: the gold peak before over-optimisation" if proxy_m else ""
     )
     fig.suptitle(title, fontsize=10)
@@ -254,12 +304,57 @@ def plot_frontier(curves: list[Curve], track: str, out_png: Path) -> None:
     plt.close(fig)
 
 
-def write_frontier(runs_dir: Path, track: str) -> str | None:
-    """Writes runs/frontier_<track>.md and .png; returns the table, or None when the track has no frontier runs."""
-    curves = read_curves(runs_dir, track)
+def write_frontier(source, track: str, out_dir: Path | None = None, colours: Colours | None = None) -> str | None:
+    """Writes OUT_DIR/frontier_<track>.md and .png (OUT_DIR: the runs directory `source`, unless given); returns the
+    table, or None when the track has no frontier runs."""
+    curves = read_curves(source, track)
     if not curves:
         return None
+    out_dir = Path(out_dir if out_dir is not None else source)
     md = frontier_tables(curves, TRACKS[track][2], TRACKS[track][0])
-    (runs_dir / f"frontier_{track}.md").write_text(md)
-    plot_frontier(curves, track, runs_dir / f"frontier_{track}.png")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"frontier_{track}.md").write_text(md)
+    plot_frontier(curves, track, out_dir / f"frontier_{track}.png", colours)
     return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run directories evaluated with --eval-kl (each with a metrics.jsonl)")
+    parser.add_argument("--metric", default="eval/gold_reward", help="the gold metric (y-axis of the frontier)")
+    parser.add_argument(
+        "--proxy", default="eval/score", help="the proxy the policy optimises (right panel; left out if not logged)"
+    )
+    parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS, help="KL budgets of the table")
+    parser.add_argument("--out", default="runs/frontier", help="output prefix: writes OUT.png and OUT.md")
+    a = parser.parse_args(argv)
+    runs = finished_runs(read_runs([Path(p) for p in a.runs]))
+    for run in runs:
+        for problem in run.problems:
+            print(f"warning: {problem}", file=sys.stderr)
+    proxy = a.proxy if any(a.proxy in row for r in runs for row in r.rows) else None
+    curves = curves_of(runs, a.metric, proxy)
+    if not curves:
+        have = [r for r in runs if any(a.metric in row for row in r.rows)]
+        why = (
+            "none logs eval/kl (run the scripts with --eval-kl)"
+            if have
+            else f"none logs {a.metric} (choose the gold metric with --metric)"
+        )
+        print(f"error: no finished run of the {len(runs)} read has a point of the frontier: {why}", file=sys.stderr)
+        return 1
+    for r in runs:
+        if not any(c.algo == r.group for c in curves):
+            print(f"warning: {r.name} has no evaluation with eval/kl and {a.metric}; left out", file=sys.stderr)
+    md = frontier_tables(curves, a.budgets, a.metric)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(md)
+    plot_frontier(curves, None, out.with_suffix(".png"), metrics=(a.metric, proxy, a.budgets))
+    print(md)
+    print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,9 @@
-"""The README's results tables and plots: `python -m benchmark.results [--runs-dir runs]`.
+"""The README's results tables and plots: `python -m benchmark.results [--runs-dir runs | --reference] [--out-dir D]`.
+
+It reads the runs of a runs directory, or with `--reference` the library's shipped reference runs
+(benchmark/reference_runs/, `python -m benchmark.reference`), which hold the same metrics rows: the README's tables and
+figures are built from that data without rerunning anything. A run's algorithm is its name without `_<track>__<seed>`,
+in full (`rloo_batchmean_tiny-tldr__1` is `rloo_batchmean`), and one algorithm has one colour in every figure.
 
 For each tiny track it reads every RL run of the suite (`runs/<algo>_<track>__<seed>`) that completed its budget
 (a run without done.json is left out with a warning), and writes `runs/results_<track>.md` (a table: the starting
@@ -25,9 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.compare import MIN_SEEDS_FOR_CI, bootstrap_ci, finished_runs, plot, read_run
+from benchmark.compare import (
+    MIN_SEEDS_FOR_CI,
+    Colours,
+    algorithm_of,
+    bootstrap_ci,
+    finished_runs,
+    group_name,
+    plot,
+    select_runs,
+)
+from benchmark.frontier import NAME, write_frontier
 from benchmark.frontier import TRACKS as FRONTIER_TRACKS
-from benchmark.frontier import write_frontier
 
 TRACKS = {"tiny-tldr": ["eval/gold_reward", "eval/win_rate"], "tiny-math": ["eval/accuracy", "eval/completion_length"]}
 # per-update training metrics plotted under the evaluations: a point per update (offline DPO samples nothing and has
@@ -77,11 +91,18 @@ def _start_cell(values: list[float]) -> str:
     return f"{v.mean():.3f} (range {v.min():.3f}-{v.max():.3f} over {len(v)} RL runs' first evaluations)"
 
 
-def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
+def _with_metrics(runs: list) -> list:
+    """The runs that have a metrics file (a run directory without one is not a run of the table)."""
+    return [r for r in runs if r.path is None or (r.path / "metrics.jsonl").exists()]
+
+
+def track_table(source, track: str) -> tuple[str, list]:
+    """The table of `track` and the runs of its curves; `source`: a runs directory or runs already read (the
+    reference data), as `compare.select_runs` takes."""
     metrics = TRACKS[track]
-    runs = [read_run(d) for d in sorted(runs_dir.glob(f"*_{track}__*")) if (d / "metrics.jsonl").exists()]
+    runs = _with_metrics(select_runs(source, f"*_{track}__*"))
     # SFT / reward-model stages are not RL algorithms
-    runs = finished_runs([r for r in runs if r.group.split("_")[0] not in ("sft", "rm", "prm")])
+    runs = finished_runs([r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm")])
     start: dict[str, list[float]] = defaultdict(list)
     final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[str, list[str]] = defaultdict(list)
@@ -95,7 +116,7 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
         if not math.isfinite(float(evals[-1][metrics[0]])):  # as benchmark.compare: never an earlier value
             print(
                 f"warning: {run.name}: its final {metrics[0]} is not finite (diverged); counted as a diverged seed of "
-                f"{run.group.split('_')[0]}, left out of its values and curves",
+                f"{algorithm_of(run.group)}, left out of its values and curves",
                 file=sys.stderr,
             )
             diverged[run.group].append(run.name)
@@ -111,7 +132,7 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
     cols = metrics + PERF + ["seconds"]
     head = "| algorithm | seeds | " + " | ".join(c.split("/")[-1] for c in cols) + " |"
     lines = [head, "|" + " --- |" * (len(cols) + 2)]
-    sft_runs = [d for d in runs_dir.glob(f"sft_{track}__*") if (d / "done.json").exists()]
+    sft_runs = [r for r in select_runs(source, f"sft_{track}__*") if r.finished]
     lines.append(
         f"| SFT (start) | {len(sft_runs) or '-'} SFT run{'s' if len(sft_runs) != 1 else ''} | "
         + " | ".join(_start_cell(start.get(c, [])) for c in metrics)
@@ -126,7 +147,7 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
             else ["diverged"] + ["-"] * (len(cols) - 1)
         )
         seeds_cell = f"{seeds} ({len(diverged[group])} diverged)" if diverged[group] else f"{seeds}"
-        lines.append(f"| {group.split('_')[0]} | {seeds_cell} | " + " | ".join(cells) + " |")
+        lines.append(f"| {algorithm_of(group)} | {seeds_cell} | " + " | ".join(cells) + " |")
     plotted = [r for r in runs if not any(r.name in names for names in diverged.values())]  # as compare's curves
     return ("\n".join(lines) + "\n" if final or diverged else ""), plotted
 
@@ -135,7 +156,7 @@ def track_table(runs_dir: Path, track: str) -> tuple[str, list]:
 PRM_GROUPS = ["ppo_tiny-math", "ppo-prm-raw_tiny-math", "ppo-prm-clip-delta_tiny-math"]
 
 
-def prm_table(runs_dir: Path) -> str:
+def prm_table(source) -> str:
     """Final greedy accuracy, answer length and share of answers that end (EOS) on the test problems, and the steps
     per sampled answer in the last update, of the three PPO reward settings; mean [95% CI] over seeds (`_cell`),
     finished runs only. Empty when none of these runs exists."""
@@ -147,9 +168,7 @@ def prm_table(runs_dir: Path) -> str:
     }
     lines = []
     for group in PRM_GROUPS:
-        runs = finished_runs(
-            [read_run(d) for d in sorted(runs_dir.glob(f"{group}__*")) if (d / "metrics.jsonl").exists()]
-        )
+        runs = finished_runs(_with_metrics(select_runs(source, f"{group}__*")))
         if not runs:
             continue
         values: dict[str, list[float]] = defaultdict(list)
@@ -158,44 +177,69 @@ def prm_table(runs_dir: Path) -> str:
                 rows = [row for row in run.rows if metric in row]
                 if rows:
                     values[name].append(float(rows[-1][metric]))
-        lines.append(f"| {group.split('_')[0]} | {len(runs)} | " + " | ".join(_cell(values[n]) for n in cols) + " |")
+        lines.append(f"| {algorithm_of(group)} | {len(runs)} | " + " | ".join(_cell(values[n]) for n in cols) + " |")
     if not lines:
         return ""
     head = "| reward | seeds | " + " | ".join(cols) + " |\n|" + " --- |" * (len(cols) + 2)
     return head + "\n" + "\n".join(lines) + "\n"
 
 
+def colour_key(run_name: str) -> str:
+    """The algorithm a run's curves are coloured by: `ppo` for `ppo_tiny-tldr__1` and for the frontier's
+    `ppo-kl0_tiny-tldr-noisy__1` (one algorithm, one colour, in the results figures and the frontier's)."""
+    m = NAME.match(run_name)
+    return m["algo"] if m else algorithm_of(group_name(run_name))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs-dir", default="runs")
+    parser.add_argument("--runs-dir", default="runs", help="the runs to tabulate (and, by default, where to write)")
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="read the shipped reference runs (benchmark/reference_runs/) instead of --runs-dir",
+    )
+    parser.add_argument("--out-dir", default=None, help="where to write the tables and figures (default: --runs-dir)")
     parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))
     a = parser.parse_args(argv)
     runs_dir = Path(a.runs_dir)
+    out_dir = Path(a.out_dir) if a.out_dir else runs_dir
+    if a.reference:
+        from benchmark import reference
+
+        source, where = reference.load(), f"the reference data ({reference.DIR})"
+    else:
+        source, where = runs_dir, str(runs_dir)
+    names = [r.name for r in source] if a.reference else [d.name for d in runs_dir.glob("*__*") if d.is_dir()]
+    colours = Colours({colour_key(n) for n in names} - {"sft", "rm", "prm"})  # one per algorithm, every figure
     wrote: list[Path] = []  # listed at the end, where they are seen after the tables scrolled by
     for track in a.tracks:
-        md, runs = track_table(runs_dir, track)
+        md, runs = track_table(source, track)
         if not md:
-            print(f"{track}: no RL runs under {runs_dir}")
+            print(f"{track}: no RL runs under {where}")
             continue
-        (runs_dir / f"results_{track}.md").write_text(md)
-        wrote.append(runs_dir / f"results_{track}.md")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / f"results_{track}.md").write_text(md)
+        wrote.append(out_dir / f"results_{track}.md")
         if runs:  # not when every run diverged
-            plot(runs, TRACKS[track][0], runs_dir / f"results_{track}.png", TITLES[track], TRAIN_METRICS)
-            wrote.append(runs_dir / f"results_{track}.png")
+            png = out_dir / f"results_{track}.png"
+            plot(runs, TRACKS[track][0], png, TITLES[track], TRAIN_METRICS, colours, algorithm_of)
+            wrote.append(png)
         print(f"## {track}\n\n{md}")
-        if track == "tiny-math" and (family := [r for r in runs if r.group.split("_")[0] in GRPO_FAMILY]):
+        if track == "tiny-math" and (family := [r for r in runs if algorithm_of(r.group) in GRPO_FAMILY]):
             title = "tiny-math: GRPO's variants, greedy accuracy and the training reward"
-            plot(family, TRACKS[track][0], runs_dir / "results_tiny-math_grpo.png", title, TRAIN_METRICS)
-            wrote.append(runs_dir / "results_tiny-math_grpo.png")
-        if track == "tiny-math" and (prm := prm_table(runs_dir)):
-            (runs_dir / "results_tiny-math_prm.md").write_text(prm)
-            wrote.append(runs_dir / "results_tiny-math_prm.md")
+            png = out_dir / "results_tiny-math_grpo.png"
+            plot(family, TRACKS[track][0], png, title, TRAIN_METRICS, colours, algorithm_of)
+            wrote.append(png)
+        if track == "tiny-math" and (prm := prm_table(source)):
+            (out_dir / "results_tiny-math_prm.md").write_text(prm)
+            wrote.append(out_dir / "results_tiny-math_prm.md")
             print(f"\n## tiny-math, process rewards (Gao et al. 2024)\n\n{prm}")
     for track in FRONTIER_TRACKS:  # the KL frontier suites (benchmark/frontier.py)
-        if (md := write_frontier(runs_dir, track)) is not None:
-            wrote += [runs_dir / f"frontier_{track}.md", runs_dir / f"frontier_{track}.png"]
+        if (md := write_frontier(source, track, out_dir, colours)) is not None:
+            wrote += [out_dir / f"frontier_{track}.md", out_dir / f"frontier_{track}.png"]
             print(f"\n## {track}: {FRONTIER_TRACKS[track][0]} against KL\n\n{md}")
-    print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]) if wrote else f"wrote nothing under {runs_dir}")
+    print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]) if wrote else f"wrote nothing under {where}")
     return 0
 
 

@@ -14,6 +14,9 @@ Suites:
   frontier       both frontiers
   tldr           the N+ reproduction on TL;DR with Pythia (GPUs, the hub)
   math           GSM8K with Qwen2.5-0.5B-Instruct and MATH with Qwen2.5-Math-1.5B (GPUs, the hub)
+  study          `--scripts A.py B.py`: each script (a fork of a library script, or one of them) on the tracks that
+                 can separate variants of its family, then their ranking with 95% intervals and the figure
+                 (benchmark/study.py)
 
 Each stage is one command of an algorithm script, run as a subprocess with its own run directory under
 `runs/`. A stage that fails is reported and the suite goes on with the stages that do not depend on it.
@@ -636,6 +639,7 @@ def run_suite(
     only: list[str] | None = None,
     quick: bool = False,
     live: bool | None = None,
+    stages: list[Stage] | None = None,
 ) -> dict[str, str]:
     """Run the stages of `suite` with `workdir` as the working directory (runs land in workdir/runs).
 
@@ -646,7 +650,7 @@ def run_suite(
     shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES and the frontier's
     MAIN_FRONTIER_STAGES (or `only`), always `quick`; suite `learning` adds LEARNING_FRONTIER_STAGES. `live`: redraw
     a status block on the terminal (benchmark/status.py); False prints event lines only, None (the default) does so
-    when stdout is not a terminal."""
+    when stdout is not a terminal. `stages`: these instead of the suite's (the study's)."""
     if jobs < 1:  # 0 never starts a stage and waits for one forever
         raise SystemExit(f"error: --jobs is {jobs}; it must be at least 1")
     asked = only
@@ -655,7 +659,7 @@ def run_suite(
         only, quick = only or main_job + (LEARNING_FRONTIER_STAGES if suite == "learning" else []), True
     launcher = launcher or [sys.executable]
     runs_dir = Path(workdir) / "runs"
-    stages = SUITES[suite](seeds)
+    stages = stages if stages is not None else SUITES[suite](seeds)
     if only:
         keep = {
             st.run_name for st in stages if st.run_name.split("_")[0] in only or st.run_name.rsplit("__", 1)[0] in only
@@ -847,7 +851,10 @@ def run_suite(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("suite", choices=sorted([*SUITES, "study"]))
+    parser.add_argument(
+        "--scripts", nargs="+", default=None, help="suite study: the scripts to compare (rloo_batchmean.py rloo.py)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of the RL stages")
     parser.add_argument("--workdir", default=".", help="working directory; runs are written to WORKDIR/runs")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
@@ -870,6 +877,13 @@ def main() -> None:
     )
     a = parser.parse_args()
     live = False if a.plain else None  # None: the block on a terminal, event lines otherwise
+    if (a.suite == "study") != (a.scripts is not None):
+        raise SystemExit("error: --scripts goes with the suite study, and the study needs it")
+    if a.suite == "study":
+        from benchmark import study
+
+        status = study.run_study(a.scripts, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, live=live)
+        sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
     status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick, live=live)
     sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
 

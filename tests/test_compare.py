@@ -36,11 +36,9 @@ def _write_rows(root: Path, name: str, rows: list[dict], done: bool = True) -> N
 
 
 def _means(md: str) -> dict[str, float]:
-    """algorithm -> mean final value, from compare's markdown table."""
-    return {
-        cells[0]: float(cells[2])
-        for cells in ([c.strip() for c in line.strip("|").split("|")] for line in md.splitlines()[2:])
-    }
+    """algorithm -> mean final value, from compare's markdown table (its rows: the lines under it are notes)."""
+    rows = [line for line in md.splitlines()[2:] if line.startswith("|")]
+    return {cells[0]: float(cells[2]) for cells in ([c.strip() for c in line.strip("|").split("|")] for line in rows)}
 
 
 def test_known_curves_give_known_mean_and_band():
@@ -387,3 +385,106 @@ def test_a_missing_path_or_a_folder_without_metrics_is_named_not_called_unfinish
     assert f"(it holds 1 run directories: pass them, {tmp_path / 'runs'}/*)" in err
     assert "did not finish" not in err
     assert "| ppo_tiny-tldr | 1 | 0.500 |" in out.with_suffix(".md").read_text()
+
+
+def test_area_under_the_curve_and_episodes_to_reach_by_hand():
+    """Issue 49 item 5: the AUC is the trapezoid area over the span divided by its length (the mean value over it)."""
+    x, y = np.array([0.0, 100.0, 200.0, 400.0]), np.array([0.0, 0.5, 1.0, 1.0])
+    assert compare.area_under_curve(x, y, 0, 400) == pytest.approx((25 + 75 + 200) / 400)  # 0.75
+    assert compare.area_under_curve(x, y, 0, 200) == pytest.approx(100 / 200)
+    # a span inside the curve: interpolated at its ends, y(50) = 0.25 and y(300) = 1.0
+    assert compare.area_under_curve(x, y, 50, 300) == pytest.approx((0.375 * 50 + 0.75 * 100 + 1.0 * 100) / 250)
+    assert compare.area_under_curve(x, y, 100, 100) == 0.5
+    assert compare.episodes_to_reach(x, y, 0.9, 400) == 200  # the first evaluation at or above it
+    assert compare.episodes_to_reach(x, y, 0.9, 100) is None  # not within the span
+    assert compare.common_span([], "eval/gold_reward") is None
+
+
+def _three_groups(root: Path) -> list[Path]:
+    """fast and its copy learn by episode 100, slow by 300; all end at 1.0, so final values cannot rank them."""
+    curves = {
+        "fast_tiny-tldr": [[0.5, 1.0, 1.0, 1.0, 1.0], [0.5, 0.9, 1.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0, 1.0]],
+        "copy_tiny-tldr": [[0.5, 1.0, 1.0, 1.0, 1.0], [0.5, 0.9, 1.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0, 1.0]],
+        "slow_tiny-tldr": [[0.5, 0.6, 0.7, 1.0, 1.0], [0.5, 0.6, 0.8, 1.0, 1.0], [0.5, 0.5, 0.7, 1.0, 1.0]],
+    }
+    return [
+        _write_run(root, f"{group}__{seed}", values)
+        for group, seeds in curves.items()
+        for seed, values in enumerate(seeds, start=1)
+    ]
+
+
+def test_the_table_ranks_by_sample_efficiency_and_says_what_separates(tmp_path):
+    """Issue 49 item 5: next to the final value, the AUC and the episodes to a threshold with their intervals, and
+    which groups separate (non-overlapping 95% intervals over 3 seeds) and which do not. Here the final values tie at
+    1.0: only sample efficiency tells fast from slow, and nothing tells fast from its copy."""
+    out = tmp_path / "cmp"
+    assert compare.main([str(p) for p in _three_groups(tmp_path / "runs")] + ["--out", str(out)]) == 0
+    md = out.with_suffix(".md").read_text()
+    runs = [compare.read_run(p) for p in sorted((tmp_path / "runs").iterdir())]
+    table = {t["group"]: t for t in compare.summarize(runs, "eval/gold_reward")}
+    # by hand: trapezoids of 100 episodes over 0-400, e.g. fast seed 2: (0.7 + 0.95 + 1 + 1) / 4
+    assert table["fast_tiny-tldr"]["auc"] == pytest.approx([0.9375, 0.9125, 0.9375])
+    assert table["slow_tiny-tldr"]["auc"] == pytest.approx([0.7625, 0.7875, 0.7375])
+    # threshold: 90% of the way from the start (0.5) to the best group's peak (1.0)
+    assert table["fast_tiny-tldr"]["threshold"] == pytest.approx(0.95) and table["fast_tiny-tldr"]["span"] == (0, 400)
+    assert table["fast_tiny-tldr"]["reach"] == [100, 200, 100] and table["slow_tiny-tldr"]["reach"] == [300] * 3
+    assert "| AUC | episodes to 0.950 |" in md.splitlines()[0]
+    assert "| fast_tiny-tldr | 3 | 1.000 | [1.000, 1.000] | 1.000 | 0.929 [0.912, 0.938] | 133 [100, 200] |" in md
+    assert "| slow_tiny-tldr | 3 | 1.000 | [1.000, 1.000] | 1.000 | 0.762 [" in md and "| 300 [300, 300] |" in md
+    assert "Ranking by AUC (mean over seeds): copy_tiny-tldr 0.929 > fast_tiny-tldr 0.929 > slow_tiny-tldr" in md
+    separated = next(line for line in md.splitlines() if line.startswith("Separated"))
+    assert "AUC: fast_tiny-tldr > slow_tiny-tldr" in separated and "AUC: copy_tiny-tldr > slow_tiny-tldr" in separated
+    assert "episodes to threshold: fast_tiny-tldr > slow_tiny-tldr" in separated  # fewer episodes ranks first
+    assert "final" not in separated and "copy_tiny-tldr > fast" not in separated
+    apart = next(line for line in md.splitlines() if line.startswith("Not separated"))
+    assert "final eval/gold_reward: copy_tiny-tldr ~ fast_tiny-tldr" in apart and "AUC: copy_tiny-tldr ~ fast" in apart
+    assert "final eval/gold_reward: fast_tiny-tldr ~ slow_tiny-tldr" in apart
+
+
+def test_fewer_than_3_seeds_are_not_tested_and_a_seed_that_never_reaches_is_counted(tmp_path):
+    _write_run(tmp_path, "a_tiny-tldr__1", [0.5, 1.0, 1.0])
+    _write_run(tmp_path, "a_tiny-tldr__2", [0.5, 0.6, 0.7])
+    _write_run(tmp_path, "b_tiny-tldr__1", [0.5, 0.5, 0.5])
+    runs = [compare.read_run(p) for p in sorted(tmp_path.iterdir())]
+    table = compare.summarize(runs, "eval/gold_reward", threshold=0.9)
+    md = compare.markdown_table(table, "eval/gold_reward")
+    assert "| 1 of 2 seeds reached it (mean 100) |" in md and "| 0 of 1 seeds reached it |" in md
+    assert "Separated (non-overlapping 95% intervals over 3 or more seeds): none." in md
+    assert "Not tested (fewer than 3 seeds, so no 95% interval): a_tiny-tldr (2 seeds), b_tiny-tldr (1 seed)." in md
+
+
+def test_the_bootstrap_is_determined_by_its_seed():
+    values = np.array([0.1, 0.4, 0.35, 0.9, 0.6])
+    assert compare.bootstrap_ci(values) == compare.bootstrap_ci(values, seed=0) == compare.bootstrap_ci(values.copy())
+    assert compare.bootstrap_ci(values, seed=1) != compare.bootstrap_ci(values, seed=0)
+    lo, hi = compare.bootstrap_ci(values)
+    assert values.min() < lo < values.mean() < hi < values.max()
+    # the table's intervals too: two runs of the comparison print the same numbers
+    table = [{"group": "a", "values": [0.1, 0.4, 0.35], "auc": [], "reach": []}]
+    table.append({"group": "b", "values": [0.9, 0.6, 0.7], "auc": [], "reach": []})
+    assert compare.separation_lines(table, "m") == compare.separation_lines(table, "m")
+
+
+def test_one_colour_per_group_in_every_figure_of_a_command(tmp_path, monkeypatch):
+    """Issue 49 item 5: results draws several figures; an algorithm keeps its colour in each, and groups by its full
+    name (rloo and rloo_batchmean are two algorithms, not one `rloo`)."""
+    for track, metric in (("tiny-tldr", "eval/gold_reward"), ("tiny-math", "eval/accuracy")):
+        for algo, end in (("rloo", 0.9), ("rloo_batchmean", 0.8), ("ppo", 0.7)):
+            rows = [{"step": i, "episode": 64 * i, "time": 1.0 + i, metric: v} for i, v in enumerate([0.3, end])]
+            _write_rows(tmp_path, f"{algo}_{track}__1", rows)
+    drawn = []
+    monkeypatch.setattr(
+        results, "plot", lambda runs, m, png, title, train, colours, key: drawn.append((runs, colours, key))
+    )
+    assert results.main(["--runs-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "results_tiny-tldr.md").read_text()
+    assert "| rloo | 1 | 0.900 |" in md and "| rloo_batchmean | 1 | 0.800 |" in md
+    colour = {}
+    for runs, colours, key in drawn:
+        for r in runs:
+            assert colour.setdefault(key(r.group), colours[key(r.group)]) == colours[key(r.group)]
+    assert len(drawn) == 2 and drawn[0][1] is drawn[1][1]
+    assert len(set(colour.values())) == 3 == len(colour)  # rloo, rloo_batchmean, ppo: three colours, each everywhere
+    assert compare.algorithm_of("rloo_batchmean_tiny-tldr") == "rloo_batchmean"
+    assert compare.algorithm_of("ppo_tiny-tldr (runs/my_dir)") == "ppo (runs/my_dir)"

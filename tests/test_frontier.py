@@ -167,3 +167,47 @@ def test_a_non_finite_evaluation_is_not_a_point_of_the_frontier(tmp_path, capsys
     assert curve.kl.tolist() == [0.0, 0.2] and curve.gold.tolist() == [0.6, 0.8]
     assert "ppo-kl0.05_tiny-tldr-noisy__1: 2 of its 4 evaluations are not finite" in capsys.readouterr().err
     assert best_within([curve], 1.0) == {1: 0.8}
+
+
+def test_the_frontier_is_a_command_over_any_runs_grouped_by_their_full_name(tmp_path, capsys):
+    """Issue 49 item 5: `python -m benchmark.frontier --help` works, and runs of any name (a fork's,
+    `rloo_batchmean_...`, no `-kl<v>` naming) are grouped by the name without `__<seed>`; the separation is stated."""
+    from benchmark import frontier
+
+    with pytest.raises(SystemExit) as exit_:
+        frontier.main(["--help"])
+    assert exit_.value.code == 0 and "RUN_DIR" in capsys.readouterr().out
+    dirs = []
+    for group, golds in (
+        ("rloo_tiny-tldr-noisy", (0.90, 0.92, 0.91)),
+        ("rloo_batchmean_tiny-tldr-noisy", (0.7, 0.72, 0.75)),
+    ):
+        for seed, gold in enumerate(golds, start=1):
+            run = tmp_path / f"{group}__{seed}"
+            run.mkdir()
+            rows = [
+                {"step": 0, "episode": 0, "eval/kl": 0.0, "eval/gold_reward": 0.6, "eval/score": 0.0},
+                {"step": 1, "episode": 64, "eval/kl": 0.2, "eval/gold_reward": gold, "eval/score": 1.0},
+            ]
+            (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+            (run / "done.json").write_text("{}")
+            dirs.append(str(run))
+    out = tmp_path / "f"
+    assert frontier.main([*dirs, "--budgets", "0.25", "1", "--out", str(out)]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "| rloo_tiny-tldr-noisy | - | 0.910 [0.900, 0.920] (3) | 0.910 [0.900, 0.920] (3) |" in md
+    assert "| rloo_batchmean_tiny-tldr-noisy | - | 0.723 [" in md
+    assert "KL <= 0.25: rloo_tiny-tldr-noisy > rloo_batchmean_tiny-tldr-noisy" in md
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    # runs without eval/kl: one error line that says what is missing
+    plain = tmp_path / "plain" / "rloo_tiny-tldr__1"
+    plain.mkdir(parents=True)
+    (plain / "metrics.jsonl").write_text(json.dumps({"step": 0, "episode": 0, "eval/gold_reward": 0.6}) + "\n")
+    (plain / "done.json").write_text("{}")
+    capsys.readouterr()
+    assert frontier.main([str(plain), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: no finished run of the 1 read has a point of the frontier: none logs eval/kl (run the scripts with "
+        "--eval-kl)"
+    ]

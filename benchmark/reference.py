@@ -1,0 +1,253 @@
+"""The library's own results on the tiny world, shipped as data: `python -m benchmark.reference build|list`.
+
+`python -m benchmark.reference build RUNS_DIR` reads every finished run of RUNS_DIR (a run directory with its
+`done.json`) and writes its metrics rows to `benchmark/reference_runs/<group>.jsonl.gz` (group: the run name without
+`__<seed>`), one JSON line per run: its name, the command arguments of its `done.json`, the `started` part of its
+`provenance.json` (commit, library versions, host) and its rows, cut to what the tables and figures read: every
+evaluation (`eval/*`), the training metrics of KEEP and each row's `step`, `episode` and `time` (the last row is kept
+whole: it holds the run's duration). Nothing else of a run (models, samples, checkpoints) is kept. A group already
+shipped keeps its other runs: building from a directory of seeds 2 and 3 adds them beside seed 1 (`--fresh` drops
+what was there). The files are gzip without a timestamp: the same runs give the same bytes.
+
+`python -m benchmark.reference list` prints the shipped algorithms, their tracks and seeds. The data is read by
+`python -m benchmark.compare RUN_DIR... --reference rloo` (the user's runs over the reference band) and by
+`python -m benchmark.results --reference` (the README's tables and figures), without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from benchmark.compare import Run, algorithm_of, group_name, read_run
+
+DIR = Path(__file__).resolve().parent / "reference_runs"
+KEEP = ("objective/reward", "objective/kl", "objective/num_steps", "perf/episodes_per_sec", "perf/peak_mem_gb")
+"""the training metrics kept beside the evaluations: the results figures' panels, the PRM table, the speed columns"""
+ROW_KEYS = ("step", "episode", "time")
+
+
+class ReferenceError(Exception):
+    """A request the shipped data cannot answer; its message is the `error:` line."""
+
+
+def compact(rows: list[dict]) -> list[dict]:
+    """The rows the tables and figures read: those with an evaluation or a KEEP metric, each cut to those and
+    ROW_KEYS, and the last row (cut the same way), which holds the run's wall-clock time."""
+    out = []
+    for i, row in enumerate(rows):
+        kept = {k: v for k, v in row.items() if k.startswith("eval/") or k in KEEP}
+        if kept or i == len(rows) - 1:
+            out.append({**{k: row[k] for k in ROW_KEYS if k in row}, **kept})
+    return out
+
+
+def record(run_dir: Path) -> dict:
+    """One line of the data: a finished run's name, command, provenance and compacted rows."""
+    run = read_run(run_dir)
+    done = json.loads((run_dir / "done.json").read_text())
+    return {
+        "name": run.name,
+        "argv": done.get("argv") if isinstance(done, dict) else None,
+        "provenance": run.provenance,
+        "rows": compact(run.rows),
+    }
+
+
+def budget(argv: list | None) -> list[str]:
+    """A run's command without what differs between seeds of one experiment (`--seed`, `--run-name`) or does not
+    change what it computes (`--num-threads`, `--resume`, `--overwrite`)."""
+    out, args = [], [str(a) for a in argv or []]
+    i = 0
+    while i < len(args):
+        if args[i] in ("--seed", "--run-name", "--num-threads"):
+            i += 2
+            continue
+        if args[i] not in ("--resume", "--overwrite"):
+            out.append(args[i])
+        i += 1
+    return out
+
+
+def write_group(path: Path, records: list[dict]) -> None:
+    """`records` sorted by name as gzip'd JSON lines, without the gzip timestamp (the same runs, the same bytes)."""
+    text = "".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["name"]))
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:
+        f.write(text.encode())
+    path.write_bytes(buf.getvalue())
+
+
+def read_group(path: Path) -> list[dict]:
+    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()]
+
+
+def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False) -> list[str]:
+    """Writes the data of every finished run in `runs_dir`; returns one line per group written. A run that did not
+    finish (no done.json) is named on stderr and left out."""
+    if not runs_dir.is_dir():
+        raise ReferenceError(f"{runs_dir} is not a directory of runs")
+    found: dict[str, list[dict]] = defaultdict(list)
+    for d in sorted(runs_dir.iterdir()):
+        if d.name.startswith(".") or not (d / "metrics.jsonl").exists():  # `.<run>.previous`: kept by --overwrite
+            continue
+        if not (d / "done.json").exists():
+            print(f"warning: {d} did not finish (no done.json); left out", file=sys.stderr)
+            continue
+        found[group_name(d.name)].append(record(d))
+    if not found:
+        raise ReferenceError(f"{runs_dir} holds no finished run (a directory with metrics.jsonl and done.json)")
+    out_dir = Path(out_dir or DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if fresh:
+        for old in out_dir.glob("*.jsonl.gz"):
+            old.unlink()
+    lines = []
+    for group, records in sorted(found.items()):
+        path = out_dir / f"{group}.jsonl.gz"
+        new = {r["name"] for r in records}
+        kept = [r for r in read_group(path) if r["name"] not in new] if path.exists() else []
+        write_group(path, kept + records)
+        commands = {" ".join(budget(r.get("argv"))) for r in kept + records}
+        if len(commands) > 1:  # e.g. seed 1 of the quick suite beside seeds 2 and 3 of the full presets
+            print(
+                f"warning: {group} now holds runs of different commands (budgets): {' | '.join(sorted(commands))}",
+                file=sys.stderr,
+            )
+        seeds = sorted(r["name"].rsplit("__", 1)[-1] for r in kept + records)
+        lines.append(
+            f"{path.name}: {len(records)} run(s) from {runs_dir}"
+            + (f", {len(kept)} kept from before" if kept else "")
+            + f"; seeds {', '.join(seeds)}; {path.stat().st_size / 1024:.1f} KiB"
+        )
+    return lines
+
+
+def load(data_dir: Path | None = None) -> list[Run]:
+    """Every shipped run (in `data_dir`, default DIR), as `benchmark.compare` reads a run directory (finished, with
+    its provenance)."""
+    runs = []
+    for path in sorted(Path(data_dir or DIR).glob("*.jsonl.gz")):
+        for r in read_group(path):
+            runs.append(
+                Run(
+                    name=r["name"],
+                    group=group_name(r["name"]),
+                    rows=r["rows"],
+                    provenance=r.get("provenance"),
+                    reference=True,
+                )
+            )
+    return runs
+
+
+def track_of(group: str) -> str:
+    """`rloo_batchmean_tiny-tldr` -> `tiny-tldr`: what `compare.algorithm_of` leaves off."""
+    m = re.search(r"_([^_\s()]+)(?: \(.*\))?$", group)  # a group kept apart by folder: `ppo_tiny-tldr (runs/a)`
+    return m[1] if m else ""
+
+
+def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | None = None) -> list[Run]:
+    """The shipped runs that `--reference NAME...` asks for, to compare with `runs` on `metric`. A NAME is an
+    algorithm (`rloo`: its groups on the tracks of `runs`, or, with no runs, those that log `metric`) or one group
+    (`rloo_tiny-tldr`). Their group is renamed `<group> (reference)`, their names `reference/<name>`, so that they
+    never merge with the user's runs of the same name. Raises ReferenceError: a NAME that names nothing shipped (the
+    message lists what is), or a reference that shares no track or no metric with the runs."""
+    shipped = load(data_dir)
+    if not shipped:
+        raise ReferenceError(
+            f"no reference data in {data_dir or DIR} (python -m benchmark.reference build RUNS_DIR writes it)"
+        )
+    groups = sorted({r.group for r in shipped})
+    algorithms = sorted({algorithm_of(g) for g in groups})
+    tracks = {track_of(r.group) for r in runs}
+    chosen: list[str] = []
+    for name in names:
+        if name in groups:
+            picked = [name]
+        elif name in algorithms:
+            picked = [g for g in groups if algorithm_of(g) == name]
+            on = sorted(track_of(g) for g in picked)
+            if runs:
+                picked = [g for g in picked if track_of(g) in tracks]
+                if not picked:
+                    raise ReferenceError(
+                        f"--reference {name}: the reference has {name} on {', '.join(on)}; the runs given are on "
+                        f"{', '.join(sorted(tracks)) or 'no known track'}: no shared track (name a group, e.g. "
+                        f"--reference {name}_{on[0]})"
+                    )
+        else:
+            raise ReferenceError(
+                f"--reference {name} names no shipped algorithm; shipped: {', '.join(algorithms)} (or one group: "
+                f"{', '.join(groups[:3])}, ...; python -m benchmark.reference list)"
+            )
+        for g in picked:
+            logged = sorted(
+                {k for r in shipped if r.group == g for row in r.rows for k in row if k.startswith("eval/")}
+            )
+            if metric not in logged:
+                if name in groups or runs:
+                    raise ReferenceError(
+                        f"--reference {name}: its runs {g}__* log no {metric} (they log {', '.join(logged)}): the runs "
+                        "and the reference share no metric"
+                    )
+                continue  # an algorithm asked for without runs: its groups that log the metric
+            chosen.append(g)
+    if not chosen:
+        raise ReferenceError(f"--reference {' '.join(names)}: no shipped run logs {metric}")
+    out = []
+    for r in shipped:
+        if r.group in chosen:
+            r.name, r.group = f"reference/{r.name}", f"{r.group} (reference)"
+            out.append(r)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="write the data of the finished runs of RUNS_DIR")
+    b.add_argument("runs_dir", help="a runs directory (e.g. runs/ after `python -m benchmark.run quick`)")
+    b.add_argument(
+        "--out", default=None, help="where the data goes (default: the shipped data, benchmark/reference_runs)"
+    )
+    b.add_argument("--fresh", action="store_true", help="drop the data already there instead of adding to it")
+    ls = sub.add_parser("list", help="the shipped algorithms, tracks and seeds")
+    ls.add_argument("--data", default=None, help="the data directory (default: the shipped data)")
+    a = parser.parse_args(argv)
+    try:
+        if a.command == "build":
+            for line in build(Path(a.runs_dir), a.out, a.fresh):
+                print(line)
+            out = Path(a.out or DIR)
+            total = sum(p.stat().st_size for p in out.glob("*.jsonl.gz"))
+            print(f"wrote {out}: {total / 1024:.1f} KiB in all")
+            return 0
+        paths = sorted(Path(a.data or DIR).glob("*.jsonl.gz"))
+        if not paths:
+            raise ReferenceError(f"no reference data in {a.data or DIR}")
+        print(
+            "| algorithm | track | seeds | its first run's flags (after the preset and run name) |\n"
+            "| --- | --- | --- | --- |"
+        )
+        for path in paths:
+            records = read_group(path)
+            group = group_name(records[0]["name"])
+            seeds = ", ".join(sorted(r["name"].rsplit("__", 1)[-1] for r in records))
+            argv = records[0].get("argv") or []
+            shown = argv[3:] if len(argv) >= 3 and argv[1] == "--run-name" else argv
+            print(f"| {algorithm_of(group)} | {track_of(group)} | {seeds} | {' '.join(map(str, shown))} |")
+        return 0
+    except ReferenceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

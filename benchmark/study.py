@@ -1,0 +1,303 @@
+"""A variant study in one command: `python -m benchmark.run study --scripts rloo_batchmean.py rloo.py --seeds 1 2 3`.
+
+Each script is a script of the library's shape (a `.py` file with a module-level `PRESETS` dict) of a known family:
+the library script it was forked from, said by a module-level `PARENT = "rloo"` line when it has one, else found from
+its content (the library script that has its presets and shares the most of its lines). The study runs every script,
+for every seed, on its family's STUDY tracks: the tracks of the tiny world whose reward leaves room to tell variants
+apart (tiny-tldr-noisy's imperfect reward model, tiny-math's verifiable reward; not tiny-tldr, where every algorithm
+reaches the gold judge's ceiling), at budgets that keep an RL family's study within about 30 minutes on a 2-core CPU,
+with an evaluation at every update for a curve of about 9 points. The SFT and reward models they start from are the
+quick suite's (built first when missing, skipped when `python -m benchmark.run quick` made them). A run is named
+`<script name>_<track>-study__<seed>` (`rloo_batchmean_tiny-math-study__1`): the study's budgets are not the presets',
+so its runs never take the name, or the directory, of a suite's run of the same script.
+
+Then, per track, `benchmark.compare`'s table (final value, AUC and episodes to a threshold, each with its 95% bootstrap
+interval over seeds), the ranking and which scripts separate and which do not, and the figure are printed and written
+to `runs/study_<track>.md|png`; on a track evaluated with `--eval-kl`, the KL frontier too
+(`runs/study_<track>_kl.md|png`).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmark import compare, frontier
+
+REPO = Path(__file__).resolve().parent.parent
+LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+"""the library's own scripts: the families a study script can belong to"""
+
+
+@dataclass(frozen=True)
+class Track:
+    track: str
+    """the tiny-world track, the run name's middle part"""
+    preset: str
+    """the script's preset that runs on it"""
+    flags: tuple[str, ...]
+    """the study's budget and evaluation flags (after the preset)"""
+    metric: str
+    """what the table ranks"""
+    needs: tuple[str, ...]
+    """the quick suite's SFT / reward-model stages the preset reads"""
+
+
+TLDR_NOISY_NEEDS = ("sft_tiny-tldr__1", "rm_tiny-tldr-noisy__1")
+MATH_NEEDS = ("sft_tiny-math__1",)
+EVERY_UPDATE = ("--eval-every", "1")
+STUDY = {  # family: the tracks that can separate its variants, with their budgets
+    "rloo": [
+        Track(
+            "tiny-tldr-noisy",
+            "tiny-tldr-noisy",
+            ("--total-episodes", "512", *EVERY_UPDATE, "--num-eval-examples", "100"),
+            "eval/gold_reward",
+            TLDR_NOISY_NEEDS,
+        ),
+        Track("tiny-math", "tiny-math", ("--total-episodes", "1024", *EVERY_UPDATE), "eval/accuracy", MATH_NEEDS),
+    ],
+    "remax": [
+        Track(
+            "tiny-tldr-noisy",
+            "tiny-tldr-noisy",
+            ("--total-episodes", "512", *EVERY_UPDATE, "--num-eval-examples", "100"),
+            "eval/gold_reward",
+            TLDR_NOISY_NEEDS,
+        ),
+        Track("tiny-math", "tiny-math", ("--total-episodes", "512", *EVERY_UPDATE), "eval/accuracy", MATH_NEEDS),
+    ],
+    "ppo_rlhf": [
+        Track(
+            "tiny-tldr-noisy",
+            "tiny-tldr-noisy",
+            ("--total-episodes", "512", *EVERY_UPDATE, "--num-eval-examples", "100"),
+            "eval/gold_reward",
+            TLDR_NOISY_NEEDS,
+        ),
+        Track("tiny-math", "tiny-math", ("--total-episodes", "512", *EVERY_UPDATE), "eval/accuracy", MATH_NEEDS),
+    ],
+    "grpo_math": [
+        Track("tiny-math", "tiny", ("--total-steps", "10", "--pass-k", "0", *EVERY_UPDATE), "eval/accuracy", MATH_NEEDS)
+    ],
+    "dpo": [
+        Track(
+            "tiny-tldr-noisy",
+            "tiny-tldr-noisy",
+            ("--num-train-epochs", "1", "--max-train-samples", "384", "--eval-every", "2")
+            + ("--num-eval-examples", "100", "--num-eval-pairs", "100"),
+            "eval/gold_reward",
+            ("sft_tiny-tldr__1",),
+        )
+    ],
+}
+
+
+class StudyError(Exception):
+    """A study script that cannot be studied; its message is the `error:` line."""
+
+
+def module_constants(tree: ast.Module) -> dict[str, ast.expr]:
+    """The module-level `NAME = value` assignments of a script (not executed: a fork is read, never imported)."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            out[node.target.id] = node.value
+    return out
+
+
+def preset_names(value: ast.expr | None) -> set[str]:
+    if not isinstance(value, ast.Dict):
+        return set()
+    return {k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+
+
+def read_script(path: Path) -> tuple[str, set[str], str | None]:
+    """A study script's text, preset names and declared parent (None without a PARENT line); StudyError when it is
+    not a script of the library's shape."""
+    if path.suffix != ".py":
+        raise StudyError(f"{path} is not a Python script (.py): the study runs scripts of the library's shape")
+    if not path.is_file():
+        raise StudyError(f"{path} does not exist")
+    text = path.read_text(errors="replace")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as e:
+        raise StudyError(f"{path} does not parse as Python (line {e.lineno}: {e.msg})") from None
+    constants = module_constants(tree)
+    presets = preset_names(constants.get("PRESETS"))
+    if not presets:
+        raise StudyError(
+            f"{path} has no module-level PRESETS dict: not a script of the library's shape (CONTRIBUTING.md)"
+        )
+    parent = constants.get("PARENT")
+    declared = parent.value if isinstance(parent, ast.Constant) and isinstance(parent.value, str) else None
+    return text, presets, declared
+
+
+def family_of(path: Path) -> tuple[str, str]:
+    """The library script a study script belongs to, and how that was found: its `PARENT = "rloo"` line, else its
+    content (among the library scripts that have one of its presets, the one it shares the most lines with)."""
+    text, presets, declared = read_script(path)
+    if declared is not None:
+        name = Path(declared).stem
+        if name not in LIBRARY:
+            raise StudyError(f"{path}: PARENT = {declared!r} names no library script (one of {', '.join(LIBRARY)})")
+        return name, "its PARENT line"
+    if path.resolve().parent == REPO and path.stem in LIBRARY:
+        return path.stem, "a library script"
+    lines = text.splitlines()
+    scores = []
+    for lib in LIBRARY:
+        lib_text = (REPO / f"{lib}.py").read_text()
+        if preset_names(module_constants(ast.parse(lib_text)).get("PRESETS")) & presets:
+            matcher = difflib.SequenceMatcher(None, lib_text.splitlines(), lines, autojunk=False)
+            scores.append((matcher.ratio(), lib))
+    if not scores:
+        raise StudyError(
+            f"{path}: none of its presets ({', '.join(sorted(presets))}) is a library script's, so its family is "
+            'unknown; declare it with a module-level line such as PARENT = "rloo"'
+        )
+    ratio, lib = max(scores)
+    if ratio < 0.5:
+        raise StudyError(
+            f"{path} shares {ratio:.0%} of its lines with the closest library script ({lib}.py): its family is "
+            'unknown; declare it with a module-level line such as PARENT = "rloo"'
+        )
+    return lib, f"its content: {ratio:.1%} of its lines are {lib}.py's"
+
+
+@dataclass
+class Plan:
+    scripts: list[tuple[Path, str, str]]
+    """(script, its family, how the family was found)"""
+    tracks: dict[str, Track]
+    """track name: the track (its metric)"""
+
+
+def plan(scripts: list[str]) -> Plan:
+    """What the study runs for `scripts`; StudyError for a script that cannot be studied."""
+    if not scripts:
+        raise StudyError("the study needs --scripts: the scripts to compare, e.g. --scripts rloo_batchmean.py rloo.py")
+    found, tracks, names = [], {}, {}
+    for s in scripts:
+        path = Path(s).resolve()
+        family, how = family_of(Path(s))
+        if family not in STUDY:
+            raise StudyError(
+                f"{s} is of family {family}, which the study does not cover: it compares the RL and preference "
+                f"algorithms ({', '.join(sorted(STUDY))})"
+            )
+        presets = read_script(Path(s))[1]
+        missing = [t.preset for t in STUDY[family] if t.preset not in presets]
+        if missing:
+            raise StudyError(f"{s} has no preset {', '.join(missing)}, which the study of family {family} runs")
+        if path.stem in names and names[path.stem] != path:
+            raise StudyError(
+                f"two study scripts are named {path.stem} ({names[path.stem]} and {path}): their runs would share names"
+            )
+        names[path.stem] = path
+        for t in STUDY[family]:
+            if tracks.setdefault(t.track, t).metric != t.metric:
+                raise StudyError(f"the study's track {t.track} has two metrics")  # STUDY is inconsistent
+        found.append((path, family, how))
+    if len({p for p, _, _ in found}) < len(found):
+        raise StudyError("a study script is given twice")
+    return Plan(found, tracks)
+
+
+def run_name(script: Path, track: str, seed: int) -> str:
+    """`rloo_batchmean_tiny-math-study__1`: named after the script; `-study`, not a preset's run of it."""
+    return f"{script.stem}_{track}-study__{seed}"
+
+
+def stages(p: Plan, seeds: list[int]) -> list:
+    """The suite's stages: the SFT / reward models the tracks need (the quick suite's), then every script on each of
+    its family's tracks for every seed."""
+    from benchmark.run import Stage, frontier_tldr_stages, sft_stage
+
+    models = {st.run_name: st for st in [*frontier_tldr_stages([]), sft_stage("tiny-math")]}
+    needed = sorted({n for _, family, _ in p.scripts for t in STUDY[family] for n in t.needs})
+    out = [models[n] for n in models if n in needed]
+    for seed in seeds:
+        for path, family, _ in p.scripts:
+            for t in STUDY[family]:
+                out.append(
+                    Stage(
+                        run_name(path, t.track, seed),
+                        str(path),
+                        t.preset,
+                        ["--seed", str(seed), *t.flags],
+                        needs=list(t.needs),
+                    )
+                )
+    return out
+
+
+def report(p: Plan, runs_dir: Path, seeds: list[int]) -> list[Path]:
+    """Per track: the table, ranking and separation (`benchmark.compare`) of the study's finished runs, and the
+    figure, one colour per script in every figure; printed, and written to runs_dir/study_<track>.md|png."""
+    colours = compare.Colours({path.stem for path, _, _ in p.scripts})
+    wrote = []
+    for track, t in p.tracks.items():
+        dirs = [runs_dir / run_name(path, track, s) for path, family, _ in p.scripts for s in seeds]
+        runs = compare.finished_runs([compare.read_run(d) for d in dirs if (d / "metrics.jsonl").exists()])
+        runs = [r for r in runs if any(t.metric in row for row in r.rows)]
+        print(f"\n## {track}: {t.metric}\n")
+        if not runs:
+            print(f"no finished run of the study on {track}")
+            continue
+        md = compare.markdown_table(compare.summarize(runs, t.metric), t.metric)
+        md += "".join(f"\n> warning: {line}\n" for line in compare.provenance_differences(runs))
+        out = runs_dir / f"study_{track}"
+        out.with_suffix(".md").write_text(md)
+        title = f"study on {track}: {t.metric}, " + ", ".join(path.name for path, _, _ in p.scripts)
+        compare.plot(runs, t.metric, out.with_suffix(".png"), title, (), colours, compare.algorithm_of)
+        print(md)
+        wrote += [out.with_suffix(".md"), out.with_suffix(".png")]
+        curves = frontier.curves_of(runs, t.metric, "eval/score" if track == "tiny-tldr-noisy" else None)
+        if curves:  # evaluated with --eval-kl: what each variant buys per unit of KL
+            # a curve per script, named as its colour is keyed
+            curves = [
+                frontier.Curve(compare.algorithm_of(c.algo), c.penalty, c.seed, c.kl, c.gold, c.proxy) for c in curves
+            ]
+            kl = runs_dir / f"study_{track}_kl"
+            table = frontier.frontier_tables(curves, frontier.BUDGETS, t.metric)
+            kl.with_suffix(".md").write_text(table)
+            proxy = "eval/score" if all(c.proxy is not None for c in curves) else None
+            frontier.plot_frontier(curves, track, kl.with_suffix(".png"), colours, (t.metric, proxy, frontier.BUDGETS))
+            print(f"\n### {track}: {t.metric} against KL\n\n{table}")
+            wrote += [kl.with_suffix(".md"), kl.with_suffix(".png")]
+    return wrote
+
+
+def run_study(
+    scripts: list[str],
+    seeds: list[int],
+    workdir: Path = Path("."),
+    dry_run: bool = False,
+    jobs: int = 1,
+    live: bool | None = None,
+    launcher: list[str] | None = None,
+) -> dict[str, str]:
+    """`python -m benchmark.run study`: the plan (each script's family and tracks, printed), the suite
+    (`benchmark.run.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
+    `error:` line (SystemExit)."""
+    from benchmark.run import run_suite
+
+    try:
+        p = plan(scripts)
+    except StudyError as e:
+        raise SystemExit(f"error: {e}") from None
+    for path, family, how in p.scripts:
+        print(f"# {path.name}: family {family} ({how}); tracks {', '.join(t.track for t in STUDY[family])}")
+    # quick: the SFT and reward models at the quick suite's budgets (the study's own stages have no quick flags)
+    status = run_suite("study", seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=stages(p, seeds))
+    if not dry_run:
+        wrote = report(p, Path(workdir) / "runs", seeds)
+        print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]))
+    return status

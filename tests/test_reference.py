@@ -1,0 +1,145 @@
+"""benchmark.reference (issue 49 item 4): the library's runs shipped as compact metrics data, read back by
+benchmark.results into the same tables as the run directories, and drawn by benchmark.compare under a user's runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmark import compare, reference, results
+
+
+def _run(root: Path, name: str, accuracy: list[float], done: bool = True) -> Path:
+    """A tiny-math run: training rows (a kept metric, a dropped loss) between evaluations, a last row without either."""
+    run = root / name
+    run.mkdir(parents=True)
+    rows = []
+    for i, acc in enumerate(accuracy):
+        rows.append({"step": i, "episode": 64 * i, "time": 1.0 + 2 * i, "eval/accuracy": acc})
+        rows.append({"step": i, "episode": 64 * i + 32, "time": 2.0 + 2 * i, "objective/reward": acc, "loss/policy": 3})
+    rows.append({"step": len(accuracy), "episode": 64 * len(accuracy), "time": 99.0, "loss/policy": 1})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "samples.jsonl").write_text("{}\n")
+    if done:
+        (run / "done.json").write_text(json.dumps({"argv": ["tiny-math", "--seed", name[-1]]}))
+    return run
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch) -> Path:
+    """rloo and grpo on tiny-math, 3 seeds, built into a data directory that stands for the shipped one."""
+    runs = tmp_path / "runs"
+    for seed, end in ((1, 0.5), (2, 0.6), (3, 0.55)):
+        _run(runs, f"rloo_tiny-math__{seed}", [0.2, 0.4, end])
+        _run(runs, f"grpo_tiny-math__{seed}", [0.2, 0.3, end - 0.1])
+    _run(runs, "sft_tiny-math__1", [0.2])
+    _run(runs, "ppo_tiny-math__1", [0.2, 0.9], done=False)  # not finished: not shipped
+    _run(runs, ".rloo_tiny-math__1.previous", [0.2, 0.1])  # a finished run an --overwrite rerun keeps: not a run
+    monkeypatch.setattr(reference, "DIR", tmp_path / "data")
+    return runs
+
+
+def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_bytes(shipped, tmp_path, capsys):
+    assert reference.main(["build", str(shipped)]) == 0
+    out = capsys.readouterr()
+    assert "ppo_tiny-math__1 did not finish (no done.json); left out" in out.err
+    data = tmp_path / "data"
+    assert sorted(p.name for p in data.iterdir()) == [
+        "grpo_tiny-math.jsonl.gz",
+        "rloo_tiny-math.jsonl.gz",
+        "sft_tiny-math.jsonl.gz",
+    ]
+    (first, *_) = reference.read_group(data / "rloo_tiny-math.jsonl.gz")
+    assert first["name"] == "rloo_tiny-math__1" and first["argv"] == ["tiny-math", "--seed", "1"]
+    # evaluations and kept training metrics with step/episode/time; the loss dropped; the last row kept for its time
+    assert first["rows"][:2] == [
+        {"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": 0.2},
+        {"step": 0, "episode": 32, "time": 2.0, "objective/reward": 0.2},
+    ]
+    assert first["rows"][-1] == {"step": 3, "episode": 192, "time": 99.0} and len(first["rows"]) == 7
+    before = (data / "rloo_tiny-math.jsonl.gz").read_bytes()
+    assert reference.main(["build", str(shipped)]) == 0
+    assert (data / "rloo_tiny-math.jsonl.gz").read_bytes() == before
+    # more seeds later: a directory of seed 4 adds it beside the three shipped
+    _run(tmp_path / "more", "rloo_tiny-math__4", [0.2, 0.7])
+    assert reference.main(["build", str(tmp_path / "more")]) == 0
+    out = capsys.readouterr()
+    assert "rloo_tiny-math.jsonl.gz: 1 run(s)" in out.out and "different commands" not in out.err
+    # another budget in the same group is said, not silently pooled as seeds of one experiment
+    other = _run(tmp_path / "other", "rloo_tiny-math__5", [0.2, 0.7])
+    (other / "done.json").write_text(json.dumps({"argv": ["tiny-math", "--seed", "5", "--total-episodes", "64"]}))
+    assert reference.main(["build", str(tmp_path / "other")]) == 0
+    assert (
+        "warning: rloo_tiny-math now holds runs of different commands (budgets): tiny-math | tiny-math "
+        "--total-episodes 64" in capsys.readouterr().err
+    )
+    assert [r["name"][-1] for r in reference.read_group(data / "rloo_tiny-math.jsonl.gz")] == ["1", "2", "3", "4", "5"]
+    assert reference.main(["list"]) == 0
+    assert "| rloo | tiny-math | 1, 2, 3, 4, 5 |" in capsys.readouterr().out
+
+
+def test_results_from_the_reference_data_equal_results_from_the_runs(shipped, tmp_path):
+    """The README's tables are built from the shipped data: the same table as from the run directories."""
+    assert reference.main(["build", str(shipped)]) == 0
+    from_runs, _ = results.track_table(shipped, "tiny-math")
+    from_data, curves = results.track_table(reference.load(), "tiny-math")
+    assert from_data == from_runs and "| rloo | 3 | 0.550 [" in from_data and "| SFT (start) | 1 SFT run |" in from_data
+    assert len(curves) == 6
+    assert results.main(["--reference", "--out-dir", str(tmp_path / "docs"), "--tracks", "tiny-math"]) == 0
+    assert (tmp_path / "docs" / "results_tiny-math.md").read_text() == from_runs
+    assert (tmp_path / "docs" / "results_tiny-math.png").stat().st_size > 10_000
+
+
+def test_compare_draws_a_users_runs_over_the_reference_band(shipped, tmp_path, capsys):
+    assert reference.main(["build", str(shipped)]) == 0
+    mine = [_run(tmp_path / "mine", f"rloo_batchmean_tiny-math__{s}", [0.2, 0.25, 0.3]) for s in (1, 2, 3)]
+    out = tmp_path / "cmp"
+    args = [*map(str, mine), "--metric", "eval/accuracy", "--out", str(out)]
+    assert compare.main([*args, "--reference", "rloo"]) == 0
+    md = out.with_suffix(".md").read_text()
+    assert "| rloo_batchmean_tiny-math | 3 | 0.300 |" in md and "| rloo_tiny-math (reference) | 3 | 0.550 |" in md
+    assert "AUC: rloo_tiny-math (reference) > rloo_batchmean_tiny-math" in md
+    assert out.with_suffix(".png").stat().st_size > 10_000
+    capsys.readouterr()
+    # bad inputs: one error line each
+    assert compare.main([*args, "--reference", "rlooo"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "error: --reference rlooo names no shipped algorithm; shipped: grpo, rloo, sft (or one group: "
+        "grpo_tiny-math, rloo_tiny-math, sft_tiny-math, ...; python -m benchmark.reference list)"
+    )
+    assert compare.main([*map(str, mine), "--out", str(out), "--reference", "rloo_tiny-math"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: --reference rloo_tiny-math: its runs rloo_tiny-math__* log no eval/gold_reward (they log "
+        "eval/accuracy): the runs and the reference share no metric"
+    )
+    tldr = _run(tmp_path / "tldr", "rloo_tiny-tldr__1", [0.2, 0.3])
+    assert compare.main([str(tldr), "--metric", "eval/accuracy", "--out", str(out), "--reference", "rloo"]) == 1
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: --reference rloo: the reference has rloo on tiny-math; the runs given are on tiny-tldr: no shared "
+            "track"
+        )
+    )
+
+
+def test_runs_that_share_no_metric_are_one_error_line(tmp_path, capsys):
+    run = _run(tmp_path, "rloo_tiny-math__1", [0.2, 0.3])
+    assert compare.main([str(run), "--out", str(tmp_path / "cmp")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        "error: no finished run has the metric eval/gold_reward; they all log eval/accuracy: pass one with --metric"
+    )
+    other = tmp_path / "x_tiny-tldr__1"
+    other.mkdir()
+    (other / "metrics.jsonl").write_text(json.dumps({"step": 0, "episode": 0, "eval/win_rate": 0.5}) + "\n")
+    (other / "done.json").write_text("{}")
+    assert compare.main([str(run), str(other), "--metric", "eval/score", "--out", str(tmp_path / "cmp")]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: no finished run has the metric eval/score; they share no evaluation metric"
+    )

@@ -1,0 +1,146 @@
+"""benchmark.study (issue 49 item 6): `python -m benchmark.run study --scripts A.py B.py` finds each script's family,
+runs it on its family's tracks, then ranks the scripts with intervals. The plumbing is tested here with stand-in
+scripts of the library's shape whose curves are known; the real study is a benchmark measurement (docs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmark import run, study
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A stand-in for an RL script of the library's shape: PRESETS, a PARENT line, and a run that writes a learning curve
+# (the rate of learning is SPEED: 0.1 per evaluation for a script whose name starts with "fast", else 0.05; a little
+# seed noise) and its done.json
+FAKE = """
+import json, pathlib, sys
+PARENT = "rloo"
+PRESETS = {"tiny-tldr-noisy": None, "tiny-math": None}
+SPEED = float(pathlib.Path(__file__).stem.startswith('fast')) * 0.05 + 0.05
+argv = sys.argv[1:]
+name, seed = argv[argv.index("--run-name") + 1], int(argv[argv.index("--seed") + 1])
+run = pathlib.Path("runs", name)
+run.mkdir(parents=True)
+metric = "eval/accuracy" if "tiny-math" in name else "eval/gold_reward"
+rows = [
+    {"step": i, "episode": 64 * i, "time": i, metric: min(1.0, 0.2 + SPEED * i + 0.01 * seed)} for i in range(9)
+]
+if "tiny-tldr-noisy" in name:  # evaluated with --eval-kl, as its preset is: KL grows by 0.1 an evaluation
+    rows = [{**r, "eval/kl": 0.1 * r["step"], "eval/score": r["step"]} for r in rows]
+(run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+(run / "done.json").write_text(json.dumps({"argv": argv}))
+"""
+
+
+def _models_done(workdir: Path) -> None:
+    """The SFT and reward models the tracks need, finished with the quick suite's command: skipped by the study."""
+    for st in [*run.frontier_tldr_stages([]), run.sft_stage("tiny-math")]:
+        (workdir / "runs" / st.run_name).mkdir(parents=True)
+        (workdir / "runs" / st.run_name / "done.json").write_text(json.dumps({"argv": st.args(quick=True)}))
+
+
+def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run, "ensure_assets", lambda path: None)
+    _models_done(tmp_path)
+    for name in ("fast.py", "slow.py", "fast_copy.py"):
+        (tmp_path / name).write_text(FAKE)
+    scripts = [str(tmp_path / n) for n in ("fast.py", "slow.py", "fast_copy.py")]
+    status = study.run_study(scripts, [1, 2, 3], tmp_path, jobs=2, live=False)
+    out = capsys.readouterr().out
+    assert "# fast.py: family rloo (its PARENT line); tracks tiny-tldr-noisy, tiny-math" in out
+    assert sum(v == "ok" for v in status.values()) == 18 and sum(v == "skipped" for v in status.values()) == 3
+    assert (tmp_path / "runs" / "fast_copy_tiny-math-study__3" / "done.json").exists()
+    md = (tmp_path / "runs" / "study_tiny-math.md").read_text()
+    assert "| slow_tiny-math-study | 3 | 0.620 | [0.610, 0.630] |" in md
+    separated = next(line for line in md.splitlines() if line.startswith("Separated"))
+    assert "AUC: fast_tiny-math-study > slow_tiny-math-study" in separated
+    assert "AUC: fast_copy_tiny-math-study > slow_tiny-math-study" in separated
+    apart = next(line for line in md.splitlines() if line.startswith("Not separated"))
+    assert "AUC: fast_copy_tiny-math-study ~ fast_tiny-math-study" in apart  # a script and its copy: not separated
+    assert "Ranking by AUC (mean over seeds): fast_copy_tiny-math-study" in md and md in out
+    assert (tmp_path / "runs" / "study_tiny-tldr-noisy.png").stat().st_size > 10_000
+    # on tiny-tldr-noisy, also what each script buys per unit of KL (benchmark.frontier), a row per script
+    kl = (tmp_path / "runs" / "study_tiny-tldr-noisy_kl.md").read_text()
+    assert (
+        "| slow | - | 0.320 [0.310, 0.330] (3) | 0.470 [0.460, 0.480] (3) |" in kl and "KL <= 0.25: fast > slow" in kl
+    )
+    # the same command again runs nothing: every stage finished with the same command
+    status = study.run_study(scripts, [1, 2, 3], tmp_path, jobs=2, live=False)
+    assert set(status.values()) == {"skipped"}
+
+
+def test_the_family_of_a_fork_is_read_from_its_content(tmp_path):
+    """rloo.py and remax.py have the same presets: a copy of either with one line changed is of its own family."""
+    for lib in ("rloo", "remax", "grpo_math"):
+        text = (REPO / f"{lib}.py").read_text()
+        fork = tmp_path / f"my_{lib}.py"
+        fork.write_text(text.replace("def main(", "def main(  # a fork\n    ", 1))
+        family, how = study.family_of(fork)
+        assert family == lib and how.startswith("its content: 99.") and f"of its lines are {lib}.py's" in how
+    declared = tmp_path / "declared.py"
+    declared.write_text('PARENT = "remax.py"\nPRESETS = {"tiny-math": None}\n')
+    assert study.family_of(declared) == ("remax", "its PARENT line")
+
+
+@pytest.mark.parametrize(
+    "name, text, error",
+    [
+        ("notes.txt", "", "notes.txt is not a Python script (.py): the study runs scripts of the library's shape"),
+        ("broken.py", "def (:\n", "broken.py does not parse as Python (line 1: invalid syntax)"),
+        ("plain.py", "print(1)\n", "plain.py has no module-level PRESETS dict: not a script of the library's shape"),
+        ("odd.py", 'PRESETS = {"my-track": None}\n', "odd.py: none of its presets (my-track) is a library script's"),
+        ("unknown.py", 'PARENT = "ppo2"\nPRESETS = {"x": 1}\n', "unknown.py: PARENT = 'ppo2' names no library script"),
+        ("sftish.py", 'PARENT = "sft"\nPRESETS = {"x": 1}\n', "sftish.py is of family sft, which the study does not"),
+        ("nomath.py", 'PARENT = "rloo"\nPRESETS = {"tiny-tldr-noisy": 1}\n', "nomath.py has no preset tiny-math"),
+    ],
+)
+def test_a_study_script_not_of_the_librarys_shape_is_one_error_line(tmp_path, name, text, error):
+    (tmp_path / name).write_text(text)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmark.run", "study", "--scripts", name, "--dry-run", "--workdir", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith(f"error: {error}") and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_the_study_dry_run_names_each_run_after_its_script_on_its_familys_tracks(tmp_path, capsys):
+    fork = tmp_path / "rloo_batchmean.py"
+    fork.write_text((REPO / "rloo.py").read_text().replace("baseline", "baseline ", 1))
+    status = study.run_study([str(fork), str(REPO / "rloo.py")], [1, 2], tmp_path, dry_run=True)
+    assert sorted(n for n in status if "study" in n) == sorted(
+        f"{s}_{t}-study__{seed}"
+        for s in ("rloo", "rloo_batchmean")
+        for t in ("tiny-tldr-noisy", "tiny-math")
+        for seed in (1, 2)
+    )
+    lines = capsys.readouterr().out.splitlines()
+    assert any(
+        f"{fork} tiny-math --run-name rloo_batchmean_tiny-math-study__2 --seed 2 --total-episodes" in x for x in lines
+    )
+    assert not any("tiny-tldr " in x and "study" in x for x in lines)  # not the saturated tiny-tldr
+    assert not (tmp_path / "runs").exists(), "a dry run runs nothing"
+
+
+@pytest.mark.parametrize("family", sorted(study.STUDY))
+def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exists(family):
+    """A misspelt budget flag would fail every study run of the family after its models were built."""
+    import dataclasses
+    import importlib
+
+    module = importlib.import_module(family)
+    fields = {f.name for f in dataclasses.fields(module.Args)}
+    for t in study.STUDY[family]:
+        assert t.preset in module.PRESETS, (family, t.preset)
+        flags = [f for f in t.flags if f.startswith("--")]
+        assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
+        assert set(t.needs) <= {st.run_name for st in [*run.frontier_tldr_stages([]), run.sft_stage("tiny-math")]}

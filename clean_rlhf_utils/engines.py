@@ -187,6 +187,9 @@ def add_lora(model, args):
         import peft
     except ImportError:
         raise SystemExit("error: --lora-r needs peft: pip install -e '.[peft]'") from None
+    problem = lora_rank_problem(model, args.lora_r, args.lora_target_modules)
+    if problem:
+        raise SystemExit(problem)
     config = peft.LoraConfig(
         r=args.lora_r,
         lora_alpha=args.lora_alpha,
@@ -198,6 +201,29 @@ def add_lora(model, args):
         return peft.get_peft_model(model, config)
     except ValueError as e:  # a target module the model does not have
         raise SystemExit(f"error: --lora-target-modules {args.lora_target_modules}: {str(e).splitlines()[0]}") from None
+
+
+def lora_rank_problem(model, r: int, targets) -> str | None:
+    """The one-line error of a LoRA rank above the size of a layer it adapts, or None: a rank-r adapter of a layer
+    whose smaller side is d < r is a full-rank update at the cost of r (a rank of 100000 on 192-wide layers ran 500
+    times slower). The layers: the Linear modules named by `targets`, or with "all-linear" every Linear but the output
+    head (peft's rule)."""
+    vocab = getattr(model.config, "vocab_size", None)
+    sizes = []
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        chosen = leaf in targets if targets else module.out_features != vocab and leaf not in ("lm_head", "score")
+        if chosen:
+            sizes.append((min(module.in_features, module.out_features), name))
+    if sizes and r > min(sizes)[0]:
+        d, name = min(sizes)
+        return (
+            f"error: --lora-r {r} is above the size of a layer it adapts ({name}: {d}); give a rank of at most {d} "
+            "(LoRA ranks are usually 8-64), or leave --lora-r out to train every weight"
+        )
+    return None
 
 
 class LoraReference(torch.nn.Module):

@@ -468,6 +468,13 @@ CASES = [
         lambda s, w: ["--output-dir", "/sys/clean-rlhf-runs"],
     ),
     BadInput(
+        "lora-r-beyond-model",
+        "`--lora-r 100000` on layers 64-192 wide (was: accepted, 500 times slower)",
+        "is above the size of a layer it adapts",
+        lambda s, w: ["--lora-r", "100000"],
+        scripts=scripts_with("--lora-r"),
+    ),
+    BadInput(
         "run-name-dot",
         "`--run-name . --overwrite` (was: the whole --output-dir deleted, other runs in it included, exit 0)",
         "not a plain directory name",

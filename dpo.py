@@ -116,7 +116,7 @@ from clean_rlhf_utils.loading import (
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_token_ids
-from clean_rlhf_utils.runs import Run, cli, dpo_loop_state
+from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, one_error_line
 
 
 @dataclass
@@ -593,6 +593,7 @@ def sample_pairs(
 # ----------------------------------------------------------------------------------------------------
 
 
+@one_error_line
 def main(args: Args) -> dict:
     # ---- 1. processes and CPU threads, the checks, the run directory, the seed ----
     # the batches come from an endless loader: the loader's end is no optimizer-step boundary

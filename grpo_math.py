@@ -800,6 +800,7 @@ def frozen_logprobs(
 # --------------------------------------------------------------------------------------------------
 
 
+@runs.one_error_line
 def main(args: Args) -> dict:
     # ---- 0. setup: the arguments and the variant's defaults, the processes (accelerate), the run directory, the
     # models, the data, the optimizer, the samplers and the evaluation ----

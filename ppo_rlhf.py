@@ -519,6 +519,7 @@ def disable_dropout(*models) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+@runs.one_error_line
 def main(args: Args) -> dict:
     # the flags checked (PPO's own too), the run directory claimed (a used one is refused now); the loader is endless
     accelerator, run = runs.start_run(args, PRESETS, sync_with_dataloader=False, check=check_ppo_args)

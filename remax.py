@@ -368,6 +368,7 @@ def disable_dropout(*models) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+@runs.one_error_line
 def main(args: Args) -> dict:
     """0. set up: the run, the models (dropout off), the prompts, the engine; then, every update, 1. rollout (a sample
     and the greedy baseline), 2. reward, 3. per-token advantages, 4. one REINFORCE step, 5. log, evaluate and

@@ -77,7 +77,7 @@ from clean_rlhf_utils.loading import (
 )
 from clean_rlhf_utils.metrics import training_metrics
 from clean_rlhf_utils.packing import check_pair_packing, pack_reward_pairs, packed_pair_rewards
-from clean_rlhf_utils.runs import cli, loop_state, start_run
+from clean_rlhf_utils.runs import cli, loop_state, one_error_line, start_run
 
 
 @dataclass
@@ -411,6 +411,7 @@ def step_micro_batches(loader: Iterable, gradient_accumulation_steps: int) -> It
 # --------------------------------------------------------------------------------------------------
 
 
+@one_error_line
 def main(args: Args) -> dict:
     """Reward model: 1. start the run; 2. load and check the data; 3. load the SFT model with a fresh score head,
     dropout off; 4. the loader, AdamW and the schedule; 5. the update loop, one mean of `bradley_terry_loss` over the

@@ -409,6 +409,7 @@ def disable_dropout(*models) -> None:
 # --------------------------------------------------------------------------------------------------
 
 
+@runs.one_error_line
 def main(args: Args) -> dict:
     """0. set up: the run, the models (dropout off), the prompts, the engine; then, every update, 1. rollout, 2. reward,
     3. sequence-level reward and leave-one-out advantages, 4. REINFORCE, 5. log, evaluate and checkpoint."""

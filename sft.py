@@ -54,7 +54,7 @@ from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspe
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
 from clean_rlhf_utils.loading import config_positions, load_causal_lm, load_tokenizer, load_train_and_eval_rows
 from clean_rlhf_utils.metrics import training_metrics
-from clean_rlhf_utils.runs import cli, loop_state, start_run
+from clean_rlhf_utils.runs import cli, loop_state, one_error_line, start_run
 
 
 @dataclass
@@ -245,6 +245,7 @@ def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------
 
 
+@one_error_line
 def main(args: Args) -> dict:
     """SFT: 1. start the run; 2. load and check the data; 3. load the policy, dropout off; 4. the loader, AdamW and the
     schedule; 5. the update loop, one mean of `sft_loss` over the response tokens of each step; 6. log, evaluate and

@@ -108,7 +108,7 @@ def _release(path: Path) -> None:
 
 
 @atexit.register
-def _release_all() -> None:  # a run that ends by an exception or SystemExit: nothing is left behind
+def release_all() -> None:  # a run that ends by an exception or SystemExit: nothing is left behind
     for path in list(HELD):
         _release(Path(path))
 

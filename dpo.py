@@ -116,15 +116,13 @@ from clean_rlhf_utils.loading import (
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_token_ids
-from clean_rlhf_utils.runs import Run, cli, dpo_loop_state
+from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, name_run
 
 
 @dataclass
 class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "dpo"
-    """name of this experiment; the run name starts with it"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
 
@@ -244,18 +242,11 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ offline DPO on TL;DR preferences, Pythia 1B (8 GPUs; beta 0.05, lr 3e-6, batch 64)",
-        Args(
-            exp_name="dpo_tldr_pythia-1b",
-            per_device_train_batch_size=8,
-            gradient_accumulation_steps=1,
-            eval_every=200,
-            save_every=145,
-        ),
+        Args(per_device_train_batch_size=8, gradient_accumulation_steps=1, eval_every=200, save_every=145),
     ),
     "tldr-pythia-2.8b": (
         "N+ offline DPO on TL;DR preferences, Pythia 2.8B (8 GPUs; batch 64)",
         Args(
-            exp_name="dpo_tldr_pythia-2.8b",
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             per_device_train_batch_size=4,
             gradient_accumulation_steps=2,
@@ -266,7 +257,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ offline DPO on TL;DR preferences, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2; batch 64)",
         Args(
-            exp_name="dpo_tldr_pythia-6.9b",
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             per_device_train_batch_size=2,
             gradient_accumulation_steps=4,
@@ -278,7 +268,6 @@ PRESETS = {
     "tldr-pythia-1b-online": (
         "online DPO on TL;DR prompts labelled by the N+ reward model, Pythia 1B (8 GPUs)",
         Args(
-            exp_name="online_dpo_tldr_pythia-1b",
             mode="online",
             reward_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr",
             per_device_train_batch_size=16,
@@ -291,7 +280,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr offline DPO on CPU (needs `python -m benchmark.run tiny-tldr` first)",
         Args(
-            exp_name="dpo_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/preference",
             prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -311,7 +299,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): offline DPO on the noisy pairs",
         Args(
-            exp_name="dpo_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
@@ -334,7 +321,6 @@ PRESETS = {
     "tiny-tldr-noisy-online": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): online DPO labelled by the noisy RM",
         Args(
-            exp_name="online_dpo_tiny-tldr-noisy",
             mode="online",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
@@ -358,7 +344,6 @@ PRESETS = {
     "tiny-tldr-online": (
         "tiny-tldr online DPO on CPU, labelled by the tiny reward model (`--judge gold` for the gold judge)",
         Args(
-            exp_name="online_dpo_tiny-tldr",
             mode="online",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr__1/model",
@@ -598,7 +583,7 @@ def main(args: Args) -> dict:
     # the batches come from an endless loader: the loader's end is no optimizer-step boundary
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     online, asynchronous = args.mode == "online", args.mode == "online" and args.async_generation
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    name_run(args)  # runs/<exp_name>__<seed>; <exp_name>: this file's name and the preset
     synced = sharded(accelerator)  # every forward pass a collective: `generate` steps until every process is done
     check_dpo_args(args, synced)
     threads, gen_threads = split_cpu_threads(accelerator, args.num_threads, args.generation_threads, asynchronous)
@@ -726,7 +711,7 @@ def main(args: Args) -> dict:
     # ---- 6. the loop: this step's pairs, then one DPO update on them ----
     start_time, grad_norm, stats = time.time(), None, {}
     steps, main_process = range(start + 1, total_steps + 1), accelerator.is_main_process
-    progress = tqdm(steps, initial=start, total=total_steps, disable=not main_process, desc=f"{args.mode} dpo")
+    progress = tqdm(steps, initial=start, total=total_steps, disable=not main_process, desc=args.exp_name)
     for step in progress:
         # ---- 6a. the pairs. Offline: the next micro-batches of the preference data. Online: two responses to each
         # prompt of the step, sampled by the current weights, labelled by the judge (a resumed run first trains on the

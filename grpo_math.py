@@ -103,8 +103,6 @@ from clean_rlhf_utils.prompts import prepare_math_questions
 class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "grpo"
-    """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (question order, sampling)"""
     save_every: int = 0
@@ -286,7 +284,6 @@ PRESETS = {
             # 0.5B): 8 GPUs x 16 questions x 8 = 1024 completions.
             # Lengths (Qwen2.5-Instruct tokenizer and chat template, default system prompt): the longest rendered prompt
             # is 256 tokens over GSM8K train (7,473 rows) and 232 over test (1,319), within max_prompt_length 512.
-            exp_name="grpo_gsm8k_qwen2.5-0.5b",
             model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
             dataset_name_or_path="openai/gsm8k",
             dataset_config="main",
@@ -322,7 +319,6 @@ PRESETS = {
             # the MATH test set (1,000 rows; the next 735) and 819 over MATH-500; Qwen2.5-Math-1.5B has 4,096 positions,
             # so prompts get 4096 - 3000 (completion budget) = 1096 tokens, and drop_overlong skips the rare longer
             # training problem (a MATH-lighteval train row we could not measure offline) instead of stopping the run.
-            exp_name="grpo_math_qwen2.5-math-1.5b",
             model_name_or_path="Qwen/Qwen2.5-Math-1.5B",
             add_pad_token=True,
             dataset_name_or_path="DigitalLearningGmbH/MATH-lighteval",
@@ -353,7 +349,6 @@ PRESETS = {
     "tiny": (
         "tiny-math on CPU from the SFT policy (needs `python -m benchmark.assets` and `python sft.py tiny-math`)",
         Args(
-            exp_name="grpo_tiny",
             model_name_or_path="runs/sft_tiny-math__1/model",
             dtype="float32",
             dataset_name_or_path="runs/assets/tiny-math/gsm8k",
@@ -778,7 +773,7 @@ def frozen_logprobs(
 def main(args: Args) -> dict:
     # ---- 0. setup: the arguments and the variant's defaults, the processes (accelerate), the run directory, the
     # models, the data, the optimizer, the samplers and the evaluation ----
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    runs.name_run(args)  # runs/<exp_name>__<seed>; <exp_name>: this file's name and the preset
     runs.check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
     # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
     # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
@@ -888,7 +883,7 @@ def main(args: Args) -> dict:
         initial=start_step,
         total=args.total_steps,
         disable=not accelerator.is_main_process,
-        desc=f"grpo ({args.loss_type})",
+        desc=f"{args.exp_name} ({args.loss_type})",
     )
     # --async: the generator samples with its own copy of the weights, synced before each step
     background = (

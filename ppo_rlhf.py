@@ -75,10 +75,6 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (RLArgs: the models, prompts, reward source, sampling length and
     # temperature, evaluation; a shared flag redeclared here has this script's default or docstring)
-    # ---- experiment ----
-    exp_name: str = "ppo"
-    """name of this experiment; the run name starts with it"""
-
     # ---- models ----
     value_model_path: str | None = None
     """initial value model; default: the reward model (N+), or the SFT model with a fresh head when there is none"""
@@ -165,18 +161,12 @@ PRESETS = {
     "tldr-pythia-1b": (
         "N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="ppo_tldr_pythia-1b",
-            save_every=195,
-            per_device_batch_size=64,
-            num_mini_batches=4,
-            gradient_accumulation_steps=4,
-            eval_every=100,
+            save_every=195, per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=4, eval_every=100
         ),
     ),
     "tldr-pythia-2.8b": (
         "N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="ppo_tldr_pythia-2.8b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
@@ -189,7 +179,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
         Args(
-            exp_name="ppo_tldr_pythia-6.9b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
@@ -202,7 +191,6 @@ PRESETS = {
     "gsm8k-qwen2.5-0.5b": (
         "PPO on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
         Args(
-            exp_name="ppo_gsm8k_qwen2.5-0.5b",
             save_every=12,
             sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
             reward_model_path=None,
@@ -228,7 +216,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)",
         Args(
-            exp_name="ppo_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -247,7 +234,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): the RM of noisy labels as reward",
         Args(
-            exp_name="ppo_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -267,7 +253,6 @@ PRESETS = {
     "tiny-math": (
         "tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)",
         Args(
-            exp_name="ppo_tiny-math",
             sft_model_path="runs/sft_tiny-math__1/model",
             reward_model_path=None,
             reward_source="math",
@@ -570,7 +555,7 @@ def main(args: Args) -> dict:
         log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
-        range(start + 1, num_updates + 1), initial=start, total=num_updates, desc="ppo", disable=not run.main
+        range(start + 1, num_updates + 1), initial=start, total=num_updates, desc=args.exp_name, disable=not run.main
     )
     for update in progress:
         if args.anneal_lr:

@@ -65,10 +65,6 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 @dataclass
 class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
-    # ---- experiment ----
-    exp_name: str = "remax"
-    """name of this experiment; the run name starts with it"""
-
     # ---- models ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model: initial policy and frozen reference (hub name or local directory)"""
@@ -155,7 +151,6 @@ PRESETS = {
     "tldr-pythia-1b": (
         "ReMax on TL;DR, Pythia 1B, N+ hyperparameters where they apply (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="remax_tldr_pythia-1b",
             save_every=195,
             per_device_batch_size=64,
             gradient_accumulation_steps=4,
@@ -169,7 +164,6 @@ PRESETS = {
     "tldr-pythia-2.8b": (
         "ReMax on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="remax_tldr_pythia-2.8b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
@@ -185,7 +179,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "ReMax on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
         Args(
-            exp_name="remax_tldr_pythia-6.9b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
@@ -201,7 +194,6 @@ PRESETS = {
     "gsm8k-qwen2.5-0.5b": (
         "ReMax on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
         Args(
-            exp_name="remax_gsm8k_qwen2.5-0.5b",
             save_every=12,
             sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
             reward_model_path=None,
@@ -226,7 +218,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)",
         Args(
-            exp_name="remax_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -244,7 +235,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): the RM of noisy labels as reward",
         Args(
-            exp_name="remax_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -263,7 +253,6 @@ PRESETS = {
     "tiny-math": (
         "tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)",
         Args(
-            exp_name="remax_tiny-math",
             sft_model_path="runs/sft_tiny-math__1/model",
             reward_model_path=None,
             reward_source="math",
@@ -360,7 +349,7 @@ def main(args: Args) -> dict:
     checkpoint."""
     # ---- 0. setup: one process or several, the run directory (a used one is refused now, before anything loads) ----
     # sync_with_dataloader=False: the prompt loader below is endless
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    runs.name_run(args)  # runs/<exp_name>__<seed>; <exp_name>: this file's name and the preset
     runs.check_args(args)
     accelerator = engines.make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
@@ -444,7 +433,7 @@ def main(args: Args) -> dict:
         initial=start,
         total=num_updates,
         disable=not accelerator.is_main_process,
-        desc="remax",
+        desc=args.exp_name,
     )
     for update in progress:
         if args.anneal_lr:

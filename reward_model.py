@@ -84,8 +84,6 @@ from clean_rlhf_utils.runs import cli, loop_state, start_run
 class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "reward_model"
-    """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (head init, data order)"""
     save_every: int = 0
@@ -192,7 +190,6 @@ PRESETS = {
     "tldr-pythia-1b": (
         "N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)",
         Args(
-            exp_name="rm_tldr_pythia-1b",
             save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
             add_pad_token=True,
@@ -205,7 +202,6 @@ PRESETS = {
     "tldr-pythia-2.8b": (
         "N+ reward model, Pythia 2.8B (8 GPUs)",
         Args(
-            exp_name="rm_tldr_pythia-2.8b",
             save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             add_pad_token=True,
@@ -218,7 +214,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="rm_tldr_pythia-6.9b",
             save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             add_pad_token=True,
@@ -231,7 +226,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr Bradley-Terry RM on CPU (needs assets and a tiny-tldr SFT model)",
         Args(
-            exp_name="rm_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/preference",
             norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -247,7 +241,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr RM on 1,000 noisy, length-biased labels (an imperfect proxy; its eval/accuracy is against gold)",
         Args(
-            exp_name="rm_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
             norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -263,7 +256,6 @@ PRESETS = {
     "tiny-math-prm": (
         "tiny-math process reward model on CPU (needs assets and a tiny-math SFT model)",
         Args(
-            exp_name="prm_tiny-math",
             objective="process",
             sft_model_path="runs/sft_tiny-math__1/model",
             dataset_name_or_path="runs/assets/tiny-math/prm",
@@ -498,7 +490,10 @@ def main(args: Args) -> dict:
         n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
     resumed_at, grad_norm = state["step"] if state else 0, None
     progress = tqdm(
-        total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc=f"{args.objective} rm"
+        total=total_steps,
+        initial=resumed_at,
+        disable=not accelerator.is_main_process,
+        desc=f"{args.exp_name} ({args.objective})",
     )
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):

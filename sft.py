@@ -61,8 +61,6 @@ from clean_rlhf_utils.runs import cli, loop_state, start_run
 class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "sft"
-    """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (model init of added tokens, data order, sampling)"""
     save_every: int = 0
@@ -142,7 +140,6 @@ PRESETS = {
     "tldr-pythia-1b": (
         "N+ SFT on TL;DR, Pythia 1B (8 GPUs)",
         Args(
-            exp_name="sft_tldr_pythia-1b",
             save_every=90,
             model_name_or_path="EleutherAI/pythia-1b-deduped",
             add_pad_token=True,
@@ -154,7 +151,6 @@ PRESETS = {
     "tldr-pythia-2.8b": (
         "N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)",
         Args(
-            exp_name="sft_tldr_pythia-2.8b",
             save_every=90,
             model_name_or_path="EleutherAI/pythia-2.8b-deduped",
             add_pad_token=True,
@@ -166,7 +162,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="sft_tldr_pythia-6.9b",
             save_every=90,
             model_name_or_path="EleutherAI/pythia-6.9b-deduped",
             add_pad_token=True,
@@ -178,7 +173,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr on CPU (needs `python -m benchmark.assets`)",
         Args(
-            exp_name="sft_tiny-tldr",
             model_name_or_path="runs/assets/models/tiny-neox",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
             learning_rate=1e-3,
@@ -197,7 +191,6 @@ PRESETS = {
     "tiny-math": (
         "tiny-math (GSM8K schema) on CPU (needs `python -m benchmark.assets`)",
         Args(
-            exp_name="sft_tiny-math",
             model_name_or_path="runs/assets/models/tiny-llama",
             # 60% of the answers skip the working, so RL has something to teach; 6 epochs, not 3 (docs/sft.md)
             dataset_name_or_path="runs/assets/tiny-math/sft",
@@ -305,7 +298,7 @@ def main(args: Args) -> dict:
         running = [torch.tensor(v) for v in state["running"][accelerator.process_index]]
         n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
     resumed_at = state["step"] if state else 0
-    progress = tqdm(total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc="sft")
+    progress = tqdm(total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc=args.exp_name)
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
             if step < resumed_at:  # replay the data order up to the checkpoint, without training

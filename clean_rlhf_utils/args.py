@@ -2,8 +2,8 @@
 models load (`ModelArgs`), LoRA (`LoraArgs`), the data (`DataArgs`) and the optimizer settings that are the same
 everywhere (`OptimArgs`). Each script's `Args` inherits the ones it uses and lists its algorithm's own fields.
 
-A script redeclares a shared field whose default or documentation is its own (`exp_name` and `dataset_name_or_path`
-always: they have no default here); a redeclared field keeps the place of the shared one, so the flags, their
+A script redeclares a shared field whose default or documentation is its own (`dataset_name_or_path`
+always: it has no default here); a redeclared field keeps the place of the shared one, so the flags, their
 defaults and `config.json` are what the script declares. Each field's docstring is its `--help` text (tyro).
 
 A numeric field declares the values it accepts in its docstring, in the fixed form `(range: > 0)` (also `>= 1`,
@@ -30,8 +30,10 @@ class RunArgs:
     """The run: its name and directory, checkpoints and resume, Weights & Biases, CPU threads, logging, the saved
     model (clean_rlhf_utils/runs.py)."""
 
-    exp_name: str
-    """name of this experiment; the run name starts with it"""
+    exp_name: str | None = None
+    """name of this experiment; the run name starts with it; default: the script's file name and the preset,
+    `<script>_<preset>` (a copy saved as `X.py` writes `runs/X_tiny-tldr__1`; the library's own scripts keep their
+    names, `tracking.exp_name`)"""
     seed: int = 1
     """seed of the experiment (data order, sampling) (range: [0, 2147483647])"""
     run_name: str | None = None

@@ -86,7 +86,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_dpo_args, check_dpo_steps
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs, check_dpo_args, check_dpo_steps
 from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import (
     LoraReference,
@@ -120,7 +120,7 @@ from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, name_run
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     save_every: int = 0
@@ -202,6 +202,10 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 3e-6
     """peak learning rate (N+ DPO: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up (N+ DPO: cosine)"""
     warmup_ratio: float = 0.0

@@ -93,14 +93,14 @@ from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from clean_rlhf_utils import engines, evaluation, generation, judges, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_grpo_args, check_grpo_setup
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs, check_grpo_args, check_grpo_setup
 from clean_rlhf_utils.data import concat_batches, right_pad, select_groups
 from clean_rlhf_utils.metrics import StepSums, grouped_step_metrics
 from clean_rlhf_utils.prompts import prepare_math_questions
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     seed: int = 1
@@ -244,10 +244,12 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 1e-6
     """AdamW learning rate, constant after warm-up (DeepSeekMath, DAPO, Dr. GRPO: 1e-6) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
     warmup_steps: int = 0
     """optimizer steps of linear learning-rate warm-up (DAPO: 20 rollout steps) (range: >= 0)"""
     adam_eps: float = 1e-8
-    """AdamW epsilon"""
+    """AdamW epsilon (range: > 0)"""
     generation_batch_size: int = 256
     """(model.generate) completions sampled at once per process"""
     async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False

@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs, check_ppo_args
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RLArgs, RunArgs, check_ppo_args
 from clean_rlhf_utils.metrics import log_evaluation, log_global_means, statistics_to_log
 from clean_rlhf_utils.prompts import prompt_loader
 
@@ -72,9 +72,9 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
-    # shared flags: clean_rlhf_utils/args.py (RLArgs: the models, prompts, reward source, sampling length and
-    # temperature, evaluation; a shared flag redeclared here has this script's default or docstring)
+class Args(RLArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (RLArgs: the models, prompts and evaluation; a shared flag redeclared
+    # here has this script's default or docstring)
     # ---- models ----
     value_model_path: str | None = None
     """initial value model; default: the reward model (N+), or the SFT model with a fresh head when there is none"""
@@ -95,6 +95,14 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     messages gives its assistant turns"""
 
     # ---- reward ----
+    reward_source: Literal["model", "math"] = "model"
+    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
+    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
+    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
+    non_eos_penalty: bool = True
+    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
+    penalty_reward_value: float = -1.0
+    """score of a response that never ends (N+: -1)"""
     prm_path: str | None = None
     """(math) a process reward model (reward_model.py --objective process) adding per-step rewards"""
     prm_coef: float = 1.0
@@ -113,6 +121,10 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     sits on the last token. Evaluation (greedy `generate`) stops at EOS either way"""
 
     # ---- PPO ----
+    response_length: int = 53
+    """tokens sampled per response (N+: 53) (range: >= 1)"""
+    temperature: float = 0.7
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     total_episodes: int = 1_000_000
     """responses sampled over the whole run, all processes (N+: 1M)"""
     per_device_batch_size: int = 64
@@ -129,6 +141,12 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """passes over each batch (N+: 4)"""
     learning_rate: float = 3e-6
     """AdamW learning rate of policy and value (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the updates (N+)"""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (N+: 0.05) (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.metrics import log_global_means
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_loader
 
@@ -63,7 +63,7 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- models ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
@@ -113,6 +113,10 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """micro-batches per update (one optimizer step per batch)"""
     learning_rate: float = 3e-6
     """AdamW learning rate (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
     response_length: int = 53

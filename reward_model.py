@@ -63,7 +63,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification
 
-from clean_rlhf_utils.args import DataArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
 from clean_rlhf_utils.engines import backward_share, configure_deepspeed, global_count, zero3
 from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
@@ -81,7 +81,7 @@ from clean_rlhf_utils.runs import cli, loop_state, start_run
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     seed: int = 1
@@ -152,6 +152,10 @@ class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 3e-6
     """peak learning rate (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import tokenize_split
 from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspeed, global_count
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
@@ -58,7 +58,7 @@ from clean_rlhf_utils.runs import cli, loop_state, start_run
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     seed: int = 1
@@ -102,6 +102,10 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 3e-6
     """peak learning rate (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0

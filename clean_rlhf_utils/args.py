@@ -1,6 +1,7 @@
 """The flags every script shares, declared once: the run directory, checkpoints and logging (`RunArgs`), how the
-models load (`ModelArgs`), LoRA (`LoraArgs`), the data (`DataArgs`) and the optimizer settings that are the same
-everywhere (`OptimArgs`). Each script's `Args` inherits the ones it uses and lists its algorithm's own fields.
+models load (`ModelArgs`), LoRA (`LoraArgs`) and the data (`DataArgs`). Each script's `Args` inherits the ones it uses
+and lists its algorithm's own fields: every default that changes a training number (the optimizer's epsilon and
+clipping, the sampling temperature and length, the rewards' penalties, the schedule) is the script's (issue 49).
 
 A script redeclares a shared field whose default or documentation is its own (`dataset_name_or_path`
 always: it has no default here); a redeclared field keeps the place of the shared one, so the flags, their
@@ -108,21 +109,12 @@ class DataArgs:
 
 
 @dataclass
-class OptimArgs:
-    """The AdamW epsilon and the gradient clipping norm (also DeepSpeed's `gradient_clipping`)."""
-
-    adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
-
-
-@dataclass
 class RLArgs:
-    """The fields that the RL scripts sampling from a policy (ppo_rlhf.py; rloo.py and remax.py declare the same) share
-    with one default and one meaning: the SFT and reward models, the prompts, the reward source, the response's length,
-    temperature and non-EOS penalty, the learning-rate annealing and the evaluation. A script lists it first among its
-    bases, so these override `DataArgs`' `dataset_name_or_path` and `train_split`."""
+    """The plumbing fields that the RL scripts sampling from a policy (ppo_rlhf.py; rloo.py and remax.py declare the
+    same) share with one default and one meaning: the SFT and reward models, the prompts and the evaluation. What
+    changes a training number (the reward source, the response's length, temperature and non-EOS penalty, the
+    learning-rate annealing) each script declares itself (issue 49). A script lists it first among its bases, so these
+    override `DataArgs`' `dataset_name_or_path` and `train_split`."""
 
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model: initial policy and frozen reference (hub name or local directory)"""
@@ -136,20 +128,6 @@ class RLArgs:
     """split to sample prompts from"""
     max_prompt_length: int = 512
     """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong` (range: >= 1)"""
-    reward_source: Literal["model", "math"] = "model"
-    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
-    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
-    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
-    non_eos_penalty: bool = True
-    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
-    penalty_reward_value: float = -1.0
-    """score of a response that never ends (N+: -1)"""
-    anneal_lr: bool = True
-    """decay the learning rate linearly to 0 over the updates (N+)"""
-    response_length: int = 53
-    """tokens sampled per response (N+: 53) (range: >= 1)"""
-    temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
     """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
     eval_every: int = 50

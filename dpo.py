@@ -91,7 +91,6 @@ from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
-    backward_share,
     cache_reference_logprobs,
     configure_deepspeed,
     global_count,
@@ -463,7 +462,7 @@ def pair_losses(
 
 def micro_batch_loss(policy, ref_policy, batch: dict, args: Args, autocast=nullcontext) -> tuple[torch.Tensor, dict]:
     """One micro-batch of `main`'s DPO update: the losses of its pairs summed over the pairs that count (`pair_weights`;
-    `main` divides by their number in the whole batch, `global_count`, in `backward_share`), and detached statistics:
+    `main` divides by their number in the whole batch, `global_count`, in its loss scale), and detached statistics:
     implicit rewards and the summed sequence logprobs. The reference logprobs come cached with the pairs or from
     `ref_policy` (under `autocast`, the training precision)."""
     chosen, rejected = forward_logprobs(policy, batch)
@@ -766,7 +765,10 @@ def main(args: Args) -> dict:
                 loss_sum, out = micro_batch_loss(policy, ref_policy, mb, args, accelerator.autocast)
                 if not run.all_finite(loss_sum):
                     run.fail(f"non-finite DPO loss at step {step}: {lower_lr} or check the data")
-                backward_share(accelerator, loss_sum, total)
+                # the micro-batch's share of the mean over every process's batch (/ total); x accumulation
+                # steps x processes undoes accelerate's and DDP's averaging
+                scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
+                accelerator.backward(loss_sum * scale)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                     if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights

@@ -966,8 +966,10 @@ def main(args: Args) -> dict:
                             error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
                             halt(run, background, error=error)
                         # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
-                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens)
-                        engines.backward_share(accelerator, out["loss"], accelerator.num_processes)
+                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens):
+                        # / processes; x accumulation steps x processes undoes accelerate's and DDP's averaging
+                        n = accelerator.num_processes
+                        accelerator.backward(out["loss"] * (accelerator.gradient_accumulation_steps * n / max(n, 1.0)))
                     update_loss += out["surrogate"]
                     sums.add(**micro_batch_stats(out, mask, completion_mask[idx, :c_end], iteration == 0))
                 sums.add(loss=update_loss)

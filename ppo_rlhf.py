@@ -385,7 +385,7 @@ def policy_loss(
     new_logprobs, old_logprobs, advantages, mask, cliprange: float, count: float | None = None
 ) -> tuple[torch.Tensor, dict]:
     """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
-    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which `backward_share`
+    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which its loss scale
     divides by the valid tokens of the whole minibatch). The statistics are means over these valid tokens."""
     log_ratio = new_logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
@@ -427,7 +427,7 @@ def ppo_micro_batch(
     `advantages`, `padding_mask` (tokens past the last real one) and `padding_mask_p1` (values past EOS+1); `counts`:
     the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). The policy
     loss is the mean over the minibatch's valid tokens and the value loss the mean over its valid value positions: each
-    micro-batch adds its sum / count (`backward_share`), so the gradient does not depend on how the minibatch is split
+    micro-batch adds its sum / count (its loss scale), so the gradient does not depend on how the minibatch is split
     into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
     when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
     then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
@@ -442,19 +442,22 @@ def ppo_micro_batch(
     pg_sum, pg_stats = policy_loss(
         new_logprobs, rollout["logprobs"][:, :width], rollout["advantages"][:, :width], ~mask, args.cliprange, count=1.0
     )
+    # each loss is its sum over the micro-batch / its count over the whole batch of every process; x accumulation steps
+    # x processes (`share`) undoes accelerate's division by the one and DDP's mean over the other
+    share = accelerator.gradient_accumulation_steps * accelerator.num_processes
     if separate_backward:
         # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
         # are freed before the value model's forward pass makes its own
-        engines.backward_share(accelerator, pg_sum, counts[0])
+        accelerator.backward(pg_sum * (share / max(counts[0], 1.0)))
         _, vpred = model(**inputs, with_policy=False)
     vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
     vf_sum, vf_clipfrac = value_loss(
         vpred, rollout["values"][:, :width], rollout["returns"][:, :width], ~mask_p1, args.cliprange_value, count=1.0
     )
     if separate_backward:
-        engines.backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
-    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
-        engines.backward_share(accelerator, pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
+        accelerator.backward(args.vf_coef * vf_sum * (share / max(counts[1], 1.0)))
+    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count
+        accelerator.backward((pg_sum / counts[0] + args.vf_coef * vf_sum / counts[1]) * (share / 1.0))
     return {
         "pg_loss": pg_sum.detach() / (~mask).sum(),
         "vf_loss": vf_sum.detach() / (~mask_p1).sum(),

@@ -312,7 +312,7 @@ def remax_advantages(
 
 def remax_loss(new_logprobs: torch.Tensor, advantages: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE with per-token advantages: -sum_t A_t * log pi(y_t | x, y_<t) over the valid response tokens, summed,
-    not averaged: main divides it by the valid tokens of the whole batch (`backward_share`), the official token mean."""
+    not averaged: main divides it by the valid tokens of the whole batch (its loss scale), the official token mean."""
     return -(advantages * new_logprobs).masked_fill(padding_mask, 0).sum()
 
 
@@ -516,7 +516,10 @@ def main(args: Args) -> dict:
                 # a collective: every process checks every micro-batch
                 error = runs.non_finite_error("ReMax loss", update, args.learning_rate, " or check the rewards")
                 runs.stop_unless_finite(run, loss_sum, error)
-                engines.backward_share(accelerator, loss_sum, total_tokens)
+                # the micro-batch's share of the mean over every process's batch (/ total_tokens); x accumulation
+                # steps x processes undoes accelerate's and DDP's averaging
+                scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total_tokens, 1.0)
+                accelerator.backward(loss_sum * scale)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     # before the optimizer writes it into the weights

@@ -65,7 +65,7 @@ from transformers import AutoModelForSequenceClassification
 
 from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
-from clean_rlhf_utils.engines import backward_share, configure_deepspeed, global_count, zero3
+from clean_rlhf_utils.engines import configure_deepspeed, global_count, zero3
 from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
 from clean_rlhf_utils.loading import (
     check_tokenizer_fits,
@@ -342,7 +342,7 @@ def loss_units(batch: dict, objective: str) -> int:
 
 def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
     """One micro-batch of `main`: the loss summed over its pairs (outcome) or labelled steps (process) (`main`
-    divides by their number in the whole batch, `global_count`, in `backward_share`), and the detached rewards or
+    divides by their number in the whole batch, `global_count`, in its loss scale), and the detached rewards or
     step logits."""
     if args.objective == "outcome":
         if "allowed" in batch:  # packed by `pack_reward_pairs` (speed work: the same rewards)
@@ -522,7 +522,10 @@ def main(args: Args) -> dict:
                             f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
                             f"{args.learning_rate:g}) or check the data"
                         )
-                    backward_share(accelerator, loss_sum, total)
+                    # the micro-batch's share of the mean over every process's batch (/ total); x accumulation
+                    # steps x processes undoes accelerate's and DDP's averaging
+                    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
+                    accelerator.backward(loss_sum * scale)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights

@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 
 from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import tokenize_split
-from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspeed, global_count
+from clean_rlhf_utils.engines import add_lora, configure_deepspeed, global_count
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
 from clean_rlhf_utils.loading import config_positions, load_causal_lm, load_tokenizer, load_train_and_eval_rows
 from clean_rlhf_utils.metrics import training_metrics
@@ -232,7 +232,7 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mea
 
 def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """One micro-batch of `main`: the cross-entropy summed over its response tokens (`main` divides by the response
-    tokens of the whole batch, `global_count`, in `backward_share`)."""
+    tokens of the whole batch, `global_count`, in its loss scale)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return sft_loss(logits, batch["labels"], reduction="sum")
 
@@ -317,7 +317,10 @@ def main(args: Args) -> dict:
                     loss_sum = micro_batch_loss(model, batch)
                     if not run.all_finite(loss_sum):
                         run.fail(f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data")
-                    backward_share(accelerator, loss_sum, total)
+                    # the micro-batch's share of the mean over every process's batch (/ total); x accumulation
+                    # steps x processes undoes accelerate's and DDP's averaging
+                    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
+                    accelerator.backward(loss_sum * scale)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights

@@ -291,7 +291,7 @@ def test_each_equation_in_the_docs_names_a_function_of_its_script(script):
     for row in rows:
         for name in re.findall(r"`([A-Za-z_][\w.]*\w)", row.strip("|").split("|")[-1]):
             module, _, function = name.removeprefix("clean_rlhf_utils.").rpartition(".")
-            if (PACKAGE / f"{module}.py").exists():  # `engines.backward_share`: a function of the plumbing package
+            if (PACKAGE / f"{module}.py").exists():  # `engines.global_count`: a function of the plumbing package
                 assert function in _definitions(PACKAGE / f"{module}.py"), (
                     f"{page.name}: `{name}` is not in the package"
                 )

@@ -702,6 +702,7 @@ def main(args: Args) -> dict:
             pending = sampled_pairs_from_json(state["pending"][accelerator.process_index], device)
     else:
         metrics = evaluate_dpo(run, 0, models, eval_pairs, eval_rows, args, accelerator, pieces)
+        unwrapped.train()  # evaluation leaves it in eval mode
     gen_policy, gen_ref, executor = unwrapped, ref_policy, None
     if asynchronous:  # the generator samples with its own copy of the weights, synced after each step
         gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
@@ -798,6 +799,7 @@ def main(args: Args) -> dict:
             if pending is not None:
                 pending.result()  # the generator thread shares the reward and reference models: let it finish first
             metrics = evaluate_dpo(run, step, models, eval_pairs, eval_rows, args, accelerator, pieces)
+            unwrapped.train()  # evaluation leaves it in eval mode
         stop = run.stop_requested()
         if stop or run.checkpoint_due(step, total_steps):
             # async: the next batch, sampled, is part of the state; waiting for it leaves the RNG where the thread does

@@ -578,6 +578,7 @@ def main(args: Args) -> dict:
     start, metrics = runs.resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
     if metrics is None:  # before training (on resume it is in metrics.jsonl already)
         metrics, _ = evaluate()
+        unwrapped.policy.train()  # evaluation leaves it in eval mode
         log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
@@ -743,6 +744,7 @@ def main(args: Args) -> dict:
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics, _ = evaluate()
+            unwrapped.policy.train()  # evaluation leaves it in eval mode
             log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update

@@ -556,6 +556,7 @@ def main(args: Args) -> dict:
             if step % args.eval_every == 0 or step == total_steps:
                 forward = partial(micro_batch_loss, args=args)
                 metrics = evaluate_reward_model(model, evals, args, accelerator, collate_batch, forward, process_loss)
+                model.train()  # evaluation leaves it in eval mode
                 run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 t_last = time.time()

@@ -464,6 +464,7 @@ def main(args: Args) -> dict:
             next(iterator)
     else:
         metrics, _ = evaluate()
+        unwrapped.train()  # evaluation leaves it in eval mode
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
@@ -593,6 +594,7 @@ def main(args: Args) -> dict:
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics, _ = evaluate()
+            unwrapped.train()  # evaluation leaves it in eval mode
             run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)

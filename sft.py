@@ -346,6 +346,7 @@ def main(args: Args) -> dict:
                 metrics, records = evaluate_sft(
                     model, tokenizer, evals, args, accelerator, sft_loss, collate_right_padded, truncate_after_eos
                 )
+                model.train()  # evaluation leaves it in eval mode
                 run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 run.log_samples(records[:8], step)

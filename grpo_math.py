@@ -965,9 +965,8 @@ def main(args: Args) -> dict:
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
                             error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
                             halt(run, background, error=error)
-                        # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
-                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: dapo_num_tokens):
-                        # / processes; x accumulation steps x processes undoes accelerate's and DDP's averaging
+                        # the losses sum to this process's mini-batch mean (aggregate_loss): / processes for the global
+                        # mean (DAPO: dapo_num_tokens); x accum. steps x processes undoes accelerate's / DDP's means
                         n = accelerator.num_processes
                         accelerator.backward(out["loss"] * (accelerator.gradient_accumulation_steps * n / max(n, 1.0)))
                     update_loss += out["surrogate"]

@@ -86,7 +86,7 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs, check_dpo_args, check_dpo_steps
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs, check_dpo_args, check_dpo_steps
 from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import (
     LoraReference,
@@ -119,7 +119,7 @@ from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, name_run
 
 
 @dataclass
-class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     save_every: int = 0
@@ -205,6 +205,14 @@ class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     """AdamW epsilon (N+: 1e-5) (range: > 0)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
+    (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up (N+ DPO: cosine)"""
     warmup_ratio: float = 0.0

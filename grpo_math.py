@@ -93,14 +93,14 @@ from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from clean_rlhf_utils import engines, evaluation, generation, judges, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs, check_grpo_args, check_grpo_setup
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs, check_grpo_args, check_grpo_setup
 from clean_rlhf_utils.data import concat_batches, right_pad, select_groups
 from clean_rlhf_utils.metrics import StepSums, grouped_step_metrics
 from clean_rlhf_utils.prompts import prepare_math_questions
 
 
 @dataclass
-class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     seed: int = 1
@@ -246,6 +246,14 @@ class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     """AdamW learning rate, constant after warm-up (DeepSeekMath, DAPO, Dr. GRPO: 1e-6) (range: > 0)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
+    (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     warmup_steps: int = 0
     """optimizer steps of linear learning-rate warm-up (DAPO: 20 rollout steps) (range: >= 0)"""
     adam_eps: float = 1e-8

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.metrics import log_global_means
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_loader
 
@@ -63,7 +63,7 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- models ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
@@ -125,6 +125,14 @@ class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     """AdamW epsilon (N+: 1e-5) (range: > 0)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
+    (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
     response_length: int = 53

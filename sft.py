@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import tokenize_split
 from clean_rlhf_utils.engines import add_lora, configure_deepspeed, global_count
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
@@ -58,7 +58,7 @@ from clean_rlhf_utils.runs import cli, loop_state, start_run
 
 
 @dataclass
-class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
     seed: int = 1
@@ -75,7 +75,8 @@ class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- LoRA (peft) ----
     lora_r: int | None = None
     """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); `model/` is saved as the plain model, the adapters merged into its weights"""
+    weight (`pip install -e '.[peft]'`); `model/` is saved as the plain model, the adapters merged into its weights
+    (range: >= 1)"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -106,6 +107,10 @@ class Args(DataArgs, LoraArgs, ModelArgs, RunArgs):
     """AdamW epsilon (N+: 1e-5) (range: > 0)"""
     max_grad_norm: float = 1.0
     """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0

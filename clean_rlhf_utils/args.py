@@ -1,7 +1,8 @@
 """The flags every script shares, declared once: the run directory, checkpoints and logging (`RunArgs`), how the
-models load (`ModelArgs`), LoRA (`LoraArgs`) and the data (`DataArgs`). Each script's `Args` inherits the ones it uses
+models load (`ModelArgs`) and the data (`DataArgs`). Each script's `Args` inherits the ones it uses
 and lists its algorithm's own fields: every default that changes a training number (the optimizer's epsilon and
-clipping, the sampling temperature and length, the rewards' penalties, the schedule) is the script's (issue 49).
+clipping, LoRA's rank and scale, the sampling temperature and length, the rewards' penalties, the schedule) is
+the script's (issue 49).
 
 A script redeclares a shared field whose default or documentation is its own (`dataset_name_or_path`
 always: it has no default here); a redeclared field keeps the place of the shared one, so the flags, their
@@ -73,20 +74,6 @@ class ModelArgs:
     tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
-
-
-@dataclass
-class LoraArgs:
-    """LoRA through peft (clean_rlhf_utils/engines.py `add_lora`)."""
-
-    lora_r: int | None = None
-    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
-    (range: >= 1)"""
-    lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
-    lora_target_modules: list[str] | None = None
-    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
 
 
 @dataclass

@@ -86,12 +86,11 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_dpo_args, check_dpo_steps
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs, check_dpo_args, check_dpo_steps
 from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import (
     LoraReference,
     add_lora,
-    backward_share,
     cache_reference_logprobs,
     configure_deepspeed,
     global_count,
@@ -116,15 +115,13 @@ from clean_rlhf_utils.loading import (
 from clean_rlhf_utils.packing import check_packing_attention, packed_response_logits
 from clean_rlhf_utils.preferences import collate_preference_pairs, tokenize_preference_pairs
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_token_ids
-from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, one_error_line
+from clean_rlhf_utils.runs import Run, cli, dpo_loop_state, name_run, one_error_line
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "dpo"
-    """name of this experiment; the run name starts with it"""
     save_every: int = 0
     """write a checkpoint every N optimizer steps; 0: only when stopped (SIGTERM, SIGINT, a non-finite loss)"""
 
@@ -204,6 +201,18 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 3e-6
     """peak learning rate (N+ DPO: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
+    (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up (N+ DPO: cosine)"""
     warmup_ratio: float = 0.0
@@ -244,18 +253,11 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ offline DPO on TL;DR preferences, Pythia 1B (8 GPUs; beta 0.05, lr 3e-6, batch 64)",
-        Args(
-            exp_name="dpo_tldr_pythia-1b",
-            per_device_train_batch_size=8,
-            gradient_accumulation_steps=1,
-            eval_every=200,
-            save_every=145,
-        ),
+        Args(per_device_train_batch_size=8, gradient_accumulation_steps=1, eval_every=200, save_every=145),
     ),
     "tldr-pythia-2.8b": (
         "N+ offline DPO on TL;DR preferences, Pythia 2.8B (8 GPUs; batch 64)",
         Args(
-            exp_name="dpo_tldr_pythia-2.8b",
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             per_device_train_batch_size=4,
             gradient_accumulation_steps=2,
@@ -266,7 +268,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ offline DPO on TL;DR preferences, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2; batch 64)",
         Args(
-            exp_name="dpo_tldr_pythia-6.9b",
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             per_device_train_batch_size=2,
             gradient_accumulation_steps=4,
@@ -278,7 +279,6 @@ PRESETS = {
     "tldr-pythia-1b-online": (
         "online DPO on TL;DR prompts labelled by the N+ reward model, Pythia 1B (8 GPUs)",
         Args(
-            exp_name="online_dpo_tldr_pythia-1b",
             mode="online",
             reward_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__reward__tldr",
             per_device_train_batch_size=16,
@@ -291,7 +291,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr offline DPO on CPU (needs `python -m benchmark.run tiny-tldr` first)",
         Args(
-            exp_name="dpo_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/preference",
             prompt_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -311,7 +310,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): offline DPO on the noisy pairs",
         Args(
-            exp_name="dpo_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
@@ -334,7 +332,6 @@ PRESETS = {
     "tiny-tldr-noisy-online": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): online DPO labelled by the noisy RM",
         Args(
-            exp_name="online_dpo_tiny-tldr-noisy",
             mode="online",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
@@ -358,7 +355,6 @@ PRESETS = {
     "tiny-tldr-online": (
         "tiny-tldr online DPO on CPU, labelled by the tiny reward model (`--judge gold` for the gold judge)",
         Args(
-            exp_name="online_dpo_tiny-tldr",
             mode="online",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr__1/model",
@@ -474,7 +470,7 @@ def pair_losses(
 
 def micro_batch_loss(policy, ref_policy, batch: dict, args: Args, autocast=nullcontext) -> tuple[torch.Tensor, dict]:
     """One micro-batch of `main`'s DPO update: the losses of its pairs summed over the pairs that count (`pair_weights`;
-    `main` divides by their number in the whole batch, `global_count`, in `backward_share`), and detached statistics:
+    `main` divides by their number in the whole batch, `global_count`, in its loss scale), and detached statistics:
     implicit rewards and the summed sequence logprobs. The reference logprobs come cached with the pairs or from
     `ref_policy` (under `autocast`, the training precision)."""
     chosen, rejected = forward_logprobs(policy, batch)
@@ -599,7 +595,7 @@ def main(args: Args) -> dict:
     # the batches come from an endless loader: the loader's end is no optimizer-step boundary
     accelerator = make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     online, asynchronous = args.mode == "online", args.mode == "online" and args.async_generation
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    name_run(args)  # runs/<exp_name>__<seed>; <exp_name>: this file's name and the preset
     synced = sharded(accelerator)  # every forward pass a collective: `generate` steps until every process is done
     check_dpo_args(args, synced)
     threads, gen_threads = split_cpu_threads(accelerator, args.num_threads, args.generation_threads, asynchronous)
@@ -715,6 +711,7 @@ def main(args: Args) -> dict:
             pending = sampled_pairs_from_json(state["pending"][accelerator.process_index], device)
     else:
         metrics = evaluate_dpo(run, 0, models, eval_pairs, eval_rows, args, accelerator, pieces)
+        unwrapped.train()  # evaluation leaves it in eval mode
     gen_policy, gen_ref, executor = unwrapped, ref_policy, None
     if asynchronous:  # the generator samples with its own copy of the weights, synced after each step
         gen_policy = copy.deepcopy(unwrapped).eval().requires_grad_(False)
@@ -727,7 +724,7 @@ def main(args: Args) -> dict:
     # ---- 6. the loop: this step's pairs, then one DPO update on them ----
     start_time, grad_norm, stats = time.time(), None, {}
     steps, main_process = range(start + 1, total_steps + 1), accelerator.is_main_process
-    progress = tqdm(steps, initial=start, total=total_steps, disable=not main_process, desc=f"{args.mode} dpo")
+    progress = tqdm(steps, initial=start, total=total_steps, disable=not main_process, desc=args.exp_name)
     for step in progress:
         # ---- 6a. the pairs. Offline: the next micro-batches of the preference data. Online: two responses to each
         # prompt of the step, sampled by the current weights, labelled by the judge (a resumed run first trains on the
@@ -778,7 +775,10 @@ def main(args: Args) -> dict:
                 loss_sum, out = micro_batch_loss(policy, ref_policy, mb, args, accelerator.autocast)
                 if not run.all_finite(loss_sum):
                     run.fail(f"non-finite DPO loss at step {step}: {lower_lr} or check the data")
-                backward_share(accelerator, loss_sum, total)
+                # the micro-batch's share of the mean over every process's batch (/ total); x accumulation
+                # steps x processes undoes accelerate's and DDP's averaging
+                scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
+                accelerator.backward(loss_sum * scale)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                     if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
@@ -808,6 +808,7 @@ def main(args: Args) -> dict:
             if pending is not None:
                 pending.result()  # the generator thread shares the reward and reference models: let it finish first
             metrics = evaluate_dpo(run, step, models, eval_pairs, eval_rows, args, accelerator, pieces)
+            unwrapped.train()  # evaluation leaves it in eval mode
         stop = run.stop_requested()
         if stop or run.checkpoint_due(step, total_steps):
             # async: the next batch, sampled, is part of the state; waiting for it leaves the RNG where the thread does
@@ -833,11 +834,16 @@ def main(args: Args) -> dict:
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    """N+: every dropout off in each model (None: no model), so that sampling, the reference, the update and evaluation
+    all see the same deterministic model: `nn.Dropout` modules (p = 0) and the dropout a module keeps as a float, read
+    in train mode (GPT-NeoX's and Llama's `attention_dropout` on their attention modules). The config is left as loaded:
+    it is saved with the model. `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):

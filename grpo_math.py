@@ -93,18 +93,16 @@ from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from clean_rlhf_utils import engines, evaluation, generation, judges, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs, check_grpo_args, check_grpo_setup
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs, check_grpo_args, check_grpo_setup
 from clean_rlhf_utils.data import concat_batches, right_pad, select_groups
 from clean_rlhf_utils.metrics import StepSums, grouped_step_metrics
 from clean_rlhf_utils.prompts import prepare_math_questions
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "grpo"
-    """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (question order, sampling)"""
     save_every: int = 0
@@ -199,8 +197,7 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """estimator of the KL loss term: k3 (DeepSeekMath), k2 = (log ratio)^2 / 2; default k2 for reinforce_pp_baseline
     (REINFORCE++), k3 otherwise. `objective/kl` logs k3 whatever the loss uses"""
     kl_clamp: float | None = None
-    """bound every trained KL estimate (loss term, REINFORCE++'s in-reward k1) to [-c, c], no gradient past it (verl
-    clamps k3 at 10, OpenRLHF every estimator); None: off, as in every preset's paper (range: > 0)"""
+    """bound the trained KL estimates (loss term, REINFORCE++'s k1) to [-c, c] (verl: 10); None: off (range: > 0)"""
     num_generations: int = 8
     """G, completions sampled per question (DeepSeekMath: 64; TRL's default 8) (range: >= 2; advantages are relative
     to the group)"""
@@ -224,11 +221,9 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     cispo (weights capped at 5, TRL's ScaleRL setting), epsilon_low otherwise (range: >= 0)"""
     dual_clip: float | None = None
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
-    (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off, as in DeepSeekMath, Dr. GRPO, DAPO and
-    GSPO, so in every preset; not with cispo (range: > 1)"""
+    (verl: on at 3; OpenRLHF: off); None: off, as in every preset's paper; not with cispo (range: > 1)"""
     entropy_coef: float | None = None
-    """weight of an entropy bonus, -coef * the token entropy aggregated as the loss (verl's `entropy_coeff`, default
-    0); None: none, as in every preset's paper (range: >= 0)"""
+    """entropy bonus: -coef * token entropy, aggregated as the loss (verl's `entropy_coeff`); None: off (range: >= 0)"""
     scale_rewards: bool | None = None
     """divide advantages by the group std; default: on, off for dr_grpo"""
     advantage_eps: float = 1e-4
@@ -256,10 +251,19 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 1e-6
     """AdamW learning rate, constant after warm-up (DeepSeekMath, DAPO, Dr. GRPO: 1e-6) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): rank-r adapters beside the frozen weights (peft); the reference
+    is then the policy with its adapters disabled (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     warmup_steps: int = 0
     """optimizer steps of linear learning-rate warm-up (DAPO: 20 rollout steps) (range: >= 0)"""
     adam_eps: float = 1e-8
-    """AdamW epsilon"""
+    """AdamW epsilon (range: > 0)"""
     generation_batch_size: int = 256
     """(model.generate) completions sampled at once per process"""
     async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False
@@ -296,7 +300,6 @@ PRESETS = {
             # 0.5B): 8 GPUs x 16 questions x 8 = 1024 completions.
             # Lengths (Qwen2.5-Instruct tokenizer and chat template, default system prompt): the longest rendered prompt
             # is 256 tokens over GSM8K train (7,473 rows) and 232 over test (1,319), within max_prompt_length 512.
-            exp_name="grpo_gsm8k_qwen2.5-0.5b",
             model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct",
             dataset_name_or_path="openai/gsm8k",
             dataset_config="main",
@@ -332,7 +335,6 @@ PRESETS = {
             # the MATH test set (1,000 rows; the next 735) and 819 over MATH-500; Qwen2.5-Math-1.5B has 4,096 positions,
             # so prompts get 4096 - 3000 (completion budget) = 1096 tokens, and drop_overlong skips the rare longer
             # training problem (a MATH-lighteval train row we could not measure offline) instead of stopping the run.
-            exp_name="grpo_math_qwen2.5-math-1.5b",
             model_name_or_path="Qwen/Qwen2.5-Math-1.5B",
             add_pad_token=True,
             dataset_name_or_path="DigitalLearningGmbH/MATH-lighteval",
@@ -363,7 +365,6 @@ PRESETS = {
     "tiny": (
         "tiny-math on CPU from the SFT policy (needs `python -m benchmark.assets` and `python sft.py tiny-math`)",
         Args(
-            exp_name="grpo_tiny",
             model_name_or_path="runs/sft_tiny-math__1/model",
             dtype="float32",
             dataset_name_or_path="runs/assets/tiny-math/gsm8k",
@@ -579,10 +580,8 @@ def aggregate_loss(
 
 def mini_batch_norms(loss_mask: torch.Tensor, args: Args, accelerator: Accelerator) -> tuple[float, float]:
     """`num_sequences` and `num_tokens` of `aggregate_loss` for this process's mini-batch (its `loss_mask`): DAPO's loss
-    tokens and, under overlong filtering, `sequence`'s completions with a loss token, each summed over the processes and
-    divided by their number. DDP averages the processes' gradients, so each process's sum over (all tokens /
-    processes), averaged, is the sum of all processes over all their tokens, however the tokens are spread. Otherwise
-    `num_sequences` is the mini-batch size, equal on every process, so DDP's average is already the mean."""
+    tokens and, under overlong filtering, `sequence`'s non-empty completions, summed over the processes / their number
+    (DDP's average of the processes' sums over that is the global mean); else the mini-batch size, equal everywhere."""
     local = torch.tensor([float(loss_mask.sum()), float((loss_mask.sum(1) > 0).sum())], device=accelerator.device)
     tokens, kept = (total / accelerator.num_processes for total in accelerator.reduce(local, "sum").tolist())
     filtered = args.overlong_filtering and args.loss_aggregation == "sequence"  # rows the filter emptied do not count
@@ -704,11 +703,16 @@ def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tens
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    """N+: every dropout off in each model (None: no model), so that sampling, the reference, the update and evaluation
+    all see the same deterministic model: `nn.Dropout` modules (p = 0) and the dropout a module keeps as a float, read
+    in train mode (GPT-NeoX's and Llama's `attention_dropout` on their attention modules). The config is left as loaded:
+    it is saved with the model. `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 def format_reward(text: str, ended: bool, answer_format: str) -> float:
@@ -739,12 +743,8 @@ def completion_logprobs(model, packed: dict, temperature: float, entropy_grad=Fa
     device = next(model.parameters()).device
     rows, cols = packed["rows"].to(device), packed["cols"].to(device)
     keep = cols.unique()  # sorted
-    logits = model(
-        input_ids=packed["input_ids"].to(device),
-        position_ids=packed["position_ids"].to(device),
-        use_cache=False,
-        logits_to_keep=keep,
-    ).logits
+    ids, positions = packed["input_ids"].to(device), packed["position_ids"].to(device)
+    logits = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits
     logits = logits[rows, torch.searchsorted(keep, cols)].float() / temperature
     logp = logits.log_softmax(dim=-1)
     token_logp = torch.gather(logp, 2, packed["targets"].to(device).unsqueeze(-1)).squeeze(-1)
@@ -804,7 +804,7 @@ def frozen_logprobs(
 def main(args: Args) -> dict:
     # ---- 0. setup: the arguments and the variant's defaults, the processes (accelerate), the run directory, the
     # models, the data, the optimizer, the samplers and the evaluation ----
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    runs.name_run(args)  # runs/<exp_name>__<seed>; <exp_name>: this file's name and the preset
     runs.check_args(args, zero_means_none=("pass_k",))  # --pass-k 0 skips pass@k
     # every optimizer step accumulates the backward passes of one mini-batch: accelerate (DeepSpeed: its engine) syncs
     # the gradients and steps on the last of them; the questions come from an endless stream, never a dataloader's end
@@ -914,7 +914,7 @@ def main(args: Args) -> dict:
         initial=start_step,
         total=args.total_steps,
         disable=not accelerator.is_main_process,
-        desc=f"grpo ({args.loss_type})",
+        desc=f"{args.exp_name} ({args.loss_type})",
     )
     # --async: the generator samples with its own copy of the weights, synced before each step
     background = (
@@ -989,9 +989,10 @@ def main(args: Args) -> dict:
                         if not run.all_finite(out["loss"]):  # every process, every micro-batch: a collective
                             error = f"non-finite GRPO loss at step {step}: lower --learning-rate or check the rewards"
                             halt(run, background, error=error)
-                        # the micro-batch losses sum to this process's mini-batch mean (aggregate_loss), and the
-                        # global mean is the mean of the processes' (equal-size mini-batches; DAPO: mini_batch_norms)
-                        engines.backward_share(accelerator, out["loss"], accelerator.num_processes)
+                        # the losses sum to this process's mini-batch mean (aggregate_loss): / processes for the global
+                        # mean (DAPO: mini_batch_norms); x accum. steps x processes undoes accelerate's / DDP's means
+                        n = accelerator.num_processes
+                        accelerator.backward(out["loss"] * (accelerator.gradient_accumulation_steps * n / max(n, 1.0)))
                     update_loss += out["surrogate"]
                     sums.add(**micro_batch_stats(out, mask, completion_mask[idx, :c_end], iteration == 0))
                 sums.add(loss=update_loss)

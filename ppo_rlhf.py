@@ -35,13 +35,8 @@ reference policy (the SFT model) and the reward model, all with dropout off. One
 N+ hyperparameters (Pythia 1B/2.8B/6.9B, TL;DR): lr 3e-6, 1M episodes, batch 512, 4 PPO epochs, clip 0.2,
 vf_coef 0.1, kl_coef 0.05, gamma 1, lambda 0.95, response length 53, temperature 0.7, penalty -1 without EOS.
 
-Speed: sampling is a hand-written loop over the KV cache in which a finished response leaves the batch, and the
-forward passes run on packed query + response sequences (`clean_rlhf_utils/packing.py`: all in one row, no padding,
-attention within each sequence), with the LM and value heads, and the last layer's MLP, on the response positions only.
-
 Usage:
     python ppo_rlhf.py tiny-tldr          # after `python -m benchmark.run tiny-tldr` (SFT and reward model)
-    python ppo_rlhf.py tiny-tldr --resume # after a stop (SIGTERM, Ctrl-C): continues from runs/<run_name>/checkpoint
     python ppo_rlhf.py tiny-math --prm-path runs/prm_tiny-math__1/model --prm-refine clip_delta
     accelerate launch --config_file benchmark/accelerate_configs/deepspeed_zero2.yaml ppo_rlhf.py tldr-pythia-1b
 """
@@ -64,7 +59,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RLArgs, RunArgs, check_ppo_args
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RLArgs, RunArgs, check_ppo_args
 from clean_rlhf_utils.metrics import log_evaluation, log_global_means, statistics_to_log
 from clean_rlhf_utils.prompts import prompt_loader
 
@@ -72,51 +67,52 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
-    # shared flags: clean_rlhf_utils/args.py (RLArgs: the models, prompts, reward source, sampling length and
-    # temperature, evaluation; a shared flag redeclared here has this script's default or docstring)
-    # ---- experiment ----
-    exp_name: str = "ppo"
-    """name of this experiment; the run name starts with it"""
-
+class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
+    # shared flags: clean_rlhf_utils/args.py (models, prompts, evaluation); a redeclared one has this script's default
     # ---- models ----
     value_model_path: str | None = None
     """initial value model; default: the reward model (N+), or the SFT model with a fresh head when there is none"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """dtype all four models are loaded in; the real presets load float32 and get bf16 from the accelerate config's
-    mixed precision"""
+    """dtype of the four models; the real presets load float32 and get bf16 from the accelerate config"""
     sampler_logprobs: bool | None = None
-    """keep the rollout logprobs of the sampling loop instead of a forward pass after sampling; default: on in float32
-    without mixed precision (the two agree to 1e-5), off in half precision or bf16 mixed precision, where the KV-cache
-    and full-sequence kernels differ enough to move the first ratio off 1 (the N+ reason to recompute them)"""
+    """keep the sampling loop's logprobs instead of a forward pass after sampling; default: on in float32 (they agree
+    to 1e-5), off in half or mixed precision, where the kernels differ enough to move the first ratio off 1 (N+)"""
 
     # ---- data ----
     prompt_template: str = "{query}"
     """Python format string building the prompt from a row's fields; a field alone (`{prompt}`) that holds chat
     messages (TRL's conversational format) is rendered with the tokenizer's chat template"""
     reference_template: str = "{reference_response}"
-    """format string of the reference response (win rate on tiny-tldr, gold answer on math); a field alone holding chat
-    messages gives its assistant turns"""
+    """format string of the reference response (tiny-tldr: win rate; math: gold); chat messages: assistant turns"""
 
     # ---- reward ----
+    reward_source: Literal["model", "math"] = "model"
+    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
+    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
+    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
+    non_eos_penalty: bool = True
+    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
+    penalty_reward_value: float = -1.0
+    """score of a response that never ends (N+: -1)"""
     prm_path: str | None = None
     """(math) a process reward model (reward_model.py --objective process) adding per-step rewards"""
     prm_coef: float = 1.0
     """(math) weight alpha of the process rewards (range: >= 0)"""
     prm_refine: Literal["none", "clip", "delta", "clip_delta"] = "none"
-    """(math) Gao et al. 2024, alpha = prm_coef scaling every mode: `clip` makes step rewards alpha*min(r - eta, 0)
-    (never positive); `delta` drops the last step's reward (the answer is judged by the success reward alone), gives
-    step K-1 its r_{K-1} and every earlier step k r_k - r_{k+1}, so the return from step k is r_k (a one-step
-    solution gets 0); `clip_delta` clips, then takes differences; `none` is alpha * r_k"""
+    """(math) Gao et al. 2024, alpha = prm_coef scaling every mode: `clip` makes step rewards alpha*min(r - eta, 0);
+    `delta` drops the last step's reward (the success reward judges the answer), gives step K-1 r_{K-1} and each
+    earlier step k r_k - r_{k+1} (the return from k is r_k); `clip_delta` clips, then differences; `none`: alpha*r_k"""
     prm_clip_eta: float = 0.5
-    """(math) threshold eta of the Clip refinement, in units of the PRM's probability that a step is right
-    (range: [0, 1])"""
+    """(math) threshold eta of the Clip refinement, as the PRM's probability that a step is right (range: [0, 1])"""
     stop_token: Literal["eos", "none"] = "eos"
-    """`eos`: a response ends at its first EOS (sampling stops there, the rest is padding); `none`: every response is
-    `response_length` sampled tokens, kept whole, EOS included (as N+ samples with min_new_tokens); the score then
-    sits on the last token. Evaluation (greedy `generate`) stops at EOS either way"""
+    """`eos`: a response ends at its first EOS; `none`: every response is `response_length` tokens, kept whole, EOS
+    included (as N+ samples with min_new_tokens), scored on its last token. Evaluation stops at EOS either way"""
 
     # ---- PPO ----
+    response_length: int = 53
+    """tokens sampled per response (N+: 53) (range: >= 1)"""
+    temperature: float = 0.7
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     total_episodes: int = 1_000_000
     """responses sampled over the whole run, all processes (N+: 1M)"""
     per_device_batch_size: int = 64
@@ -126,20 +122,31 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     gradient_accumulation_steps: int = 1
     """micro-batches per minibatch"""
     separate_backward: bool | None = None
-    """per micro-batch, the policy's forward and backward pass, then the value model's, instead of both at once: the
-    same gradients, half the activations alive at a time; default: on in a plain single process, off under DDP /
-    DeepSpeed / FSDP, whose one engine takes one backward pass per step (asking for it there is an error)"""
+    """per micro-batch, the policy's forward and backward pass, then the value model's: the same gradients, half the
+    activations alive; default: on in one process, off under DDP / DeepSpeed / FSDP (one backward per step there)"""
     num_ppo_epochs: int = 4
     """passes over each batch (N+: 4)"""
     learning_rate: float = 3e-6
     """AdamW learning rate of policy and value (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): rank-r adapters beside the frozen weights (peft); the reference
+    is then the policy with its adapters disabled (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
+    anneal_lr: bool = True
+    """decay the learning rate linearly to 0 over the updates (N+)"""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (N+: 0.05) (range: >= 0)"""
     kl_estimator: Literal["k1", "k3"] = "k1"
     """per-token KL estimate in the reward: k1 = logp - ref_logp (N+), k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
     kl_clamp: float | None = None
-    """bound each token's KL estimate to [-c, c] (OpenRLHF clamps every estimator at 10, verl k3 at 10); None: off, as
-    in N+ and every preset (range: > 0)"""
+    """bound each token's KL estimate to [-c, c] (OpenRLHF and verl: 10); None: off, as N+ (range: > 0)"""
     adaptive_kl: bool = False
     """adapt kl_coef towards `target_kl` (Ziegler et al. 2019)"""
     target_kl: float = 6.0
@@ -156,8 +163,7 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
     (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off (the N+ recipe has none) (range: > 1)"""
     entropy_coef: float | None = None
-    """weight of an entropy bonus, -coef * the mean token entropy in the policy loss (verl's `entropy_coeff`, default
-    0); None: none, as in N+ (range: >= 0)"""
+    """entropy bonus: -coef * mean token entropy in the policy loss (verl's `entropy_coeff`); None: N+ (range: >= 0)"""
     cliprange_value: float = 0.2
     """value clip around the rollout values (N+: 0.2) (range: > 0)"""
     vf_coef: float = 0.1
@@ -167,25 +173,18 @@ class Args(RLArgs, OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
-# compute, fp32 master weights; DDP: autocast), as N+ and TRL do, instead of training bf16 weights directly.
-# They checkpoint ten times a run (`save_every`): TL;DR 1,000,000 episodes / 512 an update = 1,953 updates, GSM8K
-# 29,892 / 256 = 116.
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. They checkpoint ten times a run (`save_every`):
+# TL;DR 1,000,000 episodes / 512 an update = 1,953 updates, GSM8K 29,892 / 256 = 116.
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="ppo_tldr_pythia-1b",
-            save_every=195,
-            per_device_batch_size=64,
-            num_mini_batches=4,
-            gradient_accumulation_steps=4,
-            eval_every=100,
+            save_every=195, per_device_batch_size=64, num_mini_batches=4, gradient_accumulation_steps=4, eval_every=100
         ),
     ),
     "tldr-pythia-2.8b": (
         "N+ PPO on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="ppo_tldr_pythia-2.8b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
@@ -198,7 +197,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ PPO on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
         Args(
-            exp_name="ppo_tldr_pythia-6.9b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
@@ -211,7 +209,6 @@ PRESETS = {
     "gsm8k-qwen2.5-0.5b": (
         "PPO on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
         Args(
-            exp_name="ppo_gsm8k_qwen2.5-0.5b",
             save_every=12,
             sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
             reward_model_path=None,
@@ -237,7 +234,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)",
         Args(
-            exp_name="ppo_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -256,7 +252,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): the RM of noisy labels as reward",
         Args(
-            exp_name="ppo_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -276,7 +271,6 @@ PRESETS = {
     "tiny-math": (
         "tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)",
         Args(
-            exp_name="ppo_tiny-math",
             sft_model_path="runs/sft_tiny-math__1/model",
             reward_model_path=None,
             reward_source="math",
@@ -392,7 +386,7 @@ def policy_loss(
     new_logprobs, old_logprobs, advantages, mask, cliprange: float, count: float | None = None, dual_clip=None
 ) -> tuple[torch.Tensor, dict]:
     """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
-    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which `backward_share`
+    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which its loss scale
     divides by the valid tokens of the whole minibatch). `dual_clip` c: a token with A < 0 loses at most c * |A|, flat
     past ratio c (counted as clipped). The statistics are means over these valid tokens."""
     log_ratio = new_logprobs - old_logprobs
@@ -439,7 +433,7 @@ def ppo_micro_batch(
     `advantages`, `padding_mask` (tokens past the last real one) and `padding_mask_p1` (values past EOS+1); `counts`:
     the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). The policy
     loss is the mean over the minibatch's valid tokens and the value loss the mean over its valid value positions: each
-    micro-batch adds its sum / count (`backward_share`), so the gradient does not depend on how the minibatch is split
+    micro-batch adds its sum / count (its loss scale), so the gradient does not depend on how the minibatch is split
     into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
     when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
     then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
@@ -456,19 +450,22 @@ def ppo_micro_batch(
     trained = pg_sum  # with --entropy-coef, minus coef * the entropy of the same tokens (logged apart: pg_loss)
     if args.entropy_coef:
         trained = pg_sum - args.entropy_coef * (logits_entropy(new_logits[:, :width], args.temperature) * ~mask).sum()
+    # each loss is its sum over the micro-batch / its count over the whole batch of every process; x accumulation steps
+    # x processes (`share`) undoes accelerate's division by the one and DDP's mean over the other
+    share = accelerator.gradient_accumulation_steps * accelerator.num_processes
     if separate_backward:
         # the two models share no parameter, so the gradients are those of the summed loss; the policy's activations
         # are freed before the value model's forward pass makes its own
-        engines.backward_share(accelerator, trained, counts[0])
+        accelerator.backward(trained * (share / max(counts[0], 1.0)))
         _, vpred = model(**inputs, with_policy=False)
     vpred = vpred[:, :width].float().masked_fill(mask_p1, 0)
     vf_sum, vf_clipfrac = value_loss(
         vpred, rollout["values"][:, :width], rollout["returns"][:, :width], ~mask_p1, args.cliprange_value, count=1.0
     )
     if separate_backward:
-        engines.backward_share(accelerator, args.vf_coef * vf_sum, counts[1])
-    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count, hence count 1 here
-        engines.backward_share(accelerator, trained / counts[0] + args.vf_coef * vf_sum / counts[1], 1.0)
+        accelerator.backward(args.vf_coef * vf_sum * (share / max(counts[1], 1.0)))
+    else:  # one backward pass (one engine under DDP / DeepSpeed): each sum over its own count
+        accelerator.backward((trained / counts[0] + args.vf_coef * vf_sum / counts[1]) * (share / 1.0))
     return {
         "pg_loss": pg_sum.detach() / (~mask).sum(),
         "vf_loss": vf_sum.detach() / (~mask_p1).sum(),
@@ -507,11 +504,16 @@ class AdaptiveKLController:
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    """N+: every dropout off in each model (None: no model), so that sampling, the reference, the update and evaluation
+    all see the same deterministic model: `nn.Dropout` modules (p = 0) and the dropout a module keeps as a float, read
+    in train mode (GPT-NeoX's and Llama's `attention_dropout` on their attention modules). The config is left as loaded:
+    it is saved with the model. `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -585,10 +587,11 @@ def main(args: Args) -> dict:
     start, metrics = runs.resume(run, kl_ctl, iterator)  # --resume: weights, optimizer, RNGs, counters
     if metrics is None:  # before training (on resume it is in metrics.jsonl already)
         metrics, _ = evaluate()
+        unwrapped.policy.train()  # evaluation leaves it in eval mode
         log_evaluation(run, accelerator, metrics, 0, 0, "before training")
     start_time = time.time()
     progress = tqdm(
-        range(start + 1, num_updates + 1), initial=start, total=num_updates, desc="ppo", disable=not run.main
+        range(start + 1, num_updates + 1), initial=start, total=num_updates, desc=args.exp_name, disable=not run.main
     )
     for update in progress:
         if args.anneal_lr:
@@ -750,6 +753,7 @@ def main(args: Args) -> dict:
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics, _ = evaluate()
+            unwrapped.policy.train()  # evaluation leaves it in eval mode
             log_evaluation(run, accelerator, metrics, update, episode, f"update {update}")
             run.log_samples([{"response": t, "score": s} for t, s in zip(texts[:4], scores.tolist())], update)
         if run.stop_requested():  # a collective: every process asks after every update

@@ -55,7 +55,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM
 
 from clean_rlhf_utils import data, engines, evaluation, generation, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.metrics import log_global_means
 from clean_rlhf_utils.prompts import prepare_prompts, prompt_loader
 
@@ -63,12 +63,8 @@ INVALID_LOGPROB = 1.0  # placeholder written into padded positions; masked out o
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
-    # ---- experiment ----
-    exp_name: str = "remax"
-    """name of this experiment; the run name starts with it"""
-
     # ---- models ----
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model: initial policy and frozen reference (hub name or local directory)"""
@@ -117,6 +113,18 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     """micro-batches per update (one optimizer step per batch)"""
     learning_rate: float = 3e-6
     """AdamW learning rate (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_r: int | None = None
+    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
+    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
+    (range: >= 1)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the updates (N+)"""
     response_length: int = 53
@@ -161,7 +169,6 @@ PRESETS = {
     "tldr-pythia-1b": (
         "ReMax on TL;DR, Pythia 1B, N+ hyperparameters where they apply (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="remax_tldr_pythia-1b",
             save_every=195,
             per_device_batch_size=64,
             gradient_accumulation_steps=4,
@@ -175,7 +182,6 @@ PRESETS = {
     "tldr-pythia-2.8b": (
         "ReMax on TL;DR, Pythia 2.8B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="remax_tldr_pythia-2.8b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__reward__tldr",
@@ -191,7 +197,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "ReMax on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-3)",
         Args(
-            exp_name="remax_tldr_pythia-6.9b",
             save_every=195,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             reward_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__reward__tldr",
@@ -207,7 +212,6 @@ PRESETS = {
     "gsm8k-qwen2.5-0.5b": (
         "ReMax on GSM8K with the verifiable reward, Qwen2.5-0.5B-Instruct (8 GPUs)",
         Args(
-            exp_name="remax_gsm8k_qwen2.5-0.5b",
             save_every=12,
             sft_model_path="Qwen/Qwen2.5-0.5B-Instruct",
             reward_model_path=None,
@@ -232,7 +236,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr on CPU (needs `python -m benchmark.run tiny-tldr` first)",
         Args(
-            exp_name="remax_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -250,7 +253,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr-noisy (`python -m benchmark.run frontier-tldr`): the RM of noisy labels as reward",
         Args(
-            exp_name="remax_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             reward_model_path="runs/rm_tiny-tldr-noisy__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -269,7 +271,6 @@ PRESETS = {
     "tiny-math": (
         "tiny-math on CPU, verifiable reward (needs `python -m benchmark.run tiny-math` first)",
         Args(
-            exp_name="remax_tiny-math",
             sft_model_path="runs/sft_tiny-math__1/model",
             reward_model_path=None,
             reward_source="math",
@@ -326,7 +327,7 @@ def remax_advantages(
 
 def remax_loss(new_logprobs: torch.Tensor, advantages: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
     """REINFORCE with per-token advantages: -sum_t A_t * log pi(y_t | x, y_<t) over the valid response tokens, summed,
-    not averaged: main divides it by the valid tokens of the whole batch (`backward_share`), the official token mean."""
+    not averaged: main divides it by the valid tokens of the whole batch (its loss scale), the official token mean."""
     return -(advantages * new_logprobs).masked_fill(padding_mask, 0).sum()
 
 
@@ -356,11 +357,16 @@ def remax_micro_batch_loss(
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    """N+: every dropout off in each model (None: no model), so that sampling, the reference, the update and evaluation
+    all see the same deterministic model: `nn.Dropout` modules (p = 0) and the dropout a module keeps as a float, read
+    in train mode (GPT-NeoX's and Llama's `attention_dropout` on their attention modules). The config is left as loaded:
+    it is saved with the model. `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -375,7 +381,7 @@ def main(args: Args) -> dict:
     checkpoint."""
     # ---- 0. setup: one process or several, the run directory (a used one is refused now, before anything loads) ----
     # sync_with_dataloader=False: the prompt loader below is endless
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    runs.name_run(args)  # runs/<exp_name>__<seed>; <exp_name>: this file's name and the preset
     runs.check_args(args)
     accelerator = engines.make_accelerator(args.gradient_accumulation_steps, sync_with_dataloader=False)
     if accelerator.device.type == "cpu":  # one BLAS pool per process, or the processes fight over cores
@@ -451,6 +457,7 @@ def main(args: Args) -> dict:
             next(iterator)
     else:
         metrics, _ = evaluate()
+        unwrapped.train()  # evaluation leaves it in eval mode
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     start_time = time.time()
@@ -459,7 +466,7 @@ def main(args: Args) -> dict:
         initial=start,
         total=num_updates,
         disable=not accelerator.is_main_process,
-        desc="remax",
+        desc=args.exp_name,
     )
     for update in progress:
         if args.anneal_lr:
@@ -540,7 +547,10 @@ def main(args: Args) -> dict:
                 # a collective: every process checks every micro-batch
                 error = runs.non_finite_error("ReMax loss", update, args.learning_rate, " or check the rewards")
                 runs.stop_unless_finite(run, loss_sum, error)
-                engines.backward_share(accelerator, trained, total_tokens)
+                # the micro-batch's share of the mean over every process's batch (/ total_tokens); x accumulation
+                # steps x processes undoes accelerate's and DDP's averaging
+                scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total_tokens, 1.0)
+                accelerator.backward(trained * scale)
                 if accelerator.sync_gradients:
                     grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                     # before the optimizer writes it into the weights
@@ -578,6 +588,7 @@ def main(args: Args) -> dict:
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")
         if update % args.eval_every == 0 or update == num_updates:
             metrics, _ = evaluate()
+            unwrapped.train()  # evaluation leaves it in eval mode
             run.log(metrics, update, episode)
             accelerator.print(f"update {update}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
             run.log_samples([{"response": t, "score": s} for t, s in list(zip(texts, scores.tolist()))[:4]], update)

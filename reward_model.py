@@ -63,9 +63,9 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification
 
-from clean_rlhf_utils.args import DataArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
-from clean_rlhf_utils.engines import backward_share, configure_deepspeed, global_count, zero3
+from clean_rlhf_utils.engines import configure_deepspeed, global_count, zero3
 from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
 from clean_rlhf_utils.loading import (
     check_tokenizer_fits,
@@ -81,11 +81,9 @@ from clean_rlhf_utils.runs import cli, loop_state, one_error_line, start_run
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "reward_model"
-    """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (head init, data order)"""
     save_every: int = 0
@@ -154,6 +152,10 @@ class Args(OptimArgs, DataArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 3e-6
     """peak learning rate (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0
@@ -192,7 +194,6 @@ PRESETS = {
     "tldr-pythia-1b": (
         "N+ reward model on TL;DR preferences, Pythia 1B (8 GPUs)",
         Args(
-            exp_name="rm_tldr_pythia-1b",
             save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr",
             add_pad_token=True,
@@ -205,7 +206,6 @@ PRESETS = {
     "tldr-pythia-2.8b": (
         "N+ reward model, Pythia 2.8B (8 GPUs)",
         Args(
-            exp_name="rm_tldr_pythia-2.8b",
             save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-2.8b-deduped__sft__tldr",
             add_pad_token=True,
@@ -218,7 +218,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ reward model, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="rm_tldr_pythia-6.9b",
             save_every=145,
             sft_model_path="vwxyzjn/EleutherAI_pythia-6.9b-deduped__sft__tldr",
             add_pad_token=True,
@@ -231,7 +230,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr Bradley-Terry RM on CPU (needs assets and a tiny-tldr SFT model)",
         Args(
-            exp_name="rm_tiny-tldr",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr/preference",
             norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -247,7 +245,6 @@ PRESETS = {
     "tiny-tldr-noisy": (
         "tiny-tldr RM on 1,000 noisy, length-biased labels (an imperfect proxy; its eval/accuracy is against gold)",
         Args(
-            exp_name="rm_tiny-tldr-noisy",
             sft_model_path="runs/sft_tiny-tldr__1/model",
             dataset_name_or_path="runs/assets/tiny-tldr-noisy/preference",
             norm_dataset_name_or_path="runs/assets/tiny-tldr/sft",
@@ -263,7 +260,6 @@ PRESETS = {
     "tiny-math-prm": (
         "tiny-math process reward model on CPU (needs assets and a tiny-math SFT model)",
         Args(
-            exp_name="prm_tiny-math",
             objective="process",
             sft_model_path="runs/sft_tiny-math__1/model",
             dataset_name_or_path="runs/assets/tiny-math/prm",
@@ -346,7 +342,7 @@ def loss_units(batch: dict, objective: str) -> int:
 
 def micro_batch_loss(model, batch: dict, args: Args) -> tuple[torch.Tensor, dict]:
     """One micro-batch of `main`: the loss summed over its pairs (outcome) or labelled steps (process) (`main`
-    divides by their number in the whole batch, `global_count`, in `backward_share`), and the detached rewards or
+    divides by their number in the whole batch, `global_count`, in its loss scale), and the detached rewards or
     step logits."""
     if args.objective == "outcome":
         if "allowed" in batch:  # packed by `pack_reward_pairs` (speed work: the same rewards)
@@ -378,11 +374,16 @@ def init_score_head(model, accelerator) -> None:
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    """N+: every dropout off in each model (None: no model), so that sampling, the reference, the update and evaluation
+    all see the same deterministic model: `nn.Dropout` modules (p = 0) and the dropout a module keeps as a float, read
+    in train mode (GPT-NeoX's and Llama's `attention_dropout` on their attention modules). The config is left as loaded:
+    it is saved with the model. `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):
@@ -499,7 +500,10 @@ def main(args: Args) -> dict:
         n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
     resumed_at, grad_norm = state["step"] if state else 0, None
     progress = tqdm(
-        total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc=f"{args.objective} rm"
+        total=total_steps,
+        initial=resumed_at,
+        disable=not accelerator.is_main_process,
+        desc=f"{args.exp_name} ({args.objective})",
     )
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
@@ -519,7 +523,10 @@ def main(args: Args) -> dict:
                             f"non-finite reward-model loss at step {step + 1}: lower --learning-rate (now "
                             f"{args.learning_rate:g}) or check the data"
                         )
-                    backward_share(accelerator, loss_sum, total)
+                    # the micro-batch's share of the mean over every process's batch (/ total); x accumulation
+                    # steps x processes undoes accelerate's and DDP's averaging
+                    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
+                    accelerator.backward(loss_sum * scale)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
@@ -550,6 +557,7 @@ def main(args: Args) -> dict:
             if step % args.eval_every == 0 or step == total_steps:
                 forward = partial(micro_batch_loss, args=args)
                 metrics = evaluate_reward_model(model, evals, args, accelerator, collate_batch, forward, process_loss)
+                model.train()  # evaluation leaves it in eval mode
                 run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 t_last = time.time()

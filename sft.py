@@ -48,9 +48,9 @@ import torch.nn.functional as F
 from accelerate.utils import set_seed
 from tqdm.auto import tqdm
 
-from clean_rlhf_utils.args import DataArgs, LoraArgs, ModelArgs, OptimArgs, RunArgs
+from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
 from clean_rlhf_utils.data import tokenize_split
-from clean_rlhf_utils.engines import add_lora, backward_share, configure_deepspeed, global_count
+from clean_rlhf_utils.engines import add_lora, configure_deepspeed, global_count
 from clean_rlhf_utils.evaluation import check_sft_evaluation_fields, evaluate_sft
 from clean_rlhf_utils.loading import config_positions, load_causal_lm, load_tokenizer, load_train_and_eval_rows
 from clean_rlhf_utils.metrics import training_metrics
@@ -58,11 +58,9 @@ from clean_rlhf_utils.runs import cli, loop_state, one_error_line, start_run
 
 
 @dataclass
-class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
+class Args(DataArgs, ModelArgs, RunArgs):
     # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
     # ---- experiment ----
-    exp_name: str = "sft"
-    """name of this experiment; the run name starts with it"""
     seed: int = 1
     """seed of the experiment (model init of added tokens, data order, sampling)"""
     save_every: int = 0
@@ -77,7 +75,8 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- LoRA (peft) ----
     lora_r: int | None = None
     """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); `model/` is saved as the plain model, the adapters merged into its weights"""
+    weight (`pip install -e '.[peft]'`); `model/` is saved as the plain model, the adapters merged into its weights
+    (range: >= 1)"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -104,6 +103,14 @@ class Args(OptimArgs, DataArgs, LoraArgs, ModelArgs, RunArgs):
     # ---- optimisation ----
     learning_rate: float = 3e-6
     """peak learning rate (N+: 3e-6) (range: > 0)"""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
+    lora_alpha: float = 32.0
+    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
+    lora_target_modules: list[str] | None = None
+    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     """decay after warm-up"""
     warmup_ratio: float = 0.0
@@ -142,7 +149,6 @@ PRESETS = {
     "tldr-pythia-1b": (
         "N+ SFT on TL;DR, Pythia 1B (8 GPUs)",
         Args(
-            exp_name="sft_tldr_pythia-1b",
             save_every=90,
             model_name_or_path="EleutherAI/pythia-1b-deduped",
             add_pad_token=True,
@@ -154,7 +160,6 @@ PRESETS = {
     "tldr-pythia-2.8b": (
         "N+ SFT on TL;DR, Pythia 2.8B (8 GPUs)",
         Args(
-            exp_name="sft_tldr_pythia-2.8b",
             save_every=90,
             model_name_or_path="EleutherAI/pythia-2.8b-deduped",
             add_pad_token=True,
@@ -166,7 +171,6 @@ PRESETS = {
     "tldr-pythia-6.9b": (
         "N+ SFT on TL;DR, Pythia 6.9B (8 GPUs, DeepSpeed ZeRO-2)",
         Args(
-            exp_name="sft_tldr_pythia-6.9b",
             save_every=90,
             model_name_or_path="EleutherAI/pythia-6.9b-deduped",
             add_pad_token=True,
@@ -178,7 +182,6 @@ PRESETS = {
     "tiny-tldr": (
         "tiny-tldr on CPU (needs `python -m benchmark.assets`)",
         Args(
-            exp_name="sft_tiny-tldr",
             model_name_or_path="runs/assets/models/tiny-neox",
             dataset_name_or_path="runs/assets/tiny-tldr/sft",
             learning_rate=1e-3,
@@ -197,7 +200,6 @@ PRESETS = {
     "tiny-math": (
         "tiny-math (GSM8K schema) on CPU (needs `python -m benchmark.assets`)",
         Args(
-            exp_name="sft_tiny-math",
             model_name_or_path="runs/assets/models/tiny-llama",
             # 60% of the answers skip the working, so RL has something to teach; 6 epochs, not 3 (docs/sft.md)
             dataset_name_or_path="runs/assets/tiny-math/sft",
@@ -235,7 +237,7 @@ def sft_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: Literal["mea
 
 def micro_batch_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """One micro-batch of `main`: the cross-entropy summed over its response tokens (`main` divides by the response
-    tokens of the whole batch, `global_count`, in `backward_share`)."""
+    tokens of the whole batch, `global_count`, in its loss scale)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     return sft_loss(logits, batch["labels"], reduction="sum")
 
@@ -306,7 +308,7 @@ def main(args: Args) -> dict:
         running = [torch.tensor(v) for v in state["running"][accelerator.process_index]]
         n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
     resumed_at = state["step"] if state else 0
-    progress = tqdm(total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc="sft")
+    progress = tqdm(total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc=args.exp_name)
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
             if step < resumed_at:  # replay the data order up to the checkpoint, without training
@@ -321,7 +323,10 @@ def main(args: Args) -> dict:
                     loss_sum = micro_batch_loss(model, batch)
                     if not run.all_finite(loss_sum):
                         run.fail(f"non-finite SFT loss at step {step + 1}: lower --learning-rate or check the data")
-                    backward_share(accelerator, loss_sum, total)
+                    # the micro-batch's share of the mean over every process's batch (/ total); x accumulation
+                    # steps x processes undoes accelerate's and DDP's averaging
+                    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0)
+                    accelerator.backward(loss_sum * scale)
                     if accelerator.sync_gradients:
                         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                         if not run.all_finite(grad_norm):  # before the optimizer writes it into the weights
@@ -347,6 +352,7 @@ def main(args: Args) -> dict:
                 metrics, records = evaluate_sft(
                     model, tokenizer, evals, args, accelerator, sft_loss, collate_right_padded, truncate_after_eos
                 )
+                model.train()  # evaluation leaves it in eval mode
                 run.log(metrics, step, step * batch_episodes)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 run.log_samples(records[:8], step)
@@ -391,11 +397,16 @@ def response_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 def disable_dropout(*models) -> None:
-    """N+: dropout off (p = 0) in every layer of each model (None: no model), so that sampling, the reference, the
-    update and evaluation all see the same deterministic model; `main` calls it on every model it loads."""
+    """N+: every dropout off in each model (None: no model), so that sampling, the reference, the update and evaluation
+    all see the same deterministic model: `nn.Dropout` modules (p = 0) and the dropout a module keeps as a float, read
+    in train mode (GPT-NeoX's and Llama's `attention_dropout` on their attention modules). The config is left as loaded:
+    it is saved with the model. `main` calls it on every model it loads."""
     for module in (m for model in models if model is not None for m in model.modules()):
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int):

@@ -241,6 +241,22 @@ def provenance_differences(runs: list[Run]) -> list[str]:
     return lines
 
 
+def mixed_scripts(runs: list[Run]) -> list[str]:
+    """One line for each label whose runs ran scripts of different sha256 (provenance.json's `script`, issue 49): a
+    copy edited between seeds, or two variants under one name, are not seeds of one algorithm."""
+    hashes = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        if r.provenance and (r.provenance.get("script") or {}).get("sha256"):
+            hashes[r.group][r.provenance["script"]["sha256"][:12]].append(r.name)
+    return [
+        f"{group} groups runs of different scripts (sha256 "
+        + "; ".join(f"{h}: {', '.join(n)}" for h, n in by.items())
+        + ")"
+        for group, by in sorted(hashes.items())
+        if len(by) > 1
+    ]
+
+
 def bootstrap_ci(
     values: np.ndarray, n_resamples: int = 2000, seed: int = 0, level: float = 0.95
 ) -> tuple[float, float]:
@@ -710,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     md = markdown_table(table, a.metric)
     md += "".join(f"\n> warning: {line}\n" for line in notes)
-    differences = provenance_differences(usable)
+    differences = provenance_differences(usable) + mixed_scripts(usable)
     for line in differences:
         print(f"warning: {line}", file=sys.stderr)
     unknown = [r.name for r in usable if not r.provenance]

@@ -1,9 +1,11 @@
 """The flags every script shares, declared once: the run directory, checkpoints and logging (`RunArgs`), how the
-models load (`ModelArgs`), LoRA (`LoraArgs`), the data (`DataArgs`) and the optimizer settings that are the same
-everywhere (`OptimArgs`). Each script's `Args` inherits the ones it uses and lists its algorithm's own fields.
+models load (`ModelArgs`) and the data (`DataArgs`). Each script's `Args` inherits the ones it uses
+and lists its algorithm's own fields: every default that changes a training number (the optimizer's epsilon and
+clipping, LoRA's rank and scale, the sampling temperature and length, the rewards' penalties, the schedule) is
+the script's (issue 49).
 
-A script redeclares a shared field whose default or documentation is its own (`exp_name` and `dataset_name_or_path`
-always: they have no default here); a redeclared field keeps the place of the shared one, so the flags, their
+A script redeclares a shared field whose default or documentation is its own (`dataset_name_or_path`
+always: it has no default here); a redeclared field keeps the place of the shared one, so the flags, their
 defaults and `config.json` are what the script declares. Each field's docstring is its `--help` text (tyro).
 
 A numeric field declares the values it accepts in its docstring, in the fixed form `(range: > 0)` (also `>= 1`,
@@ -30,8 +32,10 @@ class RunArgs:
     """The run: its name and directory, checkpoints and resume, Weights & Biases, CPU threads, logging, the saved
     model (clean_rlhf_utils/runs.py)."""
 
-    exp_name: str
-    """name of this experiment; the run name starts with it"""
+    exp_name: str | None = None
+    """name of this experiment; the run name starts with it; default: the script's file name and the preset,
+    `<script>_<preset>` (a copy saved as `X.py` writes `runs/X_tiny-tldr__1`; the library's own scripts keep their
+    names, `tracking.exp_name`)"""
     seed: int = 1
     """seed of the experiment (data order, sampling) (range: [0, 2147483647])"""
     run_name: str | None = None
@@ -73,20 +77,6 @@ class ModelArgs:
 
 
 @dataclass
-class LoraArgs:
-    """LoRA through peft (clean_rlhf_utils/engines.py `add_lora`)."""
-
-    lora_r: int | None = None
-    """LoRA rank (Hu et al. 2021, arXiv:2106.09685): train rank-r adapters beside the frozen weights instead of every
-    weight (`pip install -e '.[peft]'`); the reference policy is then the same model with its adapters disabled
-    (range: >= 1)"""
-    lora_alpha: float = 32.0
-    """LoRA scale numerator: an adapted weight is W + (alpha / r) B A (TRL's ModelConfig default, 32) (range: > 0)"""
-    lora_target_modules: list[str] | None = None
-    """(LoRA) names of the modules to adapt; default every linear layer but the output head (peft's "all-linear")"""
-
-
-@dataclass
 class DataArgs:
     """Where the rows come from and how a prompt is built from them (clean_rlhf_utils/loading.py `load_split`,
     clean_rlhf_utils/data.py)."""
@@ -106,21 +96,12 @@ class DataArgs:
 
 
 @dataclass
-class OptimArgs:
-    """The AdamW epsilon and the gradient clipping norm (also DeepSpeed's `gradient_clipping`)."""
-
-    adam_eps: float = 1e-5
-    """AdamW epsilon (N+: 1e-5) (range: > 0)"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm: a negative one ascends the gradient, 0 stops learning (range: > 0)"""
-
-
-@dataclass
 class RLArgs:
-    """The fields that the RL scripts sampling from a policy (ppo_rlhf.py; rloo.py and remax.py declare the same) share
-    with one default and one meaning: the SFT and reward models, the prompts, the reward source, the response's length,
-    temperature and non-EOS penalty, the learning-rate annealing and the evaluation. A script lists it first among its
-    bases, so these override `DataArgs`' `dataset_name_or_path` and `train_split`."""
+    """The plumbing fields that the RL scripts sampling from a policy (ppo_rlhf.py; rloo.py and remax.py declare the
+    same) share with one default and one meaning: the SFT and reward models, the prompts and the evaluation. What
+    changes a training number (the reward source, the response's length, temperature and non-EOS penalty, the
+    learning-rate annealing) each script declares itself (issue 49). A script lists it first among its bases, so these
+    override `DataArgs`' `dataset_name_or_path` and `train_split`."""
 
     sft_model_path: str = "vwxyzjn/EleutherAI_pythia-1b-deduped__sft__tldr"
     """the SFT model: initial policy and frozen reference (hub name or local directory)"""
@@ -134,20 +115,6 @@ class RLArgs:
     """split to sample prompts from"""
     max_prompt_length: int = 512
     """longest prompt in tokens (N+: 512); longer prompts are an error unless `drop_overlong` (range: >= 1)"""
-    reward_source: Literal["model", "math"] = "model"
-    """`model`: the learned outcome reward model; `math`: 1 if the final answer is right, else 0"""
-    answer_format: Literal["gsm8k", "boxed"] = "gsm8k"
-    """(math) how final answers are written: `#### 42` or `\\boxed{42}`"""
-    non_eos_penalty: bool = True
-    """replace the score of responses without EOS by `penalty_reward_value` (N+)"""
-    penalty_reward_value: float = -1.0
-    """score of a response that never ends (N+: -1)"""
-    anneal_lr: bool = True
-    """decay the learning rate linearly to 0 over the updates (N+)"""
-    response_length: int = 53
-    """tokens sampled per response (N+: 53) (range: >= 1)"""
-    temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
     """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
     eval_every: int = 50

@@ -277,15 +277,6 @@ def global_count(count: float, accelerator: Accelerator) -> float:
     return accelerator.reduce(torch.tensor(float(count), device=accelerator.device), "sum").item()
 
 
-def backward_share(accelerator: Accelerator, loss_sum: torch.Tensor, count: float) -> None:
-    """Backward pass of one micro-batch's share of a mean over the whole mini-batch of every process: `loss_sum` (this
-    micro-batch's losses, summed) / `count` (from `global_count`). accelerate divides each backward pass by the
-    accumulation steps and DDP / DeepSpeed average the processes' gradients; both are undone here, so the accumulated
-    gradient is that of the global mean however the batch is split into micro-batches and processes."""
-    scale = accelerator.gradient_accumulation_steps * accelerator.num_processes / max(count, 1.0)
-    accelerator.backward(loss_sum * scale)
-
-
 def peak_mem_gb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30

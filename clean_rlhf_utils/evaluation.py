@@ -2,7 +2,8 @@
 script's losses, rewards and truncation as arguments: sft.py's loss and greedy samples, the reward model's pairwise
 and step accuracies and the normalisation's reference rewards, math questions (greedy pass@1, and from k samples per
 question pass@k, maj@k and mean@k), DPO's held-out pairs, and the greedy responses of every RL script
-(`evaluate_responses`). What they score with (the tiny world's judge, the answer parsers, `eval/kl`): judges.py."""
+(`evaluate_responses`). What they score with (the tiny world's judge, the answer parsers, `eval/kl`): judges.py. A
+harness puts the model in eval mode and leaves it there: the script's `main` switches it back to train mode."""
 
 from __future__ import annotations
 
@@ -106,7 +107,6 @@ def evaluate_sft(
                     rec["correct"] = numbers_equal(extract(text), gold) or extract(text) == gold
                 records.append(rec)
     records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
-    model.train()
     metrics = {
         "eval/loss": sum(r["loss"] for r in records) / len(records),
         "eval/eos_rate": sum(r["ends_with_eos"] for r in records) / len(records),
@@ -167,7 +167,6 @@ def evaluate_reward_model(
                         }
                     )
     records = gather_object(records[: shard_length(len(examples), accelerator)])  # without the padded rows
-    model.train()
     n = len(records)
     metrics = {"eval/loss": sum(r["loss"] for r in records) / n}
     if args.objective == "outcome":
@@ -304,7 +303,6 @@ def evaluate_dpo_pairs(
             losses, rc, rr = pair_losses(batch, chosen, rejected, ref_c, ref_r, args)
             records.extend(zip(losses.tolist(), rc.tolist(), rr.tolist(), implicit_accuracy(rc, rr).tolist()))
     records = gather_object(records[: shard_length(len(items), accelerator)])  # without the padded rows
-    policy.train()
     n = len(records)
     return {
         "eval/loss": sum(r[0] for r in records) / n,
@@ -419,6 +417,5 @@ def evaluate_responses(
                     rec["accuracy"] = correct(text, row["gold"], args.answer_format)
                 records.append({"response": text, **rec})
     records = gather_object(records[: shard_length(len(rows), accelerator)])  # without the padded rows
-    policy.train()
     keys = [k for k in records[0] if k != "response"]
     return {f"eval/{k}": sum(r[k] for r in records) / len(records) for k in keys}, records

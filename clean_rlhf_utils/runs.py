@@ -29,7 +29,7 @@ from clean_rlhf_utils import ownership, storage
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
 from clean_rlhf_utils.storage import replace_dir
-from clean_rlhf_utils.tracking import record_provenance, start_wandb
+from clean_rlhf_utils.tracking import exp_name, record_provenance, script_path, script_record, start_wandb
 
 # What a failed write raises on a full or lost file system: OSError from Python's own writes, SafetensorError from
 # safetensors (the weights), RuntimeError from torch.save's zip writer (the optimizer: "PytorchStreamWriter failed
@@ -125,7 +125,7 @@ class Run:
                 self.resume_from.rename(self.dir / "checkpoint")
             shutil.rmtree(self.dir / "checkpoint.tmp", ignore_errors=True)
             (self.dir / "config.json").write_text(json.dumps(dataclasses.asdict(args), indent=2) + "\n")
-            record_provenance(self.dir, resumed=self.state is not None)
+            record_provenance(self.dir, resumed=self.state is not None, script=script_path(args))
             for name in ("metrics.jsonl", "samples.jsonl"):  # the rows up to the checkpoint; none on a new run
                 rows = storage.read_rows(self.dir / name) if self.state else []
                 if self.state and name in self.state.get("rows", {}):  # the rows written when it was checkpointed
@@ -337,6 +337,7 @@ class Run:
             if self.reached:  # what was trained: the counters of the loop's last row, whatever the arguments say
                 budget = {**budget, "step": self.reached[0], "episode": self.reached[1]}
             done = {**budget, "preset": preset, "argv": sys.argv[1:], "time": round(time.time() - self.start, 3)}
+            done["script"] = script_record(script_path(args))  # which file ran: path, sha256, tracked or not
             self.write(lambda: (self.dir / "done.json.tmp").write_text(json.dumps(done, indent=2) + "\n"), "done.json")
             os.replace(self.dir / "done.json.tmp", self.dir / "done.json")
             for name in storage.CHECKPOINTS:  # model/ holds the weights
@@ -420,7 +421,16 @@ def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
         raise SystemExit(f"error: {prog} needs a preset first: python {prog} PRESET [flags]{moved}; presets: {names}")
     if not argv[0].startswith("-") and argv[0] not in presets:
         raise SystemExit(f"error: {prog} has no preset {argv[0]!r}: python {prog} PRESET [flags]; presets: {names}")
-    return tyro.extras.overridable_config_cli(presets, args=argv)
+    args = tyro.extras.overridable_config_cli(presets, args=argv)
+    args.exp_name = args.exp_name or exp_name(script_path(args), argv[0])  # --exp-name overrides
+    return args
+
+
+def name_run(args) -> None:
+    """The run's names, where not given: `--exp-name` (`exp_name`; `cli` fills it from the preset) and `--run-name`
+    (`{exp_name}__{seed}`)."""
+    args.exp_name = args.exp_name or exp_name(script_path(args), None)
+    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
 
 
 def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
@@ -466,10 +476,10 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
 def start_run(
     args, presets: dict, sync_with_dataloader: bool = True, zero_means_none: tuple[str, ...] = (), check=None
 ) -> tuple[Accelerator, Run]:
-    """The start of every run, before anything loads: the default run name `{exp_name}__{seed}`, the argument checks
+    """The start of every run, before anything loads: the default run name (`name_run`), the argument checks
     (`check_args`, then the script's own `check(args)`, if given), the accelerator (`make_accelerator`), one BLAS pool
     per process on CPU (or the processes fight over the cores) and the `Run`, which refuses a used run directory now."""
-    args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
+    name_run(args)
     check_args(args, zero_means_none)
     if check is not None:
         check(args)

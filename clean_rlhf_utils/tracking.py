@@ -1,15 +1,18 @@
-"""What produced a run and where its numbers are mirrored: `provenance.json` (the commit, the library versions, the
-host) and Weights & Biases (`--track`). `runs.Run` calls them; nothing here changes a number."""
+"""What produced a run and where its numbers are mirrored: the run's name (after its script's file), `provenance.json`
+(the commit, the script and its hash, the library versions, the host) and Weights & Biases (`--track`). `runs.Run`
+calls them; nothing here changes a number."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
 import json
 import os
 import platform
 import secrets
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -17,17 +20,59 @@ import torch
 PROVENANCE_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "peft", "deepspeed", "trl", "vllm", "wandb")
 
 
-def provenance() -> dict:
+# The library's own scripts keep the run names their presets spelled before names followed the file name (issue 49):
+# the presets' model paths, the benchmark and the docs name them. A label per script, a hub preset's first `-` as `_`
+# (`rloo_tldr_pythia-1b`), and four presets of their own; any other file writes `<file name>_<preset>`.
+LIBRARY_LABELS = {
+    "sft": "sft",
+    "reward_model": "rm",
+    "ppo_rlhf": "ppo",
+    "rloo": "rloo",
+    "remax": "remax",
+    "grpo_math": "grpo",
+    "dpo": "dpo",
+}
+LIBRARY_NAMES = {
+    ("reward_model", "tiny-math-prm"): "prm_tiny-math",
+    ("dpo", "tldr-pythia-1b-online"): "online_dpo_tldr_pythia-1b",
+    ("dpo", "tiny-tldr-online"): "online_dpo_tiny-tldr",
+    ("dpo", "tiny-tldr-noisy-online"): "online_dpo_tiny-tldr-noisy",
+}
+
+
+def script_path(args) -> Path:
+    """The file of the script whose `Args` these are: the one started (`python X.py`, `accelerate launch X.py`) or the
+    module a test imported."""
+    return Path(getattr(sys.modules.get(type(args).__module__), "__file__", None) or sys.argv[0]).resolve()
+
+
+def exp_name(script: Path, preset: str | None) -> str:
+    """The default `--exp-name`: the script's file name and the preset, `<script>_<preset>` (a copy saved as
+    `rloo_batchmean.py` writes `runs/rloo_batchmean_tiny-tldr__1`), or the file name alone without a preset; the
+    library's own scripts keep their names (LIBRARY_NAMES)."""
+    name = script.stem
+    if name not in LIBRARY_LABELS:
+        return f"{name}_{preset}" if preset else name
+    if preset is None:
+        return LIBRARY_LABELS[name]
+    tail = preset if preset.startswith("tiny") else preset.replace("-", "_", 1)  # a hub preset: tldr_pythia-1b
+    return LIBRARY_NAMES.get((name, preset), f"{LIBRARY_LABELS[name]}_{tail}")
+
+
+def provenance(script: Path | None = None) -> dict:
     """What produced a run (Open RL Benchmark's point: a curve compares only with runs of the same code, libraries and
-    machine): the git commit of this checkout and whether its tracked files had uncommitted changes (None outside a
-    git checkout), the versions of the libraries a result depends on (those installed), and the host."""
+    machine): the git commit of this checkout and whether its tracked files had uncommitted changes or the script is
+    not the committed one (None outside a git checkout), the script itself (`script_record`), the versions of the
+    libraries a result depends on (those installed), and the host."""
     repo, git = Path(__file__).resolve().parent.parent, {"commit": None, "dirty": None}
+    mine = script_record(script, repo) if script is not None else None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
         if head.returncode == 0:
             changes = ["git", "status", "--porcelain", "--untracked-files=no"]
             status = subprocess.run(changes, cwd=repo, capture_output=True, text=True, timeout=10)
-            git = {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+            changed = mine is not None and mine["git"] in ("modified", "untracked")  # a fork is not the commit's code
+            git = {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) or changed}
     except (OSError, subprocess.TimeoutExpired):
         pass
     versions = {}
@@ -48,12 +93,33 @@ def provenance() -> dict:
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     host = {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, "python": platform.python_version()}
-    return {"git": git, "versions": versions, "host": host}
+    return {"git": git, "script": mine, "versions": versions, "host": host}
 
 
-def record_provenance(run_dir: Path, resumed: bool) -> None:
-    """`provenance.json` of a run: what started it, and what each `--resume` continued it with."""
-    path, now = run_dir / "provenance.json", provenance()
+def script_record(script: Path, repo: Path | None = None) -> dict:
+    """The script that ran: its path (relative to the checkout when inside it), the sha256 of its bytes, and what git
+    says of it: `tracked` (the committed file), `modified` (uncommitted changes), `untracked` (a copy git does not
+    know, ignored or outside the checkout), or None outside a git checkout."""
+    repo = repo or Path(__file__).resolve().parent.parent
+    script = script.resolve()
+    path = script.relative_to(repo) if script.is_relative_to(repo) else script
+    state = None
+    try:
+        ask = ["git", "status", "--porcelain", "--ignored", "--", str(script)]
+        out = subprocess.run(ask, cwd=repo, capture_output=True, text=True, timeout=10)
+        inside = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, timeout=10).returncode == 0
+        if inside:
+            code = out.stdout[:2] if out.returncode == 0 else "??"  # a path outside the checkout: git refuses it
+            state = "tracked" if not code.strip() else "untracked" if code in ("??", "!!") else "modified"
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return {"path": str(path), "sha256": hashlib.sha256(script.read_bytes()).hexdigest(), "git": state}
+
+
+def record_provenance(run_dir: Path, resumed: bool, script: Path | None = None) -> None:
+    """`provenance.json` of a run: what started it (`script`: the file that ran), and what each `--resume` continued
+    it with."""
+    path, now = run_dir / "provenance.json", provenance(script)
     record = json.loads(path.read_text()) if resumed and path.exists() else {"started": now, "resumed": []}
     if resumed:
         record.setdefault("resumed", []).append(now)

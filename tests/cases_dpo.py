@@ -95,7 +95,9 @@ def _case(name: str, loss_type: str, items: list[dict], pack: bool) -> Case:
 
     def step(accelerator, model, batch: list[dict], total: float) -> None:
         loss_sum, _ = dpo.micro_batch_loss(model, REF, collate(batch), args)
-        dpo.backward_share(accelerator, loss_sum, total)
+        accelerator.backward(
+            loss_sum * (accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0))
+        )  # as in main
 
     return Case(
         name,

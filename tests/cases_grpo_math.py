@@ -13,7 +13,7 @@ from invariance import Case
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import grpo_math as grpo
-from clean_rlhf_utils import engines, packing
+from clean_rlhf_utils import packing
 
 PAD, CAPACITY, MAX_COMPLETION_LENGTH, TEMPERATURE, G = 0, 20, 16, 0.7, 3
 # (prompt length, completion length, advantage): the first half's completions hold 12 tokens, the second half's 22
@@ -125,7 +125,8 @@ def make_case(name: str, args: grpo.Args, off_policy: bool, items: list[dict]) -
         out = grpo.micro_batch_loss(
             model, packed, advantages, packed["mask"], old, ref, args, sequences, tokens, seq_weights=weights
         )
-        engines.backward_share(accelerator, out["loss"], accelerator.num_processes)  # as in main
+        n = accelerator.num_processes  # as in main
+        accelerator.backward(out["loss"] * (accelerator.gradient_accumulation_steps * n / max(n, 1.0)))
 
     return Case(name, make_model, items, reference, count, step, global_count, micro_splits=(1, 3, 2))
 

@@ -1,6 +1,6 @@
 """Loss-aggregation invariance cases of ppo_rlhf.py (issue 20): a tiny PolicyAndValue (random Llama policy and value
 model), query + response items of uneven lengths (one truncated without EOS), driven through `ppo_micro_batch`, the
-function `main` runs for every micro-batch (its `pack`, losses and `backward_share` calls). The reference is the
+function `main` runs for every micro-batch (its `pack`, losses and loss-scaled backward passes). The reference is the
 definition: the clipped policy loss averaged over every valid response token of the batch, plus vf_coef times the
 clipped value loss averaged over every valid value position (up to EOS+1), each sequence run alone."""
 

@@ -1,5 +1,5 @@
 """Loss-aggregation invariance case for remax.py (issue 20): one micro-batch as `main` runs it
-(`remax_micro_batch_loss`: `pack`, `packed_logprobs`, `remax_loss`, then `backward_share` with the valid response tokens
+(`remax_micro_batch_loss`: `pack`, `packed_logprobs`, `remax_loss`, then its loss scale with the valid response tokens
 of every micro-batch and process from `global_count`), against the official token mean over the whole batch.
 
 The responses' lengths are uneven, so each micro-batch and each process holds a different number of tokens."""
@@ -69,7 +69,9 @@ def step(accelerator, model, items, total):
     loss_sum, _ = remax.remax_micro_batch_loss(
         model, [it["query"] for it in items], [it["response"] for it in items], advantages, PAD, CAPACITY, TEMPERATURE
     )
-    engines.backward_share(accelerator, loss_sum, total)
+    accelerator.backward(
+        loss_sum * (accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0))
+    )  # as in main
 
 
 def cases() -> list[Case]:

@@ -97,7 +97,9 @@ def _case(name: str, objective: str, items: list[dict], reference) -> Case:
 
     def step(accelerator, model, batch: list[dict], total: float) -> None:
         loss_sum, _ = rm.micro_batch_loss(model, collate(batch), args)
-        rm.backward_share(accelerator, loss_sum, total)
+        accelerator.backward(
+            loss_sum * (accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0))
+        )  # as in main
 
     return Case(
         name,

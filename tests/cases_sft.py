@@ -56,7 +56,10 @@ def count(items: list[dict]) -> float:
 
 def step(accelerator, model, items: list[dict], total: float) -> None:
     batch = sft.collate_right_padded(items, PAD)
-    sft.backward_share(accelerator, sft.micro_batch_loss(model, batch), total)
+    accelerator.backward(
+        sft.micro_batch_loss(model, batch)
+        * (accelerator.gradient_accumulation_steps * accelerator.num_processes / max(total, 1.0))
+    )
 
 
 def cases() -> list[Case]:

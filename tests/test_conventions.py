@@ -1,4 +1,5 @@
-"""The single-file rule and the script conventions of CONTRIBUTING.md, checked on every top-level script."""
+"""The single-file rule and the script conventions of CONTRIBUTING.md, checked on the library's scripts (`ALL`) and on
+the forks that ask for them (`PARENT = "rloo"`, `declared_forks`); any other file beside them is left alone."""
 
 from __future__ import annotations
 
@@ -9,9 +10,31 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted(p for p in REPO.glob("*.py") if p.name not in ("setup.py", "conftest.py"))
-LOCAL = {p.stem for p in SCRIPTS} | {"benchmark", "tests"}
 PACKAGE = REPO / "clean_rlhf_utils"  # the one plumbing package a script may import
+ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]  # the library's scripts: these checks'
+
+
+def declared_forks() -> dict[str, str]:
+    """A top-level file that declares `PARENT = "rloo"` (a library script) is a fork that asks for these checks: the
+    conventions, its parent's drift checks, docs page (its own if it has one) and line budget. Any other file beside
+    the scripts (a copy being tried) is left alone."""
+    forks = {}
+    for path in sorted(REPO.glob("*.py")):
+        if path.stem in ALL:
+            continue
+        try:
+            tree = ast.parse(path.read_text())
+        except (SyntaxError, UnicodeDecodeError):  # a file being edited: not a declared fork
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["PARENT"]:
+                forks[path.stem] = ast.literal_eval(node.value) if isinstance(node.value, ast.Constant) else None
+    return forks
+
+
+PARENT = declared_forks()  # fork -> its parent
+SCRIPTS = [REPO / f"{name}.py" for name in [*ALL, *PARENT]]
+LOCAL = {*ALL, *PARENT, "benchmark", "tests"}
 COPIED = [
     "gold_judge",
     "extract_gsm8k_answer",
@@ -22,7 +45,6 @@ COPIED = [
 ]
 # helpers copied between scripts verbatim (variants that differ on purpose, e.g. ReMax's greedy sampler, or PPO's pack
 # and check_packing for its one-row packed_sdpa attention, are not listed)
-ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 RL = ["ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 LORA = ["sft", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
 MATH = ["ppo_rlhf", "rloo", "remax", "grpo_math"]  # one MATH grader (math-verify) in every script that grades answers
@@ -101,7 +123,13 @@ def test_drift_check_catches_a_changed_copy(tmp_path):
 
 
 def test_there_are_scripts():
-    assert {"sft", "reward_model"} <= {p.stem for p in SCRIPTS}
+    assert {"sft", "reward_model"} <= {p.stem for p in SCRIPTS} and all((REPO / f"{name}.py").exists() for name in ALL)
+
+
+@pytest.mark.parametrize("fork", sorted(PARENT) or [None])
+def test_a_declared_fork_names_a_library_script(fork):
+    """`PARENT = "rloo"`: the script the fork was copied from, one of the library's."""
+    assert fork is None or PARENT[fork] in ALL, f"{fork}.py: PARENT = {PARENT[fork]!r} is not one of {ALL}"
 
 
 def _local_imports(path: Path) -> list[tuple[int, str]]:
@@ -141,9 +169,9 @@ def test_no_plumbing_is_copied():
         tree = ast.parse(path.read_text())
         for node in tree.body:
             if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.end_lineno - node.lineno >= 5:
-                owners.setdefault(ast.dump(node), []).append(f"{path.stem}.{node.name}")
-    allowed = set(BETWEEN_SCRIPTS) | set(COPIED)
-    copies = [where for where in owners.values() if len(where) > 1 and where[0].split(".")[1] not in allowed]
+                owners.setdefault(ast.dump(node), []).append(f"{PARENT.get(path.stem, path.stem)}.{node.name}")
+    allowed = set(BETWEEN_SCRIPTS) | set(COPIED)  # and what a fork keeps of its parent: it is the parent's own
+    copies = [where for where in owners.values() if len(set(where)) > 1 and where[0].split(".")[1] not in allowed]
     assert not copies, f"copied between files, not in the drift test: {copies}"
 
 
@@ -159,7 +187,8 @@ def test_copied_helpers_match_the_canonical_ones(script):
 
 @pytest.mark.parametrize("name", sorted(BETWEEN_SCRIPTS))
 def test_helpers_copied_between_scripts_agree(name):
-    copies = {script: _definitions(REPO / f"{script}.py").get(name) for script in BETWEEN_SCRIPTS[name]}
+    scripts = [*BETWEEN_SCRIPTS[name], *(fork for fork, parent in PARENT.items() if parent in BETWEEN_SCRIPTS[name])]
+    copies = {script: _definitions(REPO / f"{script}.py").get(name) for script in scripts}
     assert all(copies.values()), f"{name} missing from {[k for k, v in copies.items() if not v]}"
     assert len(set(copies.values())) == 1, f"the copies of {name} differ between {list(copies)}"
 
@@ -205,7 +234,8 @@ def test_ruff_format_and_lint_pass(command):
     import subprocess
 
     ruff = shutil.which("ruff") or pytest.fail("ruff is not installed: pip install -e '.[dev]'")
-    out = subprocess.run([ruff, *command, "."], cwd=REPO, capture_output=True, text=True, timeout=120)
+    paths = [*(p.name for p in SCRIPTS), "clean_rlhf_utils", "benchmark", "tests"]  # not a user's file beside them
+    out = subprocess.run([ruff, *command, *paths], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"ruff {' '.join(command)} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
 
 
@@ -251,6 +281,7 @@ def test_each_equation_in_the_docs_names_a_function_of_its_script(script):
     import re
 
     page = REPO / "docs" / f"{script.stem}.md"
+    page = page if page.exists() or script.stem not in PARENT else REPO / "docs" / f"{PARENT[script.stem]}.md"
     assert page.exists(), f"docs/{script.stem}.md is missing"
     table = page.read_text().split("## Equations to code")[1].split("\n## ")[0]
     source = script.read_text()
@@ -260,7 +291,7 @@ def test_each_equation_in_the_docs_names_a_function_of_its_script(script):
     for row in rows:
         for name in re.findall(r"`([A-Za-z_][\w.]*\w)", row.strip("|").split("|")[-1]):
             module, _, function = name.removeprefix("clean_rlhf_utils.").rpartition(".")
-            if (PACKAGE / f"{module}.py").exists():  # `engines.backward_share`: a function of the plumbing package
+            if (PACKAGE / f"{module}.py").exists():  # `engines.global_count`: a function of the plumbing package
                 assert function in _definitions(PACKAGE / f"{module}.py"), (
                     f"{page.name}: `{name}` is not in the package"
                 )
@@ -278,7 +309,8 @@ LINE_BUDGET = {"sft": 500, "grpo_math": 1400}
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
 def test_scripts_keep_their_line_budgets(script):
     lines = script.read_text().splitlines()
-    assert len(lines) <= LINE_BUDGET.get(script.stem, 1000), f"{script.name}: {len(lines)} lines"
+    budget = LINE_BUDGET.get(PARENT.get(script.stem, script.stem), 1000)  # a fork's is its parent's
+    assert len(lines) <= budget, f"{script.name}: {len(lines)} lines"
     main = next(n for n in ast.parse(script.read_text()).body if getattr(n, "name", None) == "main")
     assert main.end_lineno - main.lineno + 1 <= 250, f"{script.name}: main is {main.end_lineno - main.lineno + 1} lines"
 

@@ -181,7 +181,7 @@ def test_remax_loss_by_hand():
     lp = torch.tensor([[-1.0, -2.0, rloo.INVALID_LOGPROB], [-0.5, -0.5, -0.5]])
     pm = torch.tensor([[False, False, True], [False, False, False]])
     adv = torch.tensor([[2.0, 1.0, 7.0], [-1.0, -1.0, -2.0]])
-    # -sum_t A_t log pi_t over the 5 valid tokens, summed (main divides by the batch's valid tokens, backward_share):
+    # -sum_t A_t log pi_t over the 5 valid tokens, summed (main divides by the batch's valid tokens, the loss scale):
     # -(2 * -1 + 1 * -2 + (-1) * -0.5 + (-1) * -0.5 + (-2) * -0.5) = -(-2 - 2 + 0.5 + 0.5 + 1) = 2
     assert remax.remax_loss(lp, adv, pm).item() == pytest.approx(2.0)
 

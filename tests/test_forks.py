@@ -1,0 +1,158 @@
+"""Issue 49: a copied script is its own variant. Its runs are named after its file, its provenance.json and done.json
+say which file ran (path, sha256, tracked / modified / untracked), `benchmark.compare` warns when one label groups
+runs of different scripts, and the library's own scripts keep the run names their presets always had."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from clean_rlhf_utils.runs import cli, name_run
+from clean_rlhf_utils.tracking import provenance, script_record
+
+REPO = Path(__file__).resolve().parent.parent
+
+# every preset's run name as the presets spelled them (the presets' model paths, benchmark/run.py and the docs use them)
+LIBRARY_NAMES = {
+    "sft": "tldr-pythia-1b sft_tldr_pythia-1b, tldr-pythia-2.8b sft_tldr_pythia-2.8b, "
+    "tldr-pythia-6.9b sft_tldr_pythia-6.9b, tiny-tldr sft_tiny-tldr, tiny-math sft_tiny-math",
+    "reward_model": "tldr-pythia-1b rm_tldr_pythia-1b, tldr-pythia-2.8b rm_tldr_pythia-2.8b, "
+    "tldr-pythia-6.9b rm_tldr_pythia-6.9b, tiny-tldr rm_tiny-tldr, tiny-tldr-noisy rm_tiny-tldr-noisy, "
+    "tiny-math-prm prm_tiny-math",
+    **{
+        script: f"tldr-pythia-1b {label}_tldr_pythia-1b, tldr-pythia-2.8b {label}_tldr_pythia-2.8b, "
+        f"tldr-pythia-6.9b {label}_tldr_pythia-6.9b, gsm8k-qwen2.5-0.5b {label}_gsm8k_qwen2.5-0.5b, "
+        f"tiny-tldr {label}_tiny-tldr, tiny-tldr-noisy {label}_tiny-tldr-noisy, tiny-math {label}_tiny-math"
+        for script, label in (("ppo_rlhf", "ppo"), ("rloo", "rloo"), ("remax", "remax"))
+    },
+    "grpo_math": "gsm8k-qwen2.5-0.5b grpo_gsm8k_qwen2.5-0.5b, math-qwen2.5-math-1.5b grpo_math_qwen2.5-math-1.5b, "
+    "tiny grpo_tiny",
+    "dpo": "tldr-pythia-1b dpo_tldr_pythia-1b, tldr-pythia-2.8b dpo_tldr_pythia-2.8b, "
+    "tldr-pythia-6.9b dpo_tldr_pythia-6.9b, tldr-pythia-1b-online online_dpo_tldr_pythia-1b, "
+    "tiny-tldr dpo_tiny-tldr, tiny-tldr-noisy dpo_tiny-tldr-noisy, tiny-tldr-noisy-online online_dpo_tiny-tldr-noisy, "
+    "tiny-tldr-online online_dpo_tiny-tldr",
+}
+
+
+def load_copy(script: str, path: Path, edit=lambda text: text):
+    """The library's `script` saved (edited) as `path`, imported under its own name as `python path` would run it."""
+    path.write_text(edit((REPO / f"{script}.py").read_text()))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", sorted(LIBRARY_NAMES))
+def test_the_library_keeps_its_run_names(script):
+    module = importlib.import_module(script)
+    expected = dict(pair.split(" ") for pair in LIBRARY_NAMES[script].split(", "))
+    assert {preset: cli(module.PRESETS, args=[preset]).exp_name for preset in module.PRESETS} == expected
+    args = cli(module.PRESETS, args=[next(iter(expected)), "--seed", "3"])
+    name_run(args)
+    assert args.run_name == f"{expected[next(iter(expected))]}__3"
+
+
+@pytest.mark.parametrize(
+    "script, copy, preset",
+    [("rloo", "rloo_batchmean", "tiny-tldr"), ("grpo_math", "grpo_mine", "tiny"), ("dpo", "dpo_x", "tiny-tldr-online")],
+)
+def test_a_copy_is_named_after_its_file(tmp_path, script, copy, preset):
+    module = load_copy(script, tmp_path / f"{copy}.py")
+    try:
+        args = cli(module.PRESETS, args=[preset, "--seed", "2"])
+        name_run(args)
+        assert (args.exp_name, args.run_name) == (f"{copy}_{preset}", f"{copy}_{preset}__2")
+        args = cli(module.PRESETS, args=[preset, "--exp-name", "mine"])  # the flags still name it
+        name_run(args)
+        assert args.run_name == "mine__1"
+        args = cli(module.PRESETS, args=[preset, "--run-name", "here"])
+        name_run(args)
+        assert args.run_name == "here"
+    finally:
+        sys.modules.pop(copy, None)
+
+
+def _git(repo: Path, *command: str) -> None:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    subprocess.run(
+        ["git", *command], cwd=repo, check=True, capture_output=True, env={**env, "GIT_COMMITTER_EMAIL": "t@t"}
+    )
+
+
+def test_the_record_says_whether_git_knows_the_script(tmp_path):
+    import hashlib
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "algo.py").write_text("x = 1\n")
+    _git(repo, "add", "algo.py")
+    _git(repo, "commit", "-qm", "algo")
+    (repo / "fork.py").write_text("x = 2\n")
+    (tmp_path / "outside.py").write_text("x = 3\n")
+    assert script_record(repo / "algo.py", repo) == {
+        "path": "algo.py",
+        "sha256": hashlib.sha256(b"x = 1\n").hexdigest(),
+        "git": "tracked",
+    }
+    assert script_record(repo / "fork.py", repo)["git"] == "untracked"
+    assert script_record(tmp_path / "outside.py", repo)["git"] == "untracked"
+    (repo / "algo.py").write_text("x = 4\n")
+    assert script_record(repo / "algo.py", repo)["git"] == "modified"
+    assert script_record(repo / "algo.py", tmp_path / "nowhere")["git"] is None  # no git checkout: unknown
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True).returncode == 0:
+        made = provenance(tmp_path / "outside.py")  # the library's checkout, a script git does not know
+        assert made["script"]["git"] == "untracked" and made["git"]["dirty"] is True
+
+
+def test_a_copys_run_is_its_own_and_says_what_ran(assets, tmp_path):
+    """The acceptance run of issue 49: a copy with one algorithmic line changed (RLOO's leave-one-out baseline becomes
+    the batch mean), run from its preset: runs/<copy>_<preset>__1, and its record names the copy."""
+    line = "baseline = (grouped.sum(1, keepdim=True) - grouped) / (k - 1)"
+    copy = tmp_path / "rloo_batchmean.py"
+    text = (REPO / "rloo.py").read_text()
+    assert line in text
+    copy.write_text(text.replace(line, "baseline = grouped.mean(1, keepdim=True)"))
+    flags = ["--sft-model-path", str(assets / "models" / "tiny-llama"), "--dataset-name-or-path"]
+    flags += [str(assets / "tiny-math" / "gsm8k"), "--response-length", "8", "--total-episodes", "8"]
+    flags += ["--per-device-batch-size", "8", "--rloo-k", "4", "--num-eval-examples", "4", "--num-threads", "1"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, str(copy), "tiny-math", *flags, "--per-device-eval-batch-size", "4", "--no-save-model"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = tmp_path / "runs" / "rloo_batchmean_tiny-math__1"
+    import hashlib
+
+    mine = {"path": str(copy.resolve()), "sha256": hashlib.sha256(copy.read_bytes()).hexdigest(), "git": "untracked"}
+    record = json.loads((run / "provenance.json").read_text())["started"]
+    assert record["script"] == mine and record["git"]["dirty"] in (True, None)  # None: the library is no checkout
+    assert json.loads((run / "done.json").read_text())["script"] == mine
+    assert json.loads((run / "config.json").read_text())["exp_name"] == "rloo_batchmean_tiny-math"
+
+
+def test_compare_warns_when_one_label_groups_different_scripts(tmp_path, capsys):
+    from benchmark import compare
+
+    for seed, sha in ((1, "a" * 64), (2, "b" * 64), (3, "a" * 64)):
+        run = tmp_path / f"mine_tiny-tldr__{seed}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "episode": 8, "eval/gold_reward": 0.5}) + "\n")
+        (run / "done.json").write_text("{}")
+        script = {"path": "mine.py", "sha256": sha, "git": "untracked"}
+        (run / "provenance.json").write_text(json.dumps({"started": {"script": script}}))
+    runs = [compare.read_run(p) for p in sorted(tmp_path.glob("mine_*"))]
+    assert compare.mixed_scripts(runs) == [
+        "mine_tiny-tldr groups runs of different scripts (sha256 aaaaaaaaaaaa: mine_tiny-tldr__1, mine_tiny-tldr__3; "
+        "bbbbbbbbbbbb: mine_tiny-tldr__2)"
+    ]
+    assert compare.mixed_scripts([runs[0], runs[2]]) == []
+    assert compare.main([str(p) for p in sorted(tmp_path.glob("mine_*"))] + ["--out", str(tmp_path / "c")]) == 0
+    assert "warning: mine_tiny-tldr groups runs of different scripts" in capsys.readouterr().err

@@ -5,41 +5,26 @@ every script shares (docs/faults.md; tests/test_faults*.py). Nothing here change
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
-import pickle
 import shutil
 import signal
 import sys
-import tempfile
 import time
-import traceback
 from pathlib import Path
 
 import torch
 import tyro
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
-from accelerate.utils.other import load as accelerate_load
-from safetensors import SafetensorError
 
 from clean_rlhf_utils import ownership, storage
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
+from clean_rlhf_utils.processes import one_error_line  # noqa: F401 (the scripts' `@runs.one_error_line`)
 from clean_rlhf_utils.storage import replace_dir
 from clean_rlhf_utils.tracking import exp_name, record_provenance, script_path, script_record, start_wandb
-
-# What a failed write raises on a full or lost file system: OSError from Python's own writes, SafetensorError from
-# safetensors (the weights), RuntimeError from torch.save's zip writer (the optimizer: "PytorchStreamWriter failed
-# writing file ..."); each ends the run in one line naming the checkpoint to go on from, never a traceback.
-WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
-
-
-def write_error(e: BaseException) -> str:
-    """The cause of a failed write, on one line."""
-    return " ".join(str(getattr(e, "strerror", None) or e).split())[:200] or type(e).__name__
 
 
 class Run:
@@ -118,7 +103,7 @@ class Run:
         accelerator.wait_for_everyone()  # every process has looked at the directory before the main one changes it
         if self.main:
             if self.held and not args.resume:
-                self.set_aside()
+                self.previous = storage.set_aside(self.dir)
             self.dir.mkdir(parents=True, exist_ok=True)
             if self.state and self.resume_from.name != "checkpoint":  # the newest complete one goes in its place
                 shutil.rmtree(self.dir / "checkpoint", ignore_errors=True)
@@ -149,22 +134,6 @@ class Run:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
         accelerator.wait_for_everyone()
-
-    def set_aside(self) -> None:
-        """`--overwrite` of a used directory, once everything is loaded: a finished run (done.json) is moved to
-        `.<run_name>.previous/` and deleted only when the new run finishes, so a new run that fails or is killed never
-        costs the finished one (docs/faults.md); an unfinished run is deleted (its checkpoints were only a way to
-        finish it)."""
-        if (self.dir / "done.json").exists():
-            self.previous = storage.previous_dir(self.dir)
-            shutil.rmtree(self.previous, ignore_errors=True)
-            self.dir.rename(self.previous)
-            print(
-                f"note: --overwrite: the finished run is kept in {self.previous} until this run finishes",
-                file=sys.stderr,
-            )
-        else:
-            shutil.rmtree(self.dir)
 
     def on_signal(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.signal == signal.SIGINT:
@@ -208,10 +177,12 @@ class Run:
         `partial`, what the write left half done, is removed to give the space back."""
         try:
             write()
-        except WRITE_ERRORS as e:
+        except storage.WRITE_ERRORS as e:
             if partial is not None and self.main:
                 shutil.rmtree(partial, ignore_errors=True)
-            raise SystemExit(f"error: writing {self.dir / what} failed ({write_error(e)}); {self.retry()}") from None
+            raise SystemExit(
+                f"error: writing {self.dir / what} failed ({storage.write_error(e)}); {self.retry()}"
+            ) from None
 
     def retry(self) -> str:
         """How to go on after a failed write: the newest complete checkpoint and `--resume`, or none."""
@@ -257,14 +228,14 @@ class Run:
         self.accelerator.wait_for_everyone()
         error = None
         try:
-            save_state_without_pickles(self.accelerator, tmp)
+            storage.save_state_without_pickles(self.accelerator, tmp)
             if self.main:
                 rows, n = dict(self.rows), self.accelerator.num_processes
                 state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
                 # last: state.json marks the checkpoint complete
                 storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
-        except WRITE_ERRORS as e:
-            error = write_error(e)
+        except storage.WRITE_ERRORS as e:
+            error = storage.write_error(e)
         if self.any_process(error is not None):
             if self.main:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -287,7 +258,7 @@ class Run:
                     f"error: --resume: {self.dir} was checkpointed by {self.state['num_processes']} "
                     f"processes, not {self.accelerator.num_processes}; resume it with as many"
                 )
-            load_state_safely(self.accelerator, self.dir / "checkpoint")
+            storage.load_state_safely(self.accelerator, self.dir / "checkpoint")
             self.accelerator.print(f"resumed {self.dir} after step {self.state['step']}")
         return self.state
 
@@ -361,51 +332,6 @@ class Run:
             self.wandb.finish()
             self.wandb = None
         ownership.release_lock(self.dir)  # the run is over: the directory may have another owner
-
-
-def save_state_without_pickles(accelerator: Accelerator, path: Path) -> None:
-    """accelerate's `save_state` (weights in safetensors, the optimizer, every process's RNG states), except that the
-    objects registered with `register_for_checkpointing` (the learning-rate schedule) are written as JSON,
-    `custom_state_<i>.json`: accelerate would pickle them to `custom_checkpoint_<i>.pkl` and load that pickle with
-    `weights_only=False`, so a tampered checkpoint could run code on `--resume` (docs/faults.md)."""
-    custom, accelerator._custom_objects = accelerator._custom_objects, []
-    try:
-        accelerator.save_state(str(path))
-    finally:
-        accelerator._custom_objects = custom
-    if accelerator.is_main_process:
-        for i, obj in enumerate(custom):
-            storage.write_synced(path / f"custom_state_{i}.json", json.dumps(obj.state_dict()) + "\n")
-
-
-def load_state_safely(accelerator: Accelerator, path: Path) -> None:
-    """The inverse of `save_state_without_pickles`: accelerate loads its files with `weights_only=True` (tensors,
-    numbers and numpy arrays; a pickle that would call anything else is refused), the registered objects come from
-    JSON, and a pickle of a registered object (an older checkpoint, or one planted) is never loaded. A file that does
-    not load (damaged, planted, of another model) is a one-line error."""
-    pickles = sorted(p.name for p in path.glob("custom_checkpoint_*.pkl"))
-    if pickles:
-        raise SystemExit(
-            f"error: --resume: {path / pickles[0]} is a pickle, which this library does not load (it could run code); "
-            "this checkpoint was not written by this version of clean-rlhf: start over with --overwrite"
-        )
-    custom, accelerator._custom_objects = accelerator._custom_objects, []
-    try:
-        # accelerate passes over RNG states it cannot load (a resume that is no longer exact, silently): load them first
-        rng = path / f"random_states_{accelerator.process_index}.pkl"
-        if rng.exists():
-            accelerate_load(rng)
-        accelerator.load_state(str(path))
-        for i, obj in enumerate(custom):
-            obj.load_state_dict(json.loads((path / f"custom_state_{i}.json").read_text()))
-    except (pickle.UnpicklingError, RuntimeError, OSError, ValueError, EOFError, KeyError, TypeError) as e:
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --resume: {path} cannot be loaded ({type(e).__name__}: {reason}); it is damaged or not this "
-            "run's: start over with --overwrite"
-        ) from None
-    finally:
-        accelerator._custom_objects = custom
 
 
 def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
@@ -615,99 +541,3 @@ def resume(run: Run, kl_ctl, iterator) -> tuple[int, dict | None]:
     for _ in range(state["step"]):  # the loader's own generator, no compute
         next(iterator)
     return state["step"], state["metrics"]
-
-
-def one_error_line(main):
-    """`main` of a script, decorated so that under several processes (`accelerate launch`) an error or a crash on
-    any of them ends the job in one line from the main process naming the process and the cause, and the others exit
-    quietly (before, a data check failing on process 1 alone printed 67 lines: process 0's traceback from the broken
-    gloo connection, the launcher's report, with the one `error:` line buried; a crash on one process three
-    tracebacks). How: a process that fails writes its message (a crash: its traceback to a file, named in the message)
-    to `.<run_name>.failed-<launch>/<rank>` (in the temporary folder when the processes share one host, else in the
-    output directory), leaves the process group (so the others' collectives fail at
-    once instead of waiting for the timeout) and waits for the main process to acknowledge; the main process, failing
-    itself or seeing its collective break, prints the lowest rank's message and exits 1. One process: `main` as it is.
-    The launcher (torchrun) still prints its own summary of the exit codes."""
-
-    @functools.wraps(main)
-    def wrapper(args):
-        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            return main(args)
-        rank, world = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
-        # where the processes leave their notes, named after this launch: on one host, a local folder named after the
-        # launcher's process (their common parent); across hosts, the output directory and the rendezvous
-        one_host = os.environ.get("LOCAL_WORLD_SIZE", "") == str(world)
-        launch = (
-            str(os.getppid())
-            if one_host
-            else f"{os.environ.get('TORCHELASTIC_RUN_ID')}-{os.environ.get('MASTER_PORT')}"
-        )
-        root = Path(tempfile.gettempdir()) if one_host else Path(args.output_dir)
-        notes = root / f".{args.run_name or args.exp_name}.failed-{launch}"
-
-        def on_sigterm(signum, frame):  # the launcher stops the others when one process exits: name that one
-            found = _first_note(notes, world, wait=2.0)
-            if found and rank == 0:
-                _end(notes, f"error: process {found[0]} of {world}: {found[1].removeprefix('error: ')}", rank)
-            os._exit(128 + signum)
-
-        signal.signal(signal.SIGTERM, on_sigterm)  # until `Run.begin` installs the run's own handler
-        try:
-            return main(args)
-        except SystemExit as e:
-            if not (isinstance(e.code, str) and e.code.startswith("error:")):
-                raise
-            message = e.code
-        except KeyboardInterrupt:  # a second Ctrl-C: every process got it, stop at once
-            raise
-        except BaseException as e:  # a crash here, or a collective that another process's exit broke
-            if rank == 0 and (found := _first_note(notes, world, wait=5.0)):
-                _end(notes, f"error: process {found[0]} of {world}: {found[1].removeprefix('error: ')}", rank)
-            if rank != 0 and _first_note(notes, world, wait=1.0):
-                _end(notes, None, rank)  # another process failed first: it is the one to name
-            trace = Path(args.output_dir) / f".{args.run_name or args.exp_name}.rank{rank}.traceback"
-            trace.parent.mkdir(parents=True, exist_ok=True)
-            trace.write_text(traceback.format_exc())
-            message = f"error: crashed: {type(e).__name__}: {' '.join(str(e).split())[:200]} (traceback: {trace})"
-            if rank == 0:
-                raise
-        _end(notes, message if rank == 0 else f"error: {message.removeprefix('error: ')}", rank)
-
-    return wrapper
-
-
-def _first_note(notes: Path, world: int, wait: float) -> tuple[int, str] | None:
-    """(rank, message) of the lowest-ranked process that noted a failure, waiting up to `wait` seconds for one."""
-    deadline = time.time() + wait
-    while True:
-        found = [(r, (notes / str(r)).read_text()) for r in range(world) if (notes / str(r)).is_file()]
-        if found or time.time() > deadline:
-            return min(found) if found else None
-        time.sleep(0.05)
-
-
-def _end(notes: Path, message: str | None, rank: int) -> None:
-    """The end of a failed process: the main one prints `message` once and acknowledges; the others note theirs,
-    leave the process group and wait (up to 10 s) for the acknowledgement, so the launcher does not stop the main
-    process before it has printed. Exits 1 without the interpreter's teardown (no gloo traces)."""
-    notes.mkdir(parents=True, exist_ok=True)
-    if rank == 0:
-        print(message, file=sys.stderr, flush=True)
-        (notes / "ack").write_text("")
-    else:
-        if message is not None and not (notes / str(rank)).exists():
-            (notes / f"{rank}.tmp").write_text(message)
-            os.replace(notes / f"{rank}.tmp", notes / str(rank))
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            try:
-                torch.distributed.destroy_process_group()
-            except Exception:  # the group is already broken: leaving it is all that was wanted
-                pass
-        deadline = time.time() + 10.0
-        while not (notes / "ack").exists() and time.time() < deadline:
-            time.sleep(0.05)
-        (notes / str(rank)).unlink(missing_ok=True)
-    ownership.release_all()  # os._exit skips the atexit handler that would
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
+import sys
 from pathlib import Path
 
-from safetensors import safe_open
+from accelerate import Accelerator
+from accelerate.utils.other import load as accelerate_load
+from safetensors import SafetensorError, safe_open
 
 CHECKPOINTS = ("checkpoint", "checkpoint.tmp", "checkpoint.prev")  # the newest first; see `checkpoint_to_resume`
 
@@ -41,6 +45,21 @@ def previous_dir(run_dir: Path) -> Path:
     """Where `--overwrite` keeps a finished run until the new one finishes: hidden (a dot name), so that globs of
     runs (`runs/ppo_*`) never count it as another seed."""
     return run_dir.with_name(f".{run_dir.name}.previous")
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """`--overwrite` of a used run directory, once everything is loaded: a finished run (done.json) is moved to
+    `previous_dir` and deleted only when the new run finishes (`Run.finish`), so a new run that fails or is killed
+    never costs the finished one (docs/faults.md); returns where it went. An unfinished run is deleted (its
+    checkpoints were only a way to finish it)."""
+    if not (run_dir / "done.json").exists():
+        shutil.rmtree(run_dir)
+        return None
+    previous = previous_dir(run_dir)
+    shutil.rmtree(previous, ignore_errors=True)
+    run_dir.rename(previous)
+    print(f"note: --overwrite: the finished run is kept in {previous} until this run finishes", file=sys.stderr)
+    return previous
 
 
 def run_name_problem(run_name: str) -> str | None:
@@ -186,3 +205,59 @@ def safetensors_problem(file: Path) -> str | None:
         return "is missing"
     except Exception as e:  # SafetensorError and OSError: a file cut short or not safetensors at all
         return f"is not a whole safetensors file ({file.stat().st_size} bytes; {e})"
+
+
+# What a failed write raises on a full or lost file system: OSError from Python's own writes, SafetensorError from
+# safetensors (the weights), RuntimeError from torch.save's zip writer (the optimizer: "PytorchStreamWriter failed
+# writing file ..."); each ends the run in one line naming the checkpoint to go on from, never a traceback.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+def write_error(e: BaseException) -> str:
+    """The cause of a failed write, on one line."""
+    return " ".join(str(getattr(e, "strerror", None) or e).split())[:200] or type(e).__name__
+
+
+def save_state_without_pickles(accelerator: Accelerator, path: Path) -> None:
+    """accelerate's `save_state` (weights in safetensors, the optimizer, every process's RNG states), except that the
+    objects registered with `register_for_checkpointing` (the learning-rate schedule) are written as JSON,
+    `custom_state_<i>.json`: accelerate would pickle them to `custom_checkpoint_<i>.pkl` and load that pickle with
+    `weights_only=False`, so a tampered checkpoint could run code on `--resume` (docs/faults.md)."""
+    custom, accelerator._custom_objects = accelerator._custom_objects, []
+    try:
+        accelerator.save_state(str(path))
+    finally:
+        accelerator._custom_objects = custom
+    if accelerator.is_main_process:
+        for i, obj in enumerate(custom):
+            write_synced(path / f"custom_state_{i}.json", json.dumps(obj.state_dict()) + "\n")
+
+
+def load_state_safely(accelerator: Accelerator, path: Path) -> None:
+    """The inverse of `save_state_without_pickles`: accelerate loads its files with `weights_only=True` (tensors,
+    numbers and numpy arrays; a pickle that would call anything else is refused), the registered objects come from
+    JSON, and a pickle of a registered object (an older checkpoint, or one planted) is never loaded. A file that does
+    not load (damaged, planted, of another model) is a one-line error."""
+    pickles = sorted(p.name for p in path.glob("custom_checkpoint_*.pkl"))
+    if pickles:
+        raise SystemExit(
+            f"error: --resume: {path / pickles[0]} is a pickle, which this library does not load (it could run code); "
+            "this checkpoint was not written by this version of clean-rlhf: start over with --overwrite"
+        )
+    custom, accelerator._custom_objects = accelerator._custom_objects, []
+    try:
+        # accelerate passes over RNG states it cannot load (a resume that is no longer exact, silently): load them first
+        rng = path / f"random_states_{accelerator.process_index}.pkl"
+        if rng.exists():
+            accelerate_load(rng)
+        accelerator.load_state(str(path))
+        for i, obj in enumerate(custom):
+            obj.load_state_dict(json.loads((path / f"custom_state_{i}.json").read_text()))
+    except (pickle.UnpicklingError, RuntimeError, OSError, ValueError, EOFError, KeyError, TypeError) as e:
+        reason = " ".join(str(e).split())[:200]
+        raise SystemExit(
+            f"error: --resume: {path} cannot be loaded ({type(e).__name__}: {reason}); it is damaged or not this "
+            "run's: start over with --overwrite"
+        ) from None
+    finally:
+        accelerator._custom_objects = custom

@@ -23,7 +23,6 @@ from accelerate.utils.other import load as accelerate_load
 from safetensors import SafetensorError
 
 from clean_rlhf_utils import ownership, storage
-from clean_rlhf_utils.data import template_fields
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
 from clean_rlhf_utils.storage import replace_dir
@@ -429,8 +428,6 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
 
     for f in dataclasses.fields(args):
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
-        if f.name.endswith("_template") and isinstance(value, str):  # fields by name only (data.template_fields)
-            template_fields(value, flag)
         if isinstance(value, float) and not math.isfinite(value):
             raise SystemExit(f"error: {flag} is {value}; give a finite number")
         positive = f.name.endswith(

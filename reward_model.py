@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForSequenceClassification
 
 from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs
-from clean_rlhf_utils.data import chat_messages, end_with_eos, template_fields, whole_field_messages
+from clean_rlhf_utils.data import chat_messages, chat_prompt_ids, end_with_eos, whole_field_messages
 from clean_rlhf_utils.engines import configure_deepspeed, global_count, zero3
 from clean_rlhf_utils.evaluation import evaluate_reward_model, reference_rewards
 from clean_rlhf_utils.loading import (
@@ -77,6 +77,7 @@ from clean_rlhf_utils.loading import (
 )
 from clean_rlhf_utils.metrics import training_metrics
 from clean_rlhf_utils.packing import check_pair_packing, pack_reward_pairs, packed_pair_rewards
+from clean_rlhf_utils.prompts import render
 from clean_rlhf_utils.runs import cli, loop_state, one_error_line, start_run
 
 
@@ -622,43 +623,6 @@ def load_model(args: Args, tokenizer):
     return model
 
 
-def render(template: str, row: dict, where: str, what: str, flag: str) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row (`where`), the field and the flag, never a silent `None` or
-    `[...]` in the text."""
-    for name in template_fields(template, flag):
-        if name not in row:
-            chat = [k for k, v in row.items() if chat_messages(v)]
-            hint = f"; for TRL's conversational format pass {flag} '{{{chat[0]}}}'" if chat else ""
-            raise SystemExit(
-                f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); "
-                f"its fields are {sorted(row)}{hint}"
-            )
-        value = row[name]
-        if value is None:
-            raise SystemExit(
-                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is null; fill it in "
-                "or drop the row"
-            )
-        if chat_messages(value):
-            raise SystemExit(
-                f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; "
-                f"pass {flag} '{{{name}}}' alone to render them with the tokenizer's chat template"
-            )
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise SystemExit(
-                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
-                f"{type(value).__name__}, not text: {str(value)[:60]!r}"
-            )
-    try:
-        text = template.format(**row)
-    except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(f"error: {where}: {flag} {template!r} cannot be filled in: {e}") from None
-    if not text.strip():
-        raise SystemExit(f"error: {where} renders an empty {what} ({flag} {template!r})")
-    return text
-
-
 def prompt_token_ids(row: dict, where: str, tokenizer, args: Args) -> list[int]:
     """The prompt of a row as token ids: `--prompt-template` filled in (wrapped as a user message with
     `--use-chat-template`), or, where the template is one field holding chat messages (TRL's conversational format,
@@ -682,7 +646,7 @@ def prompt_token_ids(row: dict, where: str, tokenizer, args: Args) -> list[int]:
             f"chat messages of {where} (or --use-chat-template) cannot be rendered; give plain-text "
             "prompts"
         )
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return chat_prompt_ids(tokenizer, messages, where)
 
 
 def response_text(row: dict, where: str, name: str, flag: str) -> str:

@@ -24,6 +24,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Literal
 
+from clean_rlhf_utils.data import template_fields
 from clean_rlhf_utils.runs import check_args
 
 
@@ -178,6 +179,16 @@ def check_ranges(args) -> None:
         if not ok:
             flag = "--" + name.replace("_", "-")
             raise SystemExit(f"error: {flag} is {value}; it must be {words}" + (f" ({note})" if note else ""))
+    check_templates(args)
+
+
+def check_templates(args) -> None:
+    """Every template flag (`--prompt-template`, `--reference-template`, ...) takes a row's fields by name only, checked
+    before anything loads (`data.template_fields`): a format spec, conversion, index or attribute is one line."""
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if f.name.endswith("_template") and isinstance(value, str):
+            template_fields(value, "--" + f.name.replace("_", "-"))
 
 
 # ---- script-specific flag checks, before anything loads (`runs.check_args` checks the shared ones) ----

@@ -11,16 +11,49 @@ from datasets import Dataset
 
 
 def template_fields(template: str, flag: str) -> list[str]:
-    """The row fields a format string uses (`{question}` -> question), or a one-line error naming the flag."""
+    """The row fields a format string uses (`{question}` -> question), or a one-line error naming the flag. A template
+    takes fields by name only: a format spec (`{query:.5}` cuts the text), a conversion (`{query!r}`), an index
+    (`{query[0]}`) or an attribute (`{query.__class__}`) would rewrite the data, and is an error naming the part."""
     try:
-        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+        parts = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(template) if name is not None]
     except ValueError as e:
         raise SystemExit(f"error: {flag} {template!r} is not a format string: {e}") from None
-    if any(name == "" or name.isdigit() for name in names):
+    if any(name == "" or name.isdigit() for name, _, _ in parts):
         raise SystemExit(
             f"error: {flag} {template!r} has a positional field {{}}; name the row's field, e.g. {{question}}"
         )
-    return [re.match(r"[^.\[]*", name).group() for name in names]
+    for name, spec, conv in parts:
+        field = re.match(r"[^.\[]*", name).group()
+        extra = name[len(field) :] and f"{name[len(field) :]!r} (an index or attribute)"
+        extra = extra or (conv and f"'!{conv}' (a conversion)") or (spec and f"':{spec}' (a format spec)")
+        if extra:
+            raise SystemExit(
+                f"error: {flag} {template!r}: {{{field}}} has {extra}, which would rewrite the row's text; a "
+                f"template takes fields by name only ({{{field}}}; {{{{ and }}}} for literal braces)"
+            )
+    return [name for name, _, _ in parts]
+
+
+GOLD_NUMBER = re.compile(r"\$?\s*-?[\d,]*\.?\d+\.?")
+"""What may follow a gold answer's `####`: one number as the scripts' graders read it (`1,000`, `$5`, `-2.5`, `7.`)"""
+
+
+def check_gold_answer(reference: str, where: str, field: str) -> None:
+    """A GSM8K reference's final answer: exactly one `####`, followed by exactly one number (`GOLD_NUMBER`) and nothing
+    else. The graders take the number at the start of the last marker's text, so `#### 3/4` would grade as 3, `#### 1e3`
+    as 1 and `#### 12 apples or 13` as 12, and a second marker would silently win: each is a one-line error naming the
+    row (`where`: the file, split and row) and the field, when the data is loaded."""
+    markers = reference.count("####")
+    if markers > 1:
+        raise SystemExit(
+            f"error: {where}: {field} holds {markers} `####` final-answer markers; a gold answer is one `#### <number>`"
+        )
+    after = reference.split("####", 1)[-1].strip()
+    if markers == 1 and GOLD_NUMBER.fullmatch(after) is None:
+        raise SystemExit(
+            f"error: {where}: the gold answer of {field} is `#### {after[:40]}`, not exactly one number; the grader "
+            "reads a plain number (`#### 42`, `#### 1,000`, `#### -2.5`), not a fraction, exponent or words"
+        )
 
 
 def whole_field_messages(template: str, row: dict) -> list[dict] | None:
@@ -39,6 +72,32 @@ def chat_messages(value) -> bool:
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
         )
     )
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict], where: str, text: bool = False):
+    """`messages` in the tokenizer's chat template, ready for the assistant's turn: the token ids (`text`: the rendered
+    text too, as `(text, ids)`). A chat template that is not valid Jinja, raises (`raise_exception`), is blocked by
+    transformers' sandbox or renders an empty prompt is a one-line error naming the row (`where`), when the prompts are
+    prepared, before the models train on them."""
+    from jinja2 import TemplateError  # SecurityError (the sandbox), TemplateSyntaxError, raise_exception's error
+
+    try:
+        rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = list(
+            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+    except (TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError) as e:
+        reason = " ".join(str(e).split())[:160]
+        raise SystemExit(
+            f"error: {where}: the tokenizer's chat template cannot render the prompt ({type(e).__name__}: {reason}); "
+            "fix the template (tokenizer_config.json or chat_template.jinja) or give plain-text prompts"
+        ) from None
+    if not rendered.strip() or not ids:
+        raise SystemExit(
+            f"error: {where}: the tokenizer's chat template renders an empty prompt ({rendered!r}); fix the template "
+            "(tokenizer_config.json or chat_template.jinja) or give plain-text prompts"
+        )
+    return (rendered, ids) if text else ids
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,9 +215,7 @@ def prompt_and_response(row: dict, index: int, split: str, tokenizer, args) -> t
                 f"template, so the chat messages of {where} (or --use-chat-template) cannot be rendered; "
                 "give plain-text prompts and responses"
             )
-        prompt_ids = list(
-            tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        )
+        prompt_ids = chat_prompt_ids(tokenizer, messages, where)
     turns = whole_field_messages(args.response_template, row)
     if turns is None:
         return prompt_ids, render_row(args.response_template, row, index, split, "response", "--response-template")

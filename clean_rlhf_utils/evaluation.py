@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 
-from clean_rlhf_utils.data import left_pad
+from clean_rlhf_utils.data import check_gold_answer, left_pad
 from clean_rlhf_utils.engines import LoraReference, shard_length, sharded
 from clean_rlhf_utils.judges import (
     extract_boxed_answer,
@@ -46,6 +46,9 @@ def check_sft_evaluation_fields(row: dict, response: str, index: int, split: str
             )
     elif args.eval_task in ("gsm8k", "boxed"):
         extract = extract_gsm8k_answer if args.eval_task == "gsm8k" else extract_boxed_answer
+        if args.eval_task == "gsm8k":
+            field = f"the reference response (--response-template {args.response_template!r})"
+            check_gold_answer(response, f"{args.dataset_name_or_path}, {where}", field)
         if extract(response) is None:
             marker = "`#### <number>`" if args.eval_task == "gsm8k" else "`\\boxed{...}`"
             raise SystemExit(

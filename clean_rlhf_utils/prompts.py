@@ -10,51 +10,56 @@ import string
 
 import torch
 
-from clean_rlhf_utils.data import chat_messages, template_fields, whole_field_messages
+from clean_rlhf_utils.data import (
+    chat_messages,
+    chat_prompt_ids,
+    check_gold_answer,
+    template_fields,
+    whole_field_messages,
+)
 
 
-def render(
-    template: str, row: dict, index: int, split: str, what: str, flag: str, null_as_missing: bool = False
-) -> str:
-    """`template` filled in with the row's fields. A field it uses that is missing, null or not text (a list, a dict,
-    chat messages) is a one-line error naming the row, the field and the flag, never a silent `None` or `[...]`
-    (`null_as_missing`: a null field is reported as a field the row has not, as ppo_rlhf.py words it)."""
+def render(template: str, row: dict, where: str, what: str, flag: str, null_as_missing: bool = False) -> str:
+    """`template` filled in with the row's fields: the one renderer of the RL scripts and reward_model.py. A field it
+    uses that is missing, null or not text (a list, a dict, chat messages) is a one-line error naming the row
+    (`where`, e.g. "row 3 of split 'train'"), the field and the flag, never a silent `None` or `[...]`; the template
+    takes fields by name only (`data.template_fields`). `null_as_missing`: a null field is reported as a field the row
+    has not, as ppo_rlhf.py words it."""
     for name in template_fields(template, flag):
         value = row.get(name)
         if name not in row:
+            chat = [k for k, v in row.items() if chat_messages(v)]
+            hint = f"; for TRL's conversational format pass {flag} '{{{chat[0]}}}'" if chat else ""
             raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' used by the {what} template "
-                f"({flag} {template!r}); its fields are {sorted(row)}"
+                f"error: {where} has no field '{name}' used by the {what} template ({flag} {template!r}); its "
+                f"fields are {sorted(row)}{hint}"
             )
         if value is None and null_as_missing:  # a JSON Lines row without the field reads as null too
             raise SystemExit(
-                f"error: row {index} of split '{split}' has no field '{name}' (it is null) used by the "
-                f"{what} template ({flag} {template!r}); fill it in or drop the row"
+                f"error: {where} has no field '{name}' (it is null) used by the {what} template ({flag} "
+                f"{template!r}); fill it in or drop the row"
             )
         if value is None:
             raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is missing or null; fill it in or drop the row"
+                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is missing or null; fill it "
+                "in or drop the row"
             )
         if chat_messages(value):
             raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' holds chat messages, which a "
-                f"text template cannot hold; pass {flag} '{{{name}}}' alone to render them with the "
-                "tokenizer's chat template"
+                f"error: {where}: field '{name}' holds chat messages, which a text template cannot hold; pass "
+                f"{flag} '{{{name}}}' alone to render them with the tokenizer's chat template"
             )
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise SystemExit(
-                f"error: row {index} of split '{split}': field '{name}' of the {what} ({flag} "
-                f"{template!r}) is a {type(value).__name__}, not text: {str(value)[:60]!r}"
+                f"error: {where}: field '{name}' of the {what} ({flag} {template!r}) is a "
+                f"{type(value).__name__}, not text: {str(value)[:60]!r}"
             )
     try:
         text = template.format(**row)
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
-        raise SystemExit(
-            f"error: row {index} of split '{split}': {flag} {template!r} cannot be filled in: {e}"
-        ) from None
+        raise SystemExit(f"error: {where}: {flag} {template!r} cannot be filled in: {e}") from None
     if not text.strip():
-        raise SystemExit(f"error: row {index} of split '{split}' renders an empty {what} ({flag} {template!r})")
+        raise SystemExit(f"error: {where} renders an empty {what} ({flag} {template!r})")
     return text
 
 
@@ -64,7 +69,9 @@ def reference_text(row: dict, index: int, split: str, args, null_as_missing: boo
     messages = whole_field_messages(args.reference_template, row)
     if messages is None:
         template = args.reference_template
-        return render(template, row, index, split, "reference", "--reference-template", null_as_missing)
+        return render(
+            template, row, f"row {index} of split '{split}'", "reference", "--reference-template", null_as_missing
+        )
     text = "\n".join(m["content"] for m in messages if m["role"] == "assistant")
     if not text.strip():
         raise SystemExit(
@@ -81,7 +88,8 @@ def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args, null_as
     the assistant's turn."""
     messages = whole_field_messages(args.prompt_template, row)
     if messages is None:
-        prompt = render(args.prompt_template, row, index, split, "prompt", "--prompt-template", null_as_missing)
+        where = f"row {index} of split '{split}'"
+        prompt = render(args.prompt_template, row, where, "prompt", "--prompt-template", null_as_missing)
         if not args.use_chat_template:
             return tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if not tokenizer.chat_template:
@@ -103,7 +111,7 @@ def prompt_token_ids(row: dict, index: int, split: str, tokenizer, args, null_as
             f"--sft-model-path {args.sft_model_path} has no chat template to render them; give "
             "plain-text prompts or a model with a chat template"
         )
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    return chat_prompt_ids(tokenizer, messages, f"row {index} of split '{split}'")
 
 
 def prepare_prompts(
@@ -153,6 +161,10 @@ def prepare_prompts(
         if needs_reference:
             item["reference"] = reference_text(row, i, split, args, null_as_missing)
         if needs_gold:
+            if args.answer_format == "gsm8k":
+                source = getattr(args, "prompt_dataset_name_or_path", None) or args.dataset_name_or_path
+                field = f"the reference (--reference-template {args.reference_template!r})"
+                check_gold_answer(item["reference"], f"{source}, row {i} of split '{split}'", field)
             item["gold"] = extract_answer(item["reference"], args.answer_format)
             if item["gold"] is None:
                 raise SystemExit(
@@ -268,21 +280,11 @@ def prepare_math_questions(ds, tokenizer, args, split: str, extract_answer, posi
                     f"error: {where}: field '{prompt_fields[0]}' is a conversation and the tokenizer of "
                     f"{name} has no chat template to render it; give the question as text"
                 )
-            prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = list(
-                tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-            )
+            prompt, ids = chat_prompt_ids(tokenizer, messages, where, text=True)
         else:
             prompt = fill_template(args.prompt_template, row, i, split, "prompt")
             if args.use_chat_template:
-                ids = list(
-                    tokenizer.apply_chat_template(
-                        [{"role": "user", "content": prompt}],
-                        add_generation_prompt=True,
-                        tokenize=True,
-                        return_dict=False,
-                    )
-                )
+                ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt}], where)
             else:
                 ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         too_many = positions is not None and len(ids) + budget > positions
@@ -305,6 +307,9 @@ def prepare_math_questions(ds, tokenizer, args, split: str, extract_answer, posi
             reference = "\n".join(str(m["content"]) for m in chats[ref_fields[0]])
         else:
             reference = fill_template(args.reference_template, row, i, split, "reference")
+        if args.answer_format == "gsm8k":
+            field = f"field(s) {ref_fields} (--reference-template {args.reference_template!r})"
+            check_gold_answer(reference, f"{args.dataset_name_or_path}, {where}", field)
         gold = extract_answer(reference, args.answer_format)
         if gold is None:
             marker = "`#### <number>`" if args.answer_format == "gsm8k" else "`\\boxed{...}`"

@@ -243,6 +243,28 @@ def scripts_with(flag: str) -> list[str]:
     return [s for s in SCRIPTS if has_flag(s, flag)]
 
 
+def chat_template_model(script: str, w: World, template: str, name: str) -> list[str]:
+    """The script's model with `template` as its tokenizer's chat template, and `--use-chat-template`."""
+    from transformers import AutoTokenizer
+
+    dst = w.tmp / name
+    shutil.copytree(w.assets / "models" / MODEL[script], dst)
+    tokenizer = AutoTokenizer.from_pretrained(dst)
+    tokenizer.chat_template = template
+    for old in ("chat_template.jinja", "chat_template.json"):
+        (dst / old).unlink(missing_ok=True)
+    tokenizer.save_pretrained(dst)
+    return [POLICY[script], str(dst), "--use-chat-template"]
+
+
+def gold_answer(answer: str) -> Callable[[str, World], list[str]]:
+    """The math training data with the first row's GSM8K answer `answer` (a worked line, then the final answer)."""
+    return lambda s, w: bad_copy(s, w, rows_edited(lambda row: {**row, "answer": f"3 + 4 = 7\n{answer}"}))
+
+
+MATH_SCRIPTS = ["ppo_rlhf", "rloo", "remax", "grpo_math"]
+
+
 CASES = [
     BadInput("batch-size-0", "a batch size of 0", "at least 1", lambda s, w: [BATCH[s], "0"]),
     BadInput("batch-size-negative", "a negative batch size", "at least 1", lambda s, w: [BATCH[s], "-4"]),
@@ -504,6 +526,92 @@ CASES = [
         "traceback on --overwrite)",
         "is a symbolic link",
         lambda s, w: ["--run-name", "link", "--overwrite", *symlinked_run_dir(w)],
+    ),
+    # ---- templates take fields by name only; chat templates render every prompt (issue 51 item 6) ----
+    BadInput(
+        "template-format-spec",
+        "`--prompt-template '{query:.5}'` (was: every prompt cut to 5 characters)",
+        "{query} has ':.5' (a format spec)",
+        lambda s, w: ["--prompt-template", "{query:.5}"],
+        scripts_with("--prompt-template"),
+    ),
+    BadInput(
+        "template-index",
+        "`--prompt-template '{query[0]}'` (was: every prompt its first character)",
+        "{query} has '[0]' (an index or attribute)",
+        lambda s, w: ["--prompt-template", "{query[0]}"],
+        scripts_with("--prompt-template"),
+    ),
+    BadInput(
+        "template-attribute",
+        "`--prompt-template '{query.__class__}'` (was: a memory address in every prompt)",
+        "{query} has '.__class__' (an index or attribute)",
+        lambda s, w: ["--prompt-template", "{query.__class__}"],
+        scripts_with("--prompt-template"),
+    ),
+    BadInput(
+        "template-conversion",
+        "`--prompt-template '{query!r}'` (was: every prompt in quotes)",
+        "{query} has '!r' (a conversion)",
+        lambda s, w: ["--prompt-template", "{query!r}"],
+        scripts_with("--prompt-template"),
+    ),
+    BadInput(
+        "chat-template-not-jinja",
+        "a chat template that is not valid Jinja, with `--use-chat-template` (was: a traceback)",
+        "the tokenizer's chat template cannot render the prompt (TemplateSyntaxError",
+        lambda s, w: chat_template_model(s, w, "{% if messages %}{{ messages[0].content }}", "chat-not-jinja"),
+        scripts_with("--use-chat-template"),
+    ),
+    BadInput(
+        "chat-template-raises",
+        "a chat template that raises (`raise_exception`), with `--use-chat-template` (was: a traceback)",
+        "cannot render the prompt (TemplateError: no roles here",
+        lambda s, w: chat_template_model(s, w, "{{ raise_exception('no roles here') }}", "chat-raises"),
+        scripts_with("--use-chat-template"),
+    ),
+    BadInput(
+        "chat-template-sandbox",
+        "a chat template the sandbox blocks (`''.__class__.__mro__`), with `--use-chat-template` (was: a traceback)",
+        "cannot render the prompt (SecurityError",
+        lambda s, w: chat_template_model(s, w, "{{ messages[0].content }}{{ ''.__class__.__mro__ }}", "chat-sandbox"),
+        scripts_with("--use-chat-template"),
+    ),
+    BadInput(
+        "chat-template-empty",
+        "a chat template that renders empty prompts, with `--use-chat-template` (was: trained 8 steps, then a crash)",
+        "the tokenizer's chat template renders an empty prompt",
+        lambda s, w: chat_template_model(s, w, "{% if false %}{{ messages }}{% endif %}", "chat-empty"),
+        scripts_with("--use-chat-template"),
+    ),
+    # ---- a GSM8K gold answer is exactly one number after one `####` (issue 51 item 7) ----
+    BadInput(
+        "gold-fraction",
+        "a GSM8K gold answer `#### 3/4` (was: graded as 3)",
+        "is `#### 3/4`, not exactly one number",
+        gold_answer("#### 3/4"),
+        MATH_SCRIPTS,
+    ),
+    BadInput(
+        "gold-exponent",
+        "a GSM8K gold answer `#### 1e3` (was: graded as 1)",
+        "is `#### 1e3`, not exactly one number",
+        gold_answer("#### 1e3"),
+        MATH_SCRIPTS,
+    ),
+    BadInput(
+        "gold-words",
+        "a GSM8K gold answer `#### 12 apples or 13` (was: graded as 12)",
+        "is `#### 12 apples or 13`, not exactly one number",
+        gold_answer("#### 12 apples or 13"),
+        MATH_SCRIPTS,
+    ),
+    BadInput(
+        "gold-two-markers",
+        "a GSM8K answer with two `####` markers (was: the last taken, silently)",
+        "holds 2 `####` final-answer markers",
+        gold_answer("#### 7\n#### 8"),
+        MATH_SCRIPTS,
     ),
 ]
 

@@ -147,7 +147,8 @@ class RLArgs:
     response_length: int = 53
     """tokens sampled per response (N+: 53) (range: >= 1)"""
     temperature: float = 0.7
-    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
+    """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7); below 0.01 sampling is greedy
+    and every sample of a prompt the same, so it is refused (range: >= 0.01)"""
     eval_task: Literal["none", "tldr", "gsm8k", "boxed"] = "none"
     """greedy evaluation: `tldr` gold judge + win rate (tiny world), `gsm8k` / `boxed` answer accuracy"""
     eval_every: int = 50
@@ -236,6 +237,18 @@ def check_dpo_args(args, sharded_weights: bool) -> None:
             "error: online DPO with --judge rm labels its pairs with a reward model: pass "
             "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
         )
+    if args.label_smoothing and args.loss_type != "sigmoid":  # only cDPO's sigmoid loss reads it
+        raise SystemExit(
+            f"error: --label-smoothing {args.label_smoothing:g} applies to --loss-type sigmoid (conservative DPO); "
+            f"--loss-type {args.loss_type} does not use it: drop one"
+        )
+    if args.mode == "offline":  # the online flags: offline DPO samples nothing and labels nothing (issue 51)
+        for flag, value, default in (("--async", args.async_generation, False), ("--judge", args.judge, "rm")):
+            if value != default:
+                raise SystemExit(
+                    f"error: {flag} applies to --mode online; offline DPO trains on the data's labelled pairs and "
+                    f"samples none: drop {flag} or pass --mode online"
+                )
     if args.mode == "online" and args.async_generation and sharded_weights:
         raise SystemExit(
             "error: --async copies the policy's weights into a generator thread, but ZeRO-3 and FSDP shard them "

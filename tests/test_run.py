@@ -291,8 +291,8 @@ def test_a_second_suite_in_one_runs_directory_prints_its_refusal_only(tmp_path, 
     import time
 
     (tmp_path / "wait.py").write_text(
-        "import pathlib, sys, time\nprint('line of the first suite', flush=True)\n"
-        "while not pathlib.Path(sys.argv[0]).with_name('go').exists():\n    time.sleep(0.05)\n"
+        "import pathlib, sys, time\nprint('line of the first suite', flush=True)\nend = time.time() + 30\n"
+        "while not pathlib.Path(sys.argv[0]).with_name('go').exists() and time.time() < end:\n    time.sleep(0.05)\n"
     )
     first = subprocess.Popen(
         [

@@ -214,6 +214,41 @@ def check_ranges(args) -> None:
             raise SystemExit(f"error: {flag} is {value}; it must be {words}" + (f" ({note})" if note else ""))
 
 
+# Settings that train nothing or only overflow (issue 51): refused by `check_args` with their own cause, not met later
+# as a non-finite loss whose message says "lower --learning-rate".
+MIN_TEMPERATURE = 0.01
+"""the lowest sampling temperature: below it every sample is the greedy response (`check_extremes`)"""
+MAX_KL_WEIGHT = 1e3
+"""the largest --beta / --kl-coef: above it one nat of KL outweighs any reward 1000 times, and at 1e30 the loss
+overflows"""
+
+
+def check_extremes(args) -> None:
+    """The settings under which nothing is learned, or that only overflow, refused with their own cause (issue 51)."""
+    if getattr(args, "temperature", 1.0) < MIN_TEMPERATURE:
+        raise SystemExit(
+            f"error: --temperature is {args.temperature:g}; below {MIN_TEMPERATURE:g} sampling is greedy (a logit gap "
+            "of 0.1 becomes 10 nats: the runner-up token is drawn with probability under 5e-5), so the two samples "
+            "of a pair, the sample and its greedy baseline, and a group's samples are one response, and nothing is "
+            f"learned; use a temperature of at least {MIN_TEMPERATURE:g} (0.7 to 1 is usual)"
+        )
+    for name in ("beta", "kl_coef"):  # an extreme one ends in a non-finite loss whose message blames the learning rate
+        value = getattr(args, name, None)
+        if isinstance(value, float) and value > MAX_KL_WEIGHT:
+            raise SystemExit(
+                f"error: --{name.replace('_', '-')} is {value:g}; a KL weight above {MAX_KL_WEIGHT:g} holds the policy "
+                "at the reference (one nat of KL outweighs any reward) and overflows the loss; use at most "
+                f"{MAX_KL_WEIGHT:g} (0.01 to 0.5 is usual)"
+            )
+    decay = getattr(args, "weight_decay", 0.0) or 0.0
+    if decay * args.learning_rate >= 1:  # torch's AdamW multiplies every weight by 1 - lr x weight decay each step
+        raise SystemExit(
+            f"error: --weight-decay {decay:g} x --learning-rate {args.learning_rate:g} = "
+            f"{decay * args.learning_rate:g}: AdamW multiplies every weight by 1 - (that product) each step, which "
+            "zeroes or flips them; lower --weight-decay (0 to 0.1 is usual)"
+        )
+
+
 # ---- script-specific flag checks, before anything loads (`runs.check_args` checks the shared ones) ----
 
 

@@ -420,20 +420,11 @@ def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
     return tyro.extras.overridable_config_cli(presets, args=argv)
 
 
-# Settings that train nothing or only overflow (issue 51): refused by `check_args` with their own cause, not met later
-# as a non-finite loss whose message says "lower --learning-rate".
-MIN_TEMPERATURE = 0.01
-"""the lowest sampling temperature: below it every sample is the greedy response (see `check_args`)"""
-MAX_KL_WEIGHT = 1e3
-"""the largest --beta / --kl-coef: above it one nat of KL outweighs any reward 1000 times, and at 1e30 the loss
-overflows"""
-
-
 def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
     least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below); then every
     field's declared range (`args.check_ranges`)."""
-    from clean_rlhf_utils.args import check_ranges  # args.py imports this module
+    from clean_rlhf_utils.args import check_extremes, check_ranges  # args.py imports this module
 
     for f in dataclasses.fields(args):
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
@@ -451,28 +442,6 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --warmup-ratio is {args.warmup_ratio}; it must be in [0, 1)")
     if getattr(args, "temperature", 1.0) <= 0:
         raise SystemExit(f"error: --temperature is {args.temperature}; sampling needs a temperature above 0")
-    if getattr(args, "temperature", 1.0) < MIN_TEMPERATURE:
-        raise SystemExit(
-            f"error: --temperature is {args.temperature:g}; below {MIN_TEMPERATURE:g} sampling is greedy (a logit gap "
-            "of 0.1 becomes 10 nats: the runner-up token is drawn with probability under 5e-5), so the two samples "
-            "of a pair, the sample and its greedy baseline, and a group's samples are one response, and nothing is "
-            f"learned; use a temperature of at least {MIN_TEMPERATURE:g} (0.7 to 1 is usual)"
-        )
-    for name in ("beta", "kl_coef"):  # an extreme one ends in a non-finite loss whose message blames the learning rate
-        value = getattr(args, name, None)
-        if isinstance(value, float) and value > MAX_KL_WEIGHT:
-            raise SystemExit(
-                f"error: --{name.replace('_', '-')} is {value:g}; a KL weight above {MAX_KL_WEIGHT:g} holds the policy "
-                "at the reference (one nat of KL outweighs any reward) and overflows the loss; use at most "
-                f"{MAX_KL_WEIGHT:g} (0.01 to 0.5 is usual)"
-            )
-    decay = getattr(args, "weight_decay", 0.0) or 0.0
-    if decay * args.learning_rate >= 1:  # torch's AdamW multiplies every weight by 1 - lr x weight decay each step
-        raise SystemExit(
-            f"error: --weight-decay {decay:g} x --learning-rate {args.learning_rate:g} = "
-            f"{decay * args.learning_rate:g}: AdamW multiplies every weight by 1 - (that product) each step, which "
-            "zeroes or flips them; lower --weight-decay (0 to 0.1 is usual)"
-        )
     if args.save_every < 0:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
@@ -488,6 +457,7 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
     if getattr(args, "dtype", None) == "float16" and not torch.cuda.is_available():  # CPU float16 training diverges
         raise SystemExit("error: --dtype float16 needs a GPU; on CPU use float32 (or bfloat16)")
+    check_extremes(args)
     check_ranges(args)
 
 

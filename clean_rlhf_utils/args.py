@@ -203,7 +203,9 @@ def in_range(value: float, spec: str) -> tuple[bool, str]:
 
 def check_ranges(args) -> None:
     """Every numeric field of `args` (its dataclass and the bases) inside its declared range: a one-line error naming
-    the flag, the value and the range. None (a default filled in later) is not checked."""
+    the flag, the value and the range. None (a default filled in later) is not checked. First the settings under which
+    nothing is learned (`check_extremes`)."""
+    check_extremes(args)
     for name, (spec, note) in field_ranges(type(args)).items():
         value = getattr(args, name, None)
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -203,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))
     a = parser.parse_args(argv)
     runs_dir = Path(a.runs_dir)
+    if not a.reference and not runs_dir.is_dir():  # a misspelt directory would tabulate nothing and exit 0
+        what = "is not a directory" if runs_dir.exists() else "does not exist"
+        raise SystemExit(f"error: --runs-dir {runs_dir} {what}; pass the directory that holds the runs")
     out_dir = Path(a.out_dir) if a.out_dir else runs_dir
     if a.reference:
         from benchmark import reference

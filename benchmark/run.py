@@ -34,7 +34,10 @@ resumes them. `--dry-run` prints what would
 be run, with these decisions. At the end a summary table of each run's final metrics is printed and written to
 `runs/<suite>_summary.md`, and the paths of what was written are printed.
 
-While it runs, each stage's output (tqdm bars included) goes to `runs/_suite/<run_name>.log`, and the suite shows
+One suite runs in a runs directory at a time (a lock, `runs/._suite.lock`): a second one is refused in one line
+naming the first one's process, before it launches or logs anything (it would relaunch the first one's stages into
+the same logs). While it runs, each stage's output (tqdm bars included) goes to `runs/_suite/<run_name>.log`, and the
+suite shows
 its status (benchmark/status.py): each stage waiting; running, with its time so far, progress, rate and time left
 from the last tqdm update in its log (`ppo_tiny-tldr__1  running  1m02s  12/32 updates  0.90 it/s  22s left`, or
 `starting` before the first); done, with its time and final headline metric (`eval/gold_reward`, `eval/accuracy`);
@@ -66,7 +69,7 @@ from pathlib import Path
 from benchmark.assets import ensure_assets
 from benchmark.compare import provenance_differences, read_run
 from benchmark.status import BLOCKED, DONE, FAILED, RUNNING, SKIPPED, Display, StageStatus, headline, log_tail
-from clean_rlhf_utils import storage
+from clean_rlhf_utils import ownership, storage
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -690,6 +693,33 @@ def run_suite(
             print(shlex.join(stage.command(launcher, quick) + LAUNCH[action]))
             status[stage.run_name] = "dry-run"
         return status
+    # one suite at a time in a runs directory: a second would relaunch the first one's stages into the same logs
+    # (runs/_suite/<stage>.log) and show the first one's lines as its own failure
+    refused = ownership.take_lock(runs_dir / SUITE_DIR)
+    if refused:
+        owner = refused.split(" is in use by ", 1)[-1].split("; wait for it", 1)[0]
+        raise SystemExit(
+            f"error: another suite runs in {runs_dir} ({owner}); wait for it to end or stop it, or give this one "
+            "another --workdir"
+        )
+    try:
+        return _run_suite(suite, stages, runs_dir, workdir, launcher, jobs, quick, live)
+    finally:
+        ownership.release_lock(runs_dir / SUITE_DIR)
+
+
+def _run_suite(
+    suite: str,
+    stages: list[Stage],
+    runs_dir: Path,
+    workdir: Path,
+    launcher: list[str],
+    jobs: int,
+    quick: bool,
+    live: bool | None,
+) -> dict[str, str]:
+    """`run_suite` once it holds the runs directory's suite lock."""
+    status: dict[str, str] = {}
     if any(stage.preset.startswith("tiny") for stage in stages):  # the tiny world, built on first use
         ensure_assets(runs_dir / "assets")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # allowed ones

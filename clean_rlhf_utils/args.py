@@ -170,7 +170,9 @@ def in_range(value: float, spec: str) -> tuple[bool, str]:
 
 def check_ranges(args) -> None:
     """Every numeric field of `args` (its dataclass and the bases) inside its declared range: a one-line error naming
-    the flag, the value and the range. None (a default filled in later) is not checked."""
+    the flag, the value and the range. None (a default filled in later) is not checked. First the settings under which
+    nothing is learned (`check_extremes`)."""
+    check_extremes(args)
     for name, (spec, note) in field_ranges(type(args)).items():
         value = getattr(args, name, None)
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -189,6 +191,41 @@ def check_templates(args) -> None:
         value = getattr(args, f.name)
         if f.name.endswith("_template") and isinstance(value, str):
             template_fields(value, "--" + f.name.replace("_", "-"))
+
+
+# Settings that train nothing or only overflow (issue 51): refused by `check_args` with their own cause, not met later
+# as a non-finite loss whose message says "lower --learning-rate".
+MIN_TEMPERATURE = 0.01
+"""the lowest sampling temperature: below it every sample is the greedy response (`check_extremes`)"""
+MAX_KL_WEIGHT = 1e3
+"""the largest --beta / --kl-coef: above it one nat of KL outweighs any reward 1000 times, and at 1e30 the loss
+overflows"""
+
+
+def check_extremes(args) -> None:
+    """The settings under which nothing is learned, or that only overflow, refused with their own cause (issue 51)."""
+    if getattr(args, "temperature", 1.0) < MIN_TEMPERATURE:
+        raise SystemExit(
+            f"error: --temperature is {args.temperature:g}; below {MIN_TEMPERATURE:g} sampling is greedy (a logit gap "
+            "of 0.1 becomes 10 nats: the runner-up token is drawn with probability under 5e-5), so the two samples "
+            "of a pair, the sample and its greedy baseline, and a group's samples are one response, and nothing is "
+            f"learned; use a temperature of at least {MIN_TEMPERATURE:g} (0.7 to 1 is usual)"
+        )
+    for name in ("beta", "kl_coef"):  # an extreme one ends in a non-finite loss whose message blames the learning rate
+        value = getattr(args, name, None)
+        if isinstance(value, float) and value > MAX_KL_WEIGHT:
+            raise SystemExit(
+                f"error: --{name.replace('_', '-')} is {value:g}; a KL weight above {MAX_KL_WEIGHT:g} holds the policy "
+                "at the reference (one nat of KL outweighs any reward) and overflows the loss; use at most "
+                f"{MAX_KL_WEIGHT:g} (0.01 to 0.5 is usual)"
+            )
+    decay = getattr(args, "weight_decay", 0.0) or 0.0
+    if decay * args.learning_rate >= 1:  # torch's AdamW multiplies every weight by 1 - lr x weight decay each step
+        raise SystemExit(
+            f"error: --weight-decay {decay:g} x --learning-rate {args.learning_rate:g} = "
+            f"{decay * args.learning_rate:g}: AdamW multiplies every weight by 1 - (that product) each step, which "
+            "zeroes or flips them; lower --weight-decay (0 to 0.1 is usual)"
+        )
 
 
 # ---- script-specific flag checks, before anything loads (`runs.check_args` checks the shared ones) ----
@@ -214,6 +251,18 @@ def check_dpo_args(args, sharded_weights: bool) -> None:
             "error: online DPO with --judge rm labels its pairs with a reward model: pass "
             "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
         )
+    if args.label_smoothing and args.loss_type != "sigmoid":  # only cDPO's sigmoid loss reads it
+        raise SystemExit(
+            f"error: --label-smoothing {args.label_smoothing:g} applies to --loss-type sigmoid (conservative DPO); "
+            f"--loss-type {args.loss_type} does not use it: drop one"
+        )
+    if args.mode == "offline":  # the online flags: offline DPO samples nothing and labels nothing (issue 51)
+        for flag, value, default in (("--async", args.async_generation, False), ("--judge", args.judge, "rm")):
+            if value != default:
+                raise SystemExit(
+                    f"error: {flag} applies to --mode online; offline DPO trains on the data's labelled pairs and "
+                    f"samples none: drop {flag} or pass --mode online"
+                )
     if args.mode == "online" and args.async_generation and sharded_weights:
         raise SystemExit(
             "error: --async copies the policy's weights into a generator thread, but ZeRO-3 and FSDP shard them "

@@ -114,3 +114,31 @@ def check_json_rows(path: Path, flag: str) -> None:
             raise SystemExit(
                 f"error: {where} line {number} is not a JSON object: {line.strip()[:60]!r}; is the file complete?"
             )
+        if "\\ud" in line.lower() and _lone_surrogate(value):  # only a \u escape can write one in UTF-8 text
+            raise SystemExit(
+                f"error: {where} line {number} holds a lone UTF-16 surrogate {_lone_surrogate(value)}, half of a "
+                "character (text cut inside a \\uXXXX\\uXXXX pair?), which no tokenizer reads; fix or drop that row"
+            )
+
+
+def _lone_surrogate(value) -> str | None:
+    """The first escape of a lone UTF-16 surrogate (a half of a pair, e.g. from text cut between the two) in the
+    strings of a parsed JSON value, or None."""
+    for text in _strings(value):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"\\u{ord(text[e.start]):04x}"
+    return None
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 
 from clean_rlhf_utils.datafiles import SAVE_AS_JSONL, check_json_rows
 from clean_rlhf_utils.prompts import prepare_prompts
-from clean_rlhf_utils.storage import check_model_files
+from clean_rlhf_utils.storage import check_config_json, check_model_files
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -47,6 +47,11 @@ def require_hub(name: str, what: str, flag: str) -> None:
     """Fail fast, in one line naming the missing thing and how to pass a local copy, when `name` is neither a local
     path, nor in the local Hugging Face cache, nor reachable on the hub. A name that can only be a path (a hub name is
     `owner/repo`) is reported as a missing path."""
+    if os.path.isfile(name):  # a model is a directory (config.json, weights, tokenizer), not one of its files
+        raise SystemExit(
+            f"error: {flag} {name} is a file, not a {what} directory; pass the directory that holds it"
+            + (" (config.json, weights, tokenizer)" if what == "model" else "")
+        )
     if name.startswith(("/", ".", "~")) or name.count("/") > 1:
         raise SystemExit(f"error: {flag} {name}: no such file or directory")
     if in_hub_cache(name, "dataset" if what == "dataset" else "model") or hub_reachable():
@@ -344,6 +349,7 @@ def load_tokenizer(path: str, flag: str, trust_remote_code: bool, add_pad_token:
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
+    check_config_json(path, flag)  # transformers' message would blame the tokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             path, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local

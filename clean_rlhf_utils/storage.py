@@ -178,6 +178,7 @@ def check_model_files(path: str, flag: str) -> None:
             f"error: {flag} {path} holds no config.json: it is no model directory, or its save or copy was cut "
             "short; pass a complete model directory (config.json, weights, tokenizer)"
         )
+    check_config_json(path, flag)
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -193,6 +194,22 @@ def check_model_files(path: str, flag: str) -> None:
                 f"error: {flag} {path}: {name} {problem} (was its save or copy interrupted?); pass a complete model "
                 "directory"
             )
+
+
+def check_config_json(path: str, flag: str) -> None:
+    """A local model directory's `config.json`, when there is one, is JSON, or a one-line error naming it and the JSON
+    error (transformers reports it from whichever loads first, the tokenizer included, as a problem of that)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
+    try:
+        json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        reason = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        where = f" (line {e.lineno} column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise SystemExit(
+            f"error: {flag} {path}: config.json is not valid JSON{where}: {reason}; fix or restore config.json"
+        ) from None
 
 
 def safetensors_problem(file: Path) -> str | None:

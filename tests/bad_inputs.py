@@ -206,13 +206,16 @@ def foreign_tokenizer(script: str, w: World) -> list[str]:
 
 def broken_model(script: str, w: World, how: str) -> list[str]:
     """The script's model as a killed save or copy leaves it: `truncated`, its model.safetensors cut to half;
-    `no-config`, without config.json."""
+    `no-config`, without config.json; `bad-config`, with a config.json that is not JSON."""
     dst = w.tmp / f"model-{how}"
     shutil.copytree(w.assets / "models" / MODEL[script], dst)
     if how == "truncated":
         weights = dst / "model.safetensors"
         data = weights.read_bytes()
         weights.write_bytes(data[: len(data) // 2])
+    elif how == "bad-config":
+        config = dst / "config.json"
+        config.write_text(config.read_text().replace('"', "'", 2))  # the first key in single quotes: not JSON
     else:
         (dst / "config.json").unlink()
     return [POLICY[script], str(dst)]
@@ -304,6 +307,27 @@ CASES = [
         "--temperature",
         lambda s, w: ["--temperature", "0"],
         scripts_with("--temperature"),
+    ),
+    BadInput(
+        "temperature-greedy",
+        "`--temperature 1e-9`: greedy sampling, identical samples (was: trained on nothing, exit 0)",
+        "--temperature is 1e-09; below 0.01 sampling is greedy",
+        lambda s, w: ["--temperature", "1e-9"],
+        scripts_with("--temperature"),
+    ),
+    BadInput(
+        "kl-weight-huge",
+        "`--beta 1e30` / `--kl-coef 1e30` (was: non-finite loss, 'lower --learning-rate')",
+        "is 1e+30; a KL weight above 1000 holds the policy at the reference",
+        lambda s, w: ["--kl-coef" if has_flag(s, "--kl-coef") else "--beta", "1e30"],
+        sorted(set(scripts_with("--kl-coef")) | set(scripts_with("--beta")), key=SCRIPTS.index),
+    ),
+    BadInput(
+        "weight-decay-huge",
+        "`--weight-decay 1e6` (was: non-finite loss, 'lower --learning-rate')",
+        "--weight-decay 1e+06 x --learning-rate",
+        lambda s, w: ["--weight-decay", "1e6"],
+        scripts_with("--weight-decay"),
     ),
     BadInput("save-every-negative", "--save-every -1", "--save-every", lambda s, w: ["--save-every", "-1"]),
     # ---- the declared ranges of the numeric flags (`(range: ...)` in the docstrings, clean_rlhf_utils/args.py) ----
@@ -418,6 +442,14 @@ CASES = [
     ),
     BadInput("empty-file", "an empty training file", "is empty", lambda s, w: bad_copy(s, w, lambda text: "")),
     BadInput(
+        "lone-surrogate",
+        "a training row whose text holds half of a UTF-16 surrogate pair (was: 'check the file is complete', no row)",
+        "line 1 holds a lone UTF-16 surrogate \\ud83d",
+        lambda s, w: bad_copy(
+            s, w, rows_edited(lambda row: {**row, next(iter(row)): str(row[next(iter(row))]) + "\ud83d"})
+        ),
+    ),
+    BadInput(
         "truncated-file",
         "a training file cut off mid-row",
         "is not a JSON object",
@@ -476,6 +508,18 @@ CASES = [
         "the policy's directory without config.json (was: a traceback)",
         "holds no config.json",
         lambda s, w: broken_model(s, w, "no-config"),
+    ),
+    BadInput(
+        "model-config-not-json",
+        "the policy's config.json not valid JSON (was: reported as a tokenizer problem)",
+        "config.json is not valid JSON (line 2 column 3): Expecting property name enclosed in double quotes",
+        lambda s, w: broken_model(s, w, "bad-config"),
+    ),
+    BadInput(
+        "model-path-is-file",
+        "the policy's path names its config.json, a file (was: no such file or directory)",
+        "config.json is a file, not a model directory",
+        lambda s, w: [POLICY[s], str(w.assets / "models" / MODEL[s] / "config.json")],
     ),
     BadInput(
         "output-dir-file",

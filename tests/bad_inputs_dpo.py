@@ -277,6 +277,28 @@ CASES = [
         lambda s, w: tokenizer_edited(w, "no-pad", lambda t: setattr(t, "pad_token", None)),
         ["dpo"],
     ),
+    # ---- flags that do not apply to the mode or loss chosen (issue 51 item 8: they were ignored and recorded) ----
+    BadInput(
+        "dpo-label-smoothing-ipo",
+        "`--label-smoothing 0.1 --loss-type ipo` (was: ignored, recorded as used)",
+        "--label-smoothing 0.1 applies to --loss-type sigmoid (conservative DPO); --loss-type ipo does not use it",
+        lambda s, w: ["--loss-type", "ipo", "--label-smoothing", "0.1"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-offline-async",
+        "`--async` in offline DPO (was: ignored, recorded as used)",
+        "error: --async applies to --mode online; offline DPO trains on the data's labelled pairs",
+        lambda s, w: ["--async"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-offline-judge",
+        "`--judge gold` in offline DPO (was: ignored, recorded as used)",
+        "error: --judge applies to --mode online",
+        lambda s, w: ["--judge", "gold"],
+        ["dpo"],
+    ),
     BadInput("dpo-beta-0", "--beta 0 (IPO divides by it)", "--beta", lambda s, w: ["--beta", "0"], ["dpo"]),
     BadInput(
         "dpo-label-smoothing-half",

@@ -488,3 +488,14 @@ def test_one_colour_per_group_in_every_figure_of_a_command(tmp_path, monkeypatch
     assert len(set(colour.values())) == 3 == len(colour)  # rloo, rloo_batchmean, ppo: three colours, each everywhere
     assert compare.algorithm_of("rloo_batchmean_tiny-tldr") == "rloo_batchmean"
     assert compare.algorithm_of("ppo_tiny-tldr (runs/my_dir)") == "ppo (runs/my_dir)"
+
+
+def test_results_of_a_runs_dir_that_does_not_exist_is_one_error_line(tmp_path, capsys):
+    """Issue 51 item 12: a misspelt --runs-dir tabulated nothing and exited 0."""
+    with pytest.raises(SystemExit) as e:
+        results.main(["--runs-dir", str(tmp_path / "nowhere")])
+    assert (
+        e.value.code
+        == f"error: --runs-dir {tmp_path / 'nowhere'} does not exist; pass the directory that holds the runs"
+    )
+    assert not (tmp_path / "nowhere").exists(), "nothing is written there"

@@ -282,3 +282,43 @@ def test_a_bad_jobs_count_or_a_misspelt_only_is_an_error_not_a_silent_exit(tmp_p
 def test_the_docstring_lists_every_suite():
     listed = {line.split()[0] for line in run.__doc__.split("Suites:")[1].split("\n\n")[0].strip().splitlines()}
     assert set(run.SUITES) <= listed, sorted(set(run.SUITES) - listed)
+
+
+def test_a_second_suite_in_one_runs_directory_prints_its_refusal_only(tmp_path, capsys):
+    """Issue 51 item 12: a second `benchmark.run` in the runs directory of one still running relaunched the first one's
+    stage into the same `_suite/<stage>.log` and showed that log's lines, the first suite's, as its own failure."""
+    import subprocess
+    import time
+
+    (tmp_path / "wait.py").write_text(
+        "import pathlib, sys, time\nprint('line of the first suite', flush=True)\nend = time.time() + 30\n"
+        "while not pathlib.Path(sys.argv[0]).with_name('go').exists() and time.time() < end:\n    time.sleep(0.05)\n"
+    )
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from benchmark import run; "
+            "run.run_suite('fake', [1], workdir=Path(sys.argv[1]), live=False, "
+            "stages=[run.Stage('w__1', str(Path(sys.argv[1]) / 'wait.py'), 'p')])",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+    )
+    log = tmp_path / "runs" / "_suite" / "w__1.log"
+    try:
+        deadline = time.time() + 60
+        while "line of the first suite" not in (log.read_text() if log.exists() else ""):
+            assert time.time() < deadline and first.poll() is None, "the first suite did not start its stage"
+            time.sleep(0.05)
+        stages = [run.Stage("w__1", str(tmp_path / "wait.py"), "p")]
+        with pytest.raises(SystemExit) as e:
+            run.run_suite("fake", [1], workdir=tmp_path, live=False, stages=stages)
+        assert str(e.value.code).startswith(f"error: another suite runs in {tmp_path / 'runs'} (process ")
+        assert "\n" not in str(e.value.code)
+        assert capsys.readouterr().out == "", "the refused suite prints nothing but its refusal"
+        assert log.read_text() == "line of the first suite\n", "the first suite's log is untouched"
+    finally:
+        (tmp_path / "go").touch()
+        assert first.wait(60) == 0

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -71,6 +70,7 @@ from clean_rlhf_utils.loading import (
     check_tokenizer_fits,
     load_checked_tokenizer,
     load_config,
+    load_pretrained,
     load_split,
     load_train_and_eval_rows,
     model_positions,
@@ -601,22 +601,15 @@ def main(args: Args) -> dict:
 def load_model(args: Args, tokenizer):
     """The SFT model with a one-label score head (AutoModelForSequenceClassification), its embedding grown for an added
     `[PAD]`; a directory whose weights cannot be loaded is a one-line error naming it and the flag."""
-    local = os.path.isdir(args.sft_model_path)
-    try:
-        model = AutoModelForSequenceClassification.from_pretrained(
-            args.sft_model_path,
-            num_labels=1,
-            revision=args.revision,
-            trust_remote_code=args.trust_remote_code,
-            local_files_only=local,
-            dtype=getattr(torch, args.dtype),
-        )
-    except (OSError, ValueError, RuntimeError, KeyError) as e:  # no weights, truncated safetensors, mismatched shapes
-        reason = " ".join(str(e).split())[:200]
-        raise SystemExit(
-            f"error: --sft-model-path {args.sft_model_path} cannot be loaded as a reward model "
-            f"(AutoModelForSequenceClassification): {reason}"
-        ) from None
+    model = load_pretrained(
+        AutoModelForSequenceClassification,
+        args.sft_model_path,
+        args,
+        "reward model",
+        "--sft-model-path",
+        num_labels=1,
+        revision=args.revision,
+    )
     check_tokenizer_fits(tokenizer, model.config, args.sft_model_path, "--sft-model-path")
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
         model.resize_token_embeddings(len(tokenizer))

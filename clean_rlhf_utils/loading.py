@@ -202,16 +202,8 @@ def load_checked_tokenizer(name_or_path: str, args, flag: str = "--sft-model-pat
 def load_causal_lm(args, tokenizer, flag: str = "--model-name-or-path"):
     """The causal LM at `--model-name-or-path` in `--dtype`, its embedding grown for an added `[PAD]`, the pad token
     set in its configs. Dropout is as the checkpoint has it: the scripts turn it off (`disable_dropout`)."""
-    local = os.path.isdir(args.model_name_or_path)
-    check_model_files(args.model_name_or_path, flag)
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model_name_or_path,
-        revision=args.revision,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-        dtype=getattr(torch, args.dtype),
-    )
-    check_causal_lm(model, args.model_name_or_path, flag, "policy" if flag == "--model-name-or-path" else "teacher")
+    what = "policy" if flag == "--model-name-or-path" else "teacher"
+    model = load_pretrained(AutoModelForCausalLM, args.model_name_or_path, args, what, flag, revision=args.revision)
     if flag == "--model-name-or-path":  # a teacher scores the policy's tokens: `load_teacher` checks its embedding
         check_tokenizer_fits(tokenizer, model.config, args.model_name_or_path, flag)
     if len(tokenizer) > model.config.vocab_size:  # not the weight's shape: ZeRO-3 partitions it (shape 0)
@@ -250,16 +242,8 @@ def load_scorer(path: str, args, flag: str, reward_type: str, tokenizer):
     """A reward model saved by reward_model.py, frozen; it must be of `reward_type` and share the policy's tokenizer
     (completions are scored as the policy's token ids, as in ppo_rlhf.py)."""
     local = os.path.isdir(path)
-    if not local:
-        require_hub(path, "model", flag)
-    check_model_files(path, flag)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path,
-        trust_remote_code=args.trust_remote_code,
-        local_files_only=local,
-        dtype=getattr(torch, args.dtype),
-        num_labels=1,
-    )
+    what = "process reward model" if reward_type == "process" else "reward model"
+    model = load_pretrained(AutoModelForSequenceClassification, path, args, what, flag, True, num_labels=1)
     if getattr(model.config, "reward_type", "outcome") != reward_type:
         article = "an" if reward_type == "outcome" else "a"
         raise SystemExit(
@@ -311,20 +295,24 @@ def check_pad_token_in_embedding(tokenizer, model, path: str, flag: str = "--sft
 
 def load_pretrained(cls, path: str, args, what: str, flag: str, trained_head: bool = False, **kwargs):
     """A model of `cls` (AutoModelForCausalLM, AutoModelForSequenceClassification, ...) from a local directory or the
-    hub in `args.dtype`, or a one-line error naming `flag`. With `trained_head`, a checkpoint without the weights of the
-    score head (a causal LM, a base model: transformers would give it a random head, and its rewards would be noise) is
-    an error too. Dropout is left as the checkpoint has it: the script turns it off itself, right after the load."""
+    hub in `args.dtype`, or a one-line error naming `flag`. Its weights must match the model its config builds
+    (`check_loading_info`): a missing, unexpected or mismatched tensor is an error naming them, except a missing score
+    head where the model gets a new one (a reward or value model started from a causal LM). With `trained_head`, a
+    checkpoint without the weights of the score head (a causal LM, a base model: transformers would give it a random
+    head, and its rewards would be noise) is an error too. Dropout is left as the checkpoint has it: the script turns
+    it off itself, right after the load."""
     local = os.path.isdir(path)
     if not local:
         require_hub(path, "model", flag)
     check_model_files(path, flag)
     try:
-        model = cls.from_pretrained(
+        model, info = cls.from_pretrained(
             path,
             trust_remote_code=args.trust_remote_code,
             local_files_only=local,
             dtype=getattr(torch, args.dtype),
-            **({"output_loading_info": True} if trained_head else {}),
+            output_loading_info=True,  # what is missing, unexpected or mismatched: `check_loading_info`
+            ignore_mismatched_sizes=True,  # reported in the info, not raised as "look at the above report"
             **kwargs,
         )
     except (OSError, ValueError, RuntimeError, KeyError) as e:  # no config.json, no weights, mismatched shapes
@@ -332,15 +320,38 @@ def load_pretrained(cls, path: str, args, what: str, flag: str, trained_head: bo
         raise SystemExit(f"error: {flag} {path} cannot be loaded as the {what} ({cls.__name__}): {reason}") from None
     if cls is AutoModelForCausalLM:
         check_causal_lm(model, path, flag, what)
-    if trained_head:
-        model, info = model
-        if any(k.split(".")[0] == "score" for k in info["missing_keys"]):
-            kind = (model.config.architectures or ["model without a score head"])[0]
-            raise SystemExit(
-                f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
-                "(it would score with a random one); give a model saved by reward_model.py"
-            )
+    if trained_head and any(k.split(".")[0] == "score" for k in info["missing_keys"]):
+        kind = (model.config.architectures or ["model without a score head"])[0]
+        raise SystemExit(
+            f"error: {flag} {path} is not a {what}: it is a {kind} whose checkpoint holds no score head "
+            "(it would score with a random one); give a model saved by reward_model.py"
+        )
+    check_loading_info(info, path, flag, what, new_head=cls is AutoModelForSequenceClassification)
     return model
+
+
+# The output layer of a causal LM, which a sequence classifier started from it does not use (its `score` is new).
+LM_HEADS = ("lm_head", "embed_out")
+
+
+def check_loading_info(info: dict, path: str, flag: str, what: str, new_head: bool = False) -> None:
+    """The weights of `path` fill exactly the model its config builds, or a one-line error naming the first tensors
+    that are missing (transformers would give them random values and only print a table), unexpected (weights of
+    another architecture) or of another shape. `new_head`: a sequence classifier, whose `score` head may be new and
+    which leaves a causal LM's output layer unused. Tied weights (an LM head tied to the embedding) are not missing."""
+    missing = [k for k in info.get("missing_keys", ()) if not (new_head and k.split(".")[0] == "score")]
+    unexpected = [k for k in info.get("unexpected_keys", ()) if not (new_head and k.split(".")[0] in LM_HEADS)]
+    mismatched = [f"{k} {tuple(a)} in the file, {tuple(b)} in the model" for k, a, b in info.get("mismatched_keys", ())]
+    problems = [
+        f"{len(keys)} {kind} ({', '.join(sorted(keys)[:3])}{', ...' if len(keys) > 3 else ''})"
+        for kind, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched))
+        if keys
+    ]
+    if problems:
+        raise SystemExit(
+            f"error: {flag} {path}: its weights do not match the {what} its config.json describes: tensors "
+            f"{'; '.join(problems)}; pass the model directory those weights were saved with"
+        )
 
 
 def load_tokenizer(path: str, flag: str, trust_remote_code: bool, add_pad_token: bool, revision: str | None = None):

@@ -88,6 +88,11 @@ class Run:
                 print(f"note: --resume passes over {'; '.join(passed)}: resuming {self.resume_from}", file=sys.stderr)
             ownership.check_resume_args(args, self.dir)
             self.state = storage.read_state(self.resume_from)
+            # before anything loads: the state describes this checkpoint, whose files are whole
+            problem = storage.state_problem(self.resume_from, self.state)
+            problem = problem or storage.checkpoint_file_problem(self.resume_from)
+            if problem:
+                raise SystemExit(problem)
         elif self.held and not args.overwrite:
             raise SystemExit(
                 f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
@@ -232,6 +237,7 @@ class Run:
             if self.main:
                 rows, n = dict(self.rows), self.accelerator.num_processes
                 state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
+                state["digest"] = storage.state_digest(tmp, state)  # ties state.json to this checkpoint
                 # last: state.json marks the checkpoint complete
                 storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
         except storage.WRITE_ERRORS as e:

@@ -5,6 +5,7 @@ killed copy or save leaves out. Nothing here changes a number."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -128,6 +129,60 @@ def read_state(checkpoint: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) and isinstance(state.get("step"), int) else None
+
+
+def state_digest(checkpoint: Path, state: dict) -> str:
+    """The digest that ties a checkpoint's `state.json` to the checkpoint: sha256 over the state's fields (all but
+    `digest` itself, keys sorted) and the JSON files written beside it (`custom_state_<i>.json`: the learning-rate
+    schedule, whose position follows the step). `Run.checkpoint` records it in `state.json`; `--resume` recomputes it,
+    so a state edited by hand (a step, an episode, a row count) no longer describes its checkpoint. It reads no
+    weights: cheap for any model size."""
+    fields = json.loads(json.dumps({k: v for k, v in state.items() if k != "digest"}))  # as state.json reads back
+    h = hashlib.sha256(json.dumps(fields, sort_keys=True).encode())
+    for file in sorted(checkpoint.glob("custom_state_*.json")):
+        h.update(file.name.encode() + b"\0" + file.read_bytes())
+    return h.hexdigest()
+
+
+def state_problem(checkpoint: Path, state: dict) -> str | None:
+    """The one-line error of a checkpoint whose `state.json` does not describe it (edited by hand, or from another
+    checkpoint: `state_digest`), or None."""
+    try:
+        same = state.get("digest") == state_digest(checkpoint, state)
+    except OSError as e:
+        same, why = False, f"{e.strerror or e}"
+    else:
+        why = "no digest" if "digest" not in state else "its digest does not match"
+    if same:
+        return None
+    return (
+        f"error: --resume: {checkpoint / 'state.json'} does not describe this checkpoint ({why}: edited, or from "
+        f"another checkpoint; it claims step {state['step']}); start over with --overwrite"
+    )
+
+
+def checkpoint_file_problem(checkpoint: Path) -> str | None:
+    """The one-line error of a checkpoint file that is not whole (a cut or corrupt copy): every safetensors file
+    (`safetensors_problem`) and every torch file (`.bin`, `.pt`, `.pkl`: torch.save's zip archive, whose central
+    directory, at the end, a cut file lacks) at the top of the checkpoint, checked before anything loads; None."""
+    import zipfile
+
+    for file in sorted(checkpoint.iterdir()):
+        problem = None
+        if file.suffix == ".safetensors":
+            problem = safetensors_problem(file)
+        elif file.suffix in (".bin", ".pt", ".pkl") and file.is_file():
+            try:
+                with zipfile.ZipFile(file) as archive:
+                    archive.infolist()
+            except (zipfile.BadZipFile, OSError, ValueError) as e:
+                problem = f"is not a whole torch file ({file.stat().st_size} bytes; {e})"
+        if problem:
+            return (
+                f"error: --resume: {file} {problem}; the checkpoint is damaged (a cut copy?): restore it, or start "
+                "over with --overwrite"
+            )
+    return None
 
 
 def checkpoint_to_resume(run_dir: Path) -> tuple[Path | None, list[str]]:

@@ -221,6 +221,26 @@ def broken_model(script: str, w: World, how: str) -> list[str]:
     return [POLICY[script], str(dst)]
 
 
+def mismatched_model(script: str, w: World, how: str) -> list[str]:
+    """The script's model whose weights do not match its config: `missing`, its model.safetensors without layer 1's
+    attention weights; `vocab` and `hidden`, its config.json's vocab_size grown by 64 or hidden_size doubled."""
+    from safetensors.torch import load_file, save_file
+
+    dst = w.tmp / f"model-{how}"
+    shutil.copytree(w.assets / "models" / MODEL[script], dst)
+    if how == "missing":
+        tensors = load_file(dst / "model.safetensors")
+        kept = {k: v for k, v in tensors.items() if not (".layers.1." in k and "att" in k)}
+        assert len(kept) < len(tensors)
+        save_file(kept, dst / "model.safetensors", metadata={"format": "pt"})
+    else:
+        config = json.loads((dst / "config.json").read_text())
+        key, grow = ("vocab_size", 64) if how == "vocab" else ("hidden_size", config["hidden_size"])
+        config[key] += grow
+        (dst / "config.json").write_text(json.dumps(config))
+    return [POLICY[script], str(dst)]
+
+
 def a_file(path: Path) -> Path:
     path.write_text("")
     return path
@@ -520,6 +540,24 @@ CASES = [
         "the policy's path names its config.json, a file (was: no such file or directory)",
         "config.json is a file, not a model directory",
         lambda s, w: [POLICY[s], str(w.assets / "models" / MODEL[s] / "config.json")],
+    ),
+    BadInput(
+        "model-missing-tensors",
+        "the policy's model.safetensors without layer 1's attention weights (was: trained with random weights there)",
+        "its weights do not match the",
+        lambda s, w: mismatched_model(s, w, "missing"),
+    ),
+    BadInput(
+        "model-vocab-mismatch",
+        "the policy's config.json with a vocab_size 64 larger than its weights' (was: a size-mismatch traceback)",
+        "its weights do not match the",
+        lambda s, w: mismatched_model(s, w, "vocab"),
+    ),
+    BadInput(
+        "model-hidden-size-mismatch",
+        "the policy's config.json with hidden_size doubled (was: a size-mismatch traceback)",
+        "its weights do not match the",
+        lambda s, w: mismatched_model(s, w, "hidden"),
     ),
     BadInput(
         "output-dir-file",

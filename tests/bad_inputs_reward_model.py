@@ -396,7 +396,7 @@ CASES = [
     BadInput(
         "rm-model-without-weights",
         "an SFT model directory with its tokenizer but no weights",
-        "cannot be loaded as a reward model",
+        "cannot be loaded as the reward model",
         lambda s, w: model_copy(w, "no-weights", lambda f: f != "model.safetensors"),
         S,
     ),

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceC
 
 from clean_rlhf_utils.datafiles import SAVE_AS_JSONL, check_json_rows
 from clean_rlhf_utils.prompts import prepare_prompts
-from clean_rlhf_utils.storage import check_config_json, check_model_files
+from clean_rlhf_utils.storage import check_config_json, check_loading_info, check_model_files
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -328,30 +328,6 @@ def load_pretrained(cls, path: str, args, what: str, flag: str, trained_head: bo
         )
     check_loading_info(info, path, flag, what, new_head=cls is AutoModelForSequenceClassification)
     return model
-
-
-# The output layer of a causal LM, which a sequence classifier started from it does not use (its `score` is new).
-LM_HEADS = ("lm_head", "embed_out")
-
-
-def check_loading_info(info: dict, path: str, flag: str, what: str, new_head: bool = False) -> None:
-    """The weights of `path` fill exactly the model its config builds, or a one-line error naming the first tensors
-    that are missing (transformers would give them random values and only print a table), unexpected (weights of
-    another architecture) or of another shape. `new_head`: a sequence classifier, whose `score` head may be new and
-    which leaves a causal LM's output layer unused. Tied weights (an LM head tied to the embedding) are not missing."""
-    missing = [k for k in info.get("missing_keys", ()) if not (new_head and k.split(".")[0] == "score")]
-    unexpected = [k for k in info.get("unexpected_keys", ()) if not (new_head and k.split(".")[0] in LM_HEADS)]
-    mismatched = [f"{k} {tuple(a)} in the file, {tuple(b)} in the model" for k, a, b in info.get("mismatched_keys", ())]
-    problems = [
-        f"{len(keys)} {kind} ({', '.join(sorted(keys)[:3])}{', ...' if len(keys) > 3 else ''})"
-        for kind, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched))
-        if keys
-    ]
-    if problems:
-        raise SystemExit(
-            f"error: {flag} {path}: its weights do not match the {what} its config.json describes: tensors "
-            f"{'; '.join(problems)}; pass the model directory those weights were saved with"
-        )
 
 
 def load_tokenizer(path: str, flag: str, trust_remote_code: bool, add_pad_token: bool, revision: str | None = None):

@@ -267,6 +267,28 @@ def check_config_json(path: str, flag: str) -> None:
         ) from None
 
 
+def check_loading_info(info: dict, path: str, flag: str, what: str, new_head: bool = False) -> None:
+    """The weights of `path` fill exactly the model its config builds, or a one-line error naming the first tensors
+    that are missing (transformers would give them random values and only print a table), unexpected (weights of
+    another architecture) or of another shape. `new_head`: a sequence classifier, whose `score` head may be new and
+    which leaves a causal LM's output layer unused. Tied weights (an LM head tied to the embedding) are not missing."""
+    missing = [k for k in info.get("missing_keys", ()) if not (new_head and k.split(".")[0] == "score")]
+    unexpected = [
+        k for k in info.get("unexpected_keys", ()) if not (new_head and k.split(".")[0] in ("lm_head", "embed_out"))
+    ]
+    mismatched = [f"{k} {tuple(a)} in the file, {tuple(b)} in the model" for k, a, b in info.get("mismatched_keys", ())]
+    problems = [
+        f"{len(keys)} {kind} ({', '.join(sorted(keys)[:3])}{', ...' if len(keys) > 3 else ''})"
+        for kind, keys in (("missing", missing), ("unexpected", unexpected), ("mismatched", mismatched))
+        if keys
+    ]
+    if problems:
+        raise SystemExit(
+            f"error: {flag} {path}: its weights do not match the {what} its config.json describes: tensors "
+            f"{'; '.join(problems)}; pass the model directory those weights were saved with"
+        )
+
+
 def safetensors_problem(file: Path) -> str | None:
     """What is wrong with a safetensors file (missing, or not whole: safetensors' own header check, which also finds
     a file shorter than its header says), or None. It maps the file and reads no tensor."""

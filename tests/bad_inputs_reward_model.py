@@ -152,7 +152,7 @@ CASES = [
     BadInput(
         "rm-query-null",
         "a pair whose prompt field is null",
-        "field 'query' of the prompt (--prompt-template '{query}') is null",
+        "field 'query' of the prompt (--prompt-template '{query}') is missing or null",
         pairs("train", "query", None),
         S,
     ),

@@ -1250,7 +1250,9 @@ def test_learned_process_reward_runs_end_to_end(assets, tmp_path):
 def test_non_finite_loss_is_an_error(assets, tmp_path, monkeypatch):
     # a one-line error advising a new run; no checkpoint of weights a bad step may have moved (none was written before)
     monkeypatch.setattr(
-        grpo, "clipped_surrogate", lambda lr, adv, lo, hi: (lr * float("nan"), torch.zeros_like(lr, dtype=torch.bool))
+        grpo,
+        "clipped_surrogate",
+        lambda lr, adv, lo, hi, dual_clip=None: (lr * float("nan"), torch.zeros_like(lr, dtype=torch.bool)),
     )
     with pytest.raises(SystemExit, match=r"^error: non-finite GRPO loss at step 1: lower --learning-rate.*--overwrite"):
         grpo.main(_args(assets, tmp_path, run_name="nan", total_steps=1, pass_k=0, save_model=False))

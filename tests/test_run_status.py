@@ -300,5 +300,6 @@ def test_results_ends_with_the_paths_it_wrote(tmp_path, capsys):
         f"  {tmp_path / 'results_tiny-math_grpo.png'}",
     ]
     assert all(Path(line.strip()).stat().st_size > 0 for line in tail[1:])
+    (tmp_path / "empty").mkdir()  # a runs directory without runs (a missing one is an error)
     assert results.main(["--runs-dir", str(tmp_path / "empty"), "--tracks", "tiny-tldr"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote nothing under {tmp_path / 'empty'}"

@@ -36,50 +36,27 @@ import sys
 import time
 from pathlib import Path
 
+from benchmark.real_check import PYTHIA, QWEN2, QWEN_MODELS, SMALL
+
 REPO = Path(__file__).resolve().parent.parent
 
-# published config.json values of the models the real presets start from (EleutherAI/pythia-1b-deduped,
-# Qwen/Qwen2.5-0.5B-Instruct)
-PYTHIA_1B = dict(
-    model_type="gpt_neox",
-    vocab_size=50304,
-    hidden_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=8,
-    intermediate_size=8192,
-    hidden_act="gelu",
-    rotary_pct=0.25,
-    rotary_emb_base=10000,
-    max_position_embeddings=2048,
-    layer_norm_eps=1e-5,
-    use_parallel_residual=True,
-    tie_word_embeddings=False,
-    bos_token_id=0,
-    eos_token_id=0,
-    attention_bias=True,
-)
-QWEN_05B = dict(
-    model_type="qwen2",
-    vocab_size=151936,
-    hidden_size=896,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    intermediate_size=4864,
-    hidden_act="silu",
-    rms_norm_eps=1e-6,
-    max_position_embeddings=32768,
-    rope_theta=1000000.0,
-    tie_word_embeddings=True,
-    use_sliding_window=False,
-    bos_token_id=151643,
-    eos_token_id=151645,
-)
-SMALL = {  # --small: the CPU dry run
-    "gpt_neox": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
-    "qwen2": dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128
-    ),
+# the models the real presets start from, at full size: the real-shape check's architectures (the published config.json
+# values) with EleutherAI/pythia-1b-deduped's and Qwen/Qwen2.5-0.5B-Instruct's sizes; `--small` takes its small sizes
+PYTHIA_1B = {
+    **PYTHIA,
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 8,
+    "intermediate_size": 8192,
+}
+QWEN_05B = {
+    **QWEN2,
+    **QWEN_MODELS["qwen2.5-0.5b-instruct"],
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "intermediate_size": 4864,
 }
 # real-shape cells of one process covering every script (benchmark.real_check --only)
 REAL_CELLS = [

@@ -365,8 +365,12 @@ def run_check(
     dry_run: bool = False,
     timeout: int = 900,
     also_zero3: list[str] = (),
+    read_from: dict[str, str] | None = None,
 ) -> dict[tuple[str, str], str]:
-    """Run the cells; returns {(run name, engine): 'ok' | 'FAILED: ...' | 'blocked: ...' | 'not run: ...'}."""
+    """Run the cells; returns {(run name, engine): 'ok' | 'FAILED: ...' | 'blocked: ...' | 'not run: ...'}.
+    `read_from` {engine: other}: the engine's stages read the SFT and reward models that `other` trained (default
+    {"zero3": "zero2"}, as the suites do)."""
+    read_from = {"zero3": "zero2"} if read_from is None else read_from
     models = build_models(workdir, src, build=not dry_run)
     todo = [(suite, st) for suite, st in stages() if not only or any(matches(o, st.run_name) for o in only)]
     result: dict[tuple[str, str], str] = {}
@@ -380,7 +384,7 @@ def run_check(
             cmd = command(suite, stage, engine, models, src, runs)
             # a stage reads the models its predecessors wrote under the same engine; the suites train no SFT or reward
             # model under ZeRO-3 (ZeRO-2 there), so ZeRO-3 stages read the zero2 ones
-            source = "zero2" if engine == "zero3" else engine
+            source = read_from.get(engine, engine)
             if source != engine:
                 cmd = [
                     a.replace(f"{workdir}/{engine}/runs/", f"{workdir}/{source}/runs/")

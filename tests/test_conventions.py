@@ -219,12 +219,31 @@ def test_args_fields_are_documented_and_presets_exist(script):
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_the_command_line_is_one_line_through_the_error_wrapper(script):
+    """Every script starts as the two that tests/test_bad_inputs.py run as processes: `__main__` is `main(cli(PRESETS))`
+    and `main` carries `one_error_line`, so its `error:` line is the last one and the exit code 1 (in-process cases of
+    the bad-input suite check the messages themselves)."""
+    tree = ast.parse(script.read_text())
+    guard = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'"]
+    assert len(guard) == 1 and [ast.unparse(n) for n in guard[0].body] in (
+        ["main(cli(PRESETS))"],
+        ["main(runs.cli(PRESETS))"],
+    ), f"{script.name}: the `__main__` block must be main(cli(PRESETS))"
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    assert [ast.unparse(d) for d in main.decorator_list] in (["one_error_line"], ["runs.one_error_line"]), script.name
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_help_lists_presets(script):
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and "tiny" in out.stdout
+    tree = ast.parse(script.read_text())
+    presets = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "PRESETS")
+    missing = [k.value for k in presets.value.keys if k.value not in out.stdout]
+    assert not missing, f"--help of {script.name} does not list {missing}"
 
 
 @pytest.mark.parametrize("command", [["format", "--check"], ["check"]], ids=["format", "lint"])

@@ -26,7 +26,7 @@ from tests.launch import free_port, launch_cmd
 pytestmark = pytest.mark.slow  # two launches per family, run one heavy job at a time (docs/tests.md)
 
 # the two training loops that sample: GRPO's here, rloo's (ppo_rlhf / remax share its plumbing) in the resume test;
-# SFT, the reward model and DPO run as two machines in the real-shape check (tests/test_real_check.py, `2machines`)
+# SFT and the reward model run as two machines in the real-shape check (tests/test_real_check.py, `2machines`)
 FAMILIES = ["grpo_math"]  # rloo: the resume test below compares two machines with one
 # a few steps: the tiny preset's 40 steps of 16 x 8 completions took 11 minutes, twice over, of CI's 40 (docs/tests.md)
 SHORT = {"grpo_math": ["--total-steps", "3", "--pass-k", "2"]}

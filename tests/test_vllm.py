@@ -85,20 +85,38 @@ def test_lora_merged_weights_reach_vllm(assets, llama):
     assert engine.load_weights(policy) < 1e-4
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-neox"])
-def test_greedy_vllm_equals_greedy_in_house_token_for_token(assets, llama, model):
+def greedy_pair(assets: Path, model: str, engine=None) -> tuple[list, list]:
+    """Greedy completions of 16 tiny-math prompts by the in-house sampler and by vLLM, from a policy moved off the
+    weights on disk (loaded into vLLM through the update)."""
     tokenizer = AutoTokenizer.from_pretrained(assets / "models" / model)
-    engine = llama[0] if model == "tiny-llama" else engine_for(assets / "models" / model, tokenizer.eos_token_id)
     policy = moved(AutoModelForCausalLM.from_pretrained(assets / "models" / model, dtype=torch.float32), lr=3e-3)
-    engine.load_weights(policy)  # a policy that is not the one on disk
+    engine = engine or engine_for(assets / "models" / model, tokenizer.eos_token_id)
+    engine.load_weights(policy)
     rows = [json.loads(line) for line in (assets / "tiny-math" / "gsm8k" / "test.jsonl").read_text().splitlines()]
     prompts = [tokenizer(f"Question: {r['question']}\nAnswer:\n")["input_ids"] for r in rows[:16]]
     ours, _ = generation.sample_with_kv_cache(
         policy.eval(), prompts, tokenizer.pad_token_id, tokenizer.eos_token_id, 32, 0.0, 16
     )
     theirs, logprobs = engine(prompts, 32, 0.0)
-    assert theirs == ours
     assert all(len(lp) == len(t) for lp, t in zip(logprobs, theirs))
+    return ours, theirs
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-neox"])
+def test_greedy_vllm_equals_greedy_in_house_token_for_token(assets, llama, model, tmp_path):
+    if model == "tiny-llama":
+        ours, theirs = greedy_pair(assets, model, llama[0])
+    else:  # a second engine needs a process of its own: vLLM keeps one engine's config per process
+        out = tmp_path / "pair.json"
+        cmd = [sys.executable, __file__, str(assets), model, str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=_env())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ours, theirs = json.loads(out.read_text())
+    assert theirs == ours
+
+
+def _env() -> dict:
+    return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
 
 
 def test_grpo_math_use_vllm_runs_and_checks_every_update(assets, tmp_path):
@@ -106,10 +124,13 @@ def test_grpo_math_use_vllm_runs_and_checks_every_update(assets, tmp_path):
     cmd += ["--model-name-or-path", str(assets / "models" / "tiny-llama")]
     cmd += ["--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), "--output-dir", str(tmp_path / "runs")]
     cmd += ["--run-name", "v", "--total-steps", "3", "--num-eval-examples", "8", "--pass-k", "0", "--num-threads", "1"]
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "runs" / "v" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if "mismatch/abs_logprob_diff" in r]  # the sampler correction's figures, every step
     assert [r["step"] for r in train] == [1, 2, 3], rows
     assert all(r["mismatch/abs_logprob_diff"] < 1e-3 for r in train), train  # float32: the same weights both sides
+
+
+if __name__ == "__main__":  # greedy_pair in a fresh process: ASSETS MODEL OUT.json
+    Path(sys.argv[3]).write_text(json.dumps(greedy_pair(Path(sys.argv[1]), sys.argv[2])))

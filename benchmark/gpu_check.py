@@ -176,6 +176,19 @@ def build_random_model(spec: dict, small: bool, dtype, seed: int = 0, cls_name: 
     return model
 
 
+def mismatch_stats(d) -> dict:
+    """`mismatch/*`'s figures of d = log pi_trainer - log pi_sampler over the sampled tokens, in float64: mean and max
+    |d|, mean |ratio - 1|, and k3 = r - 1 - log r (r = e^d), KL(sampler || trainer) estimated on the sampler's draws."""
+    d = d.double()
+    return {
+        "tokens": len(d),
+        "mismatch_abs_mean": float(d.abs().mean()),
+        "mismatch_max": float(d.abs().max()),
+        "ratio_error_mean": float((d.exp() - 1).abs().mean()),
+        "k3_kl_sampler_to_trainer": float((d.exp() - 1 - d).mean()),
+    }
+
+
 def mismatch_section(small: bool) -> dict:
     """Sample with the in-house KV-cache sampler (the logprob of each sampled token kept), then score the same tokens
     with one padded forward pass, as the trainer does; mismatch = log pi_trainer - log pi_sampler per token."""
@@ -223,14 +236,9 @@ def mismatch_section(small: bool) -> dict:
                 pos = torch.arange(len(p) - 1, len(p) + len(c) - 1, device=dev)
                 trainer = lp[i, pos].gather(1, torch.tensor(c, device=dev)[:, None]).squeeze(1)
                 deltas.append(trainer.cpu() - logps[i])
-            d = torch.cat(deltas).double()
             out[f"{name} {dtype}"] = {
-                "tokens": len(d),
-                "mismatch_abs_mean": float(d.abs().mean()),
-                "mismatch_max": float(d.abs().max()),
-                "ratio_error_mean": float((d.exp() - 1).abs().mean()),
-                "k3_kl_sampler_to_trainer": float((d.exp() - 1 - d).mean()),
-                "sample_tokens_per_s": round(len(d) / sample_s, 1),
+                **mismatch_stats(torch.cat(deltas)),
+                "sample_tokens_per_s": round(len(torch.cat(deltas)) / sample_s, 1),
             }
             del model, logits, lp
             if dev.type == "cuda":

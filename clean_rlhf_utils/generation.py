@@ -225,8 +225,9 @@ class VLLMSampler:
         # threads, seed its global RNG and, for architectures it runs through its Transformers backend (GPT-NeoX in
         # 0.32), wrap transformers' own class, which breaks the policy's forward pass (docs/vllm.md)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if device == "cpu" else "0")
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the update's pickle to its own child
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache on the CPU (vLLM's default: 4)
+        if device == "cpu":
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the update's pickle to its own child
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache (vLLM's default: 4)
         self.vllm, self.eos_id, self.dtype = vllm, eos_id, args.dtype
         extra = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if device == "cuda" else {}
         try:

@@ -106,7 +106,7 @@ def greedy_pair(assets: Path, model: str, engine=None) -> tuple[list, list]:
 def test_greedy_vllm_equals_greedy_in_house_token_for_token(assets, llama, model, tmp_path):
     if model == "tiny-llama":
         ours, theirs = greedy_pair(assets, model, llama[0])
-    else:  # a second engine needs a process of its own: vLLM keeps one engine's config per process
+    else:  # a second model's engine from a fresh process, as a run starts one (two engines in one process: untried)
         out = tmp_path / "pair.json"
         cmd = [sys.executable, __file__, str(assets), model, str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=_env())

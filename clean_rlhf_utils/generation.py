@@ -209,8 +209,6 @@ class VLLMSampler:
                 "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 and FSDP shard across "
                 "processes; use DDP or ZeRO-2 with vLLM"
             )
-        if getattr(args, "async_generation", False):
-            raise SystemExit("error: --async samples with a copy of the policy in a thread; drop it with --use-vllm")
         path = getattr(args, "sft_model_path", None) or args.model_name_or_path
         completion = getattr(args, "max_completion_length", None) or args.response_length
         try:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.run import REPO, Stage, math_stages, tldr_stages
+from benchmark.run import REPO, Stage, accelerate_config_problem, math_stages, tldr_stages
 
 CONFIGS = REPO / "benchmark" / "accelerate_configs"
 
@@ -371,6 +371,12 @@ def run_check(
     `read_from` {engine: other}: the engine's stages read the SFT and reward models that `other` trained (default
     {"zero3": "zero2"}, as the suites do)."""
     read_from = {"zero3": "zero2"} if read_from is None else read_from
+    for engine in engines:  # accelerate would stop every cell of the engine with a traceback of its own
+        problem = ENGINES[engine][0] and accelerate_config_problem(CONFIGS / f"{ENGINES[engine][0]}.yaml")
+        if problem:
+            raise SystemExit(
+                f"error: {problem} (engine {engine}); restore it (git checkout -- {CONFIGS.relative_to(REPO)})"
+            )
     models = build_models(workdir, src, build=not dry_run)
     todo = [(suite, st) for suite, st in stages() if not only or any(matches(o, st.run_name) for o in only)]
     result: dict[tuple[str, str], str] = {}

@@ -22,11 +22,14 @@ Each stage is one command of an algorithm script, run as a subprocess with its o
 `runs/`. A stage that fails is reported and the suite goes on with the stages that do not depend on it.
 When the suite is rerun, a stage is
   skipped   when the script's `runs/<run_name>/done.json` (written at the end of a run that completed its budget)
-            holds the same command arguments: a `--quick` run does not count as done for the full suite;
+            holds the same command arguments (a `--quick` run does not count as done for the full suite) and the
+            path and sha256 of the very file that would run now (an edited fork, or another file of the same name,
+            runs again), and the models it read are the ones there now (the sha256 of each needed run's done.json,
+            recorded in `runs/_suite/<run_name>.stage.json` when it was launched);
   resumed   (`--resume`) when the run stopped part way (a checkpoint, no done.json) and was started by the same
-            command, as recorded in `runs/_suite/<run_name>.stage.json` before each launch;
-  rerun     (`--overwrite`) otherwise when its directory exists: another command, no checkpoint, or a stage it
-            needs was (re)run now.
+            command, as recorded in that stage record, and by the same file (its provenance.json);
+  rerun     (`--overwrite`) otherwise when its directory exists: another command, another script, no checkpoint, or
+            a stage it needs was (re)run, now or by another invocation since. The line before it says why.
 `--num-threads`, `--resume` and `--overwrite` do not count as a different command. SIGTERM or SIGINT to the suite
 (a hangup as SIGTERM) is passed on to the running stages, each in a session of its own; the suite starts no other,
 waits for them to checkpoint and exit (`[stopped] <run_name>`), and exits with the signal's code: the same command
@@ -55,6 +58,7 @@ stage's progress) every minute; and `[end]` when the last stage ends.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -90,6 +94,11 @@ class Stage:
     def args(self, quick: bool = False) -> list[str]:
         """The command's arguments after the script path: what the script records as `argv` in its done.json."""
         return [self.preset, "--run-name", self.run_name, *self.extra, *(self.quick if quick else [])]
+
+    def file(self, workdir: Path = Path(".")) -> Path:
+        """The script file this stage runs: `accelerate launch` takes it from the working directory, `python` by its
+        path in this checkout (an absolute path, a fork's, is itself)."""
+        return Path(workdir) / self.script if self.accelerate_config else REPO / self.script
 
     def command(self, launcher: list[str], quick: bool = False) -> list[str]:
         if self.accelerate_config:
@@ -592,33 +601,90 @@ def stage_record(runs_dir: Path, run_name: str) -> Path:
     return runs_dir / SUITE_DIR / f"{run_name}.stage.json"
 
 
-def decide(runs_dir: Path, run_name: str, args: list[str], rebuilt: list[str] = ()) -> tuple[str, str]:
+def _sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def script_change(recorded, script: Path) -> str | None:
+    """Why a run whose record (done.json's or provenance.json's `script`: its path, relative to the checkout or
+    absolute, and the sha256 of its bytes) says it was made by another file than `script` as it is now; None when it
+    was made by this file with these bytes. The cache is keyed by the code, not only by the arguments: a fork edited
+    after its first study, or another file of the same name, runs again."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("sha256"), str) or not recorded.get("path"):
+        return "its record does not say which script made it (no path and sha256)"
+    was = Path(str(recorded["path"]))
+    if (was if was.is_absolute() else REPO / was).resolve() != script.resolve():
+        return f"it was made by {recorded['path']}, and this stage runs {script}"
+    now = _sha256(script)
+    if now is None:
+        return f"its script {script} cannot be read"
+    if now != recorded["sha256"]:
+        return f"{script.name} changed since it ran (sha256 {recorded['sha256'][:12]} then, {now[:12]} now)"
+    return None
+
+
+def needs_fingerprint(runs_dir: Path, needs: list[str]) -> dict[str, str | None]:
+    """The sha256 of each needed run's done.json (its command, script hash and finishing time): the suite records it
+    when it launches a stage, so a stage built on a model that was rebuilt later, by another invocation, runs again."""
+    return {name: _sha256(runs_dir / name / "done.json") for name in needs}
+
+
+def decide(
+    runs_dir: Path,
+    run_name: str,
+    args: list[str],
+    rebuilt: list[str] = (),
+    script: Path | None = None,
+    needs: list[str] = (),
+) -> tuple[str, str]:
     """What the suite does with a stage whose command arguments (after the script path) are `args`, and why:
-    "skip" (done.json with these arguments), "resume" (checkpoint, no done.json, launched with these arguments),
-    "rerun" (the directory exists otherwise: launched with --overwrite) or "run" (no directory). `rebuilt`: the
-    stages it needs that were run in this invocation, so that what it finished earlier was built on older models."""
+    "skip" (done.json with these arguments, made by `script` as it is now from the models it needs as they are now),
+    "resume" (checkpoint, no done.json, launched with these arguments by `script` as it is now), "rerun" (the
+    directory exists otherwise: launched with --overwrite) or "run" (no directory). `rebuilt`: the stages it needs
+    that were run in this invocation, so that what it finished earlier was built on older models. `script` None: the
+    arguments alone decide (a caller that does not know the file)."""
     run_dir, args = runs_dir / run_name, same_run_args(args)
     if not run_dir.exists():
         return "run", "new run"
     if rebuilt:
         return "rerun", f"it needs {', '.join(rebuilt)}, run again now"
     done = _read_json(run_dir / "done.json")
+    record = _read_json(stage_record(runs_dir, run_name))
     if done is not None:
         was = same_run_args([str(a) for a in done.get("argv") or []])
-        if was == args:
-            return "skip", "finished earlier with the same command (done.json)"
-        return "rerun", f"its done.json is from another command, the budget or flags differ: {_difference(was, args)}"
+        if was != args:
+            return (
+                "rerun",
+                f"its done.json is from another command, the budget or flags differ: {_difference(was, args)}",
+            )
+        changed = script_change(done.get("script"), script) if script is not None else None
+        if changed:
+            return "rerun", changed
+        built_on = (record or {}).get("needs")
+        if isinstance(built_on, dict):  # a record without it (older suites, a run by hand): the arguments decide
+            now = needs_fingerprint(runs_dir, [n for n in needs if n in built_on])
+            older = [n for n, h in now.items() if h != built_on[n]]
+            if older:
+                return "rerun", f"it was built on an earlier {', '.join(older)}, which was run again since"
+        return "skip", "finished earlier with the same command and script (done.json)"
     if (run_dir / "done.json").exists():
         return "rerun", "its done.json is unreadable"
     if storage.checkpoint_to_resume(run_dir)[0] is None:
         return "rerun", "it did not finish (no done.json) and has no complete checkpoint to resume"
-    record = _read_json(stage_record(runs_dir, run_name))
     if record is None:
         return "rerun", "it did not finish and there is no record of the command that started it"
     was = same_run_args([str(a) for a in record.get("argv") or []])
     if was != args:
         return "rerun", f"it did not finish, and was started by another command: {_difference(was, args)}"
-    return "resume", "it stopped part way (a checkpoint, no done.json); same command"
+    if script is not None:
+        started = ((_read_json(run_dir / "provenance.json") or {}).get("started") or {}).get("script")
+        changed = script_change(started, script)
+        if changed:
+            return "rerun", f"it did not finish, and not with this script: {changed}"
+    return "resume", "it stopped part way (a checkpoint, no done.json); same command and script"
 
 
 def final_metrics(run_dir: Path) -> dict:
@@ -630,6 +696,48 @@ def final_metrics(run_dir: Path) -> dict:
 
 
 LAUNCH = {"run": [], "rerun": ["--overwrite"], "resume": ["--resume"]}  # flags appended per decision
+
+
+SEED_RANGE = (0, 2**31 - 1)  # the scripts' `--seed` range (clean_rlhf_utils/args.py)
+
+
+def check_seeds(seeds: list[int]) -> None:
+    """The suites' and the study's `--seeds`, refused in one line when the suite starts rather than by each stage
+    later: out of the scripts' range, or given twice (two stages of one name)."""
+    low, high = SEED_RANGE
+    bad = [s for s in seeds if not low <= s <= high]
+    if bad:
+        raise SystemExit(
+            f"error: --seeds {' '.join(map(str, bad))}: a seed must be in [{low}, {high}] (the scripts' --seed)"
+        )
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise SystemExit(f"error: --seeds gives {' '.join(map(str, twice))} more than once; give each seed once")
+    if not seeds:
+        raise SystemExit("error: --seeds is empty; give at least one seed")
+
+
+def accelerate_config_problem(path: Path) -> str | None:
+    """Why `accelerate launch --config_file PATH` would fail on the file itself, found with accelerate's own reader
+    before anything is launched (accelerate would stop each stage with a traceback of its own); None when it loads."""
+    if not path.is_file():
+        return f"the accelerate config {path} {'is not a regular file' if path.exists() else 'does not exist'}"
+    try:
+        from accelerate.commands.config.config_args import load_config_from_file
+
+        load_config_from_file(str(path))
+    except Exception as e:  # YAML errors, accelerate's ValueErrors: whatever `accelerate launch` would stop on
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        return f"the accelerate config {path} is not one accelerate can read ({type(e).__name__}: {first})"
+    return None
+
+
+def check_accelerate_configs(stages: list[Stage], workdir: Path) -> None:
+    """Every accelerate config the stages launch with loads, before the first stage: one line naming the file."""
+    for name in sorted({st.accelerate_config for st in stages if st.accelerate_config}):
+        problem = accelerate_config_problem(Path(workdir) / f"benchmark/accelerate_configs/{name}.yaml")
+        if problem:
+            raise SystemExit(f"error: {problem}; restore it (git checkout -- benchmark/accelerate_configs) or fix it")
 
 
 def run_suite(
@@ -656,6 +764,7 @@ def run_suite(
     when stdout is not a terminal. `stages`: these instead of the suite's (the study's)."""
     if jobs < 1:  # 0 never starts a stage and waits for one forever
         raise SystemExit(f"error: --jobs is {jobs}; it must be at least 1")
+    check_seeds(seeds)
     asked = only
     if suite in ("quick", "learning"):
         main_job = QUICK_STAGES + MAIN_FRONTIER_STAGES
@@ -679,11 +788,12 @@ def run_suite(
             raise SystemExit(
                 f"error: --only {' '.join(unknown)} names no stage of suite {suite}; its names are {sorted(names)}"
             )
+    check_accelerate_configs(stages, workdir)
     status: dict[str, str] = {}
     if dry_run:
         for stage in stages:  # what is needed comes first; "dry-run" marks a stage that would be run now
             rebuilt = [d for d in stage.needs if status.get(d) == "dry-run"]
-            action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
+            action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt, stage.file(workdir), stage.needs)
             if action == "skip":
                 print(f"# [skip] {stage.run_name}: {why}")
                 status[stage.run_name] = "skipped"
@@ -768,7 +878,9 @@ def _run_suite(
                 if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
                     continue  # wait for what it needs: whether it was run now decides whether this stage can be kept
                 rebuilt = [d for d in stage.needs if status.get(d) == "ok"]
-                action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt)
+                action, why = decide(
+                    runs_dir, stage.run_name, stage.args(quick), rebuilt, stage.file(workdir), stage.needs
+                )
                 if action == "skip":
                     status[stage.run_name] = "skipped"
                     display[stage.run_name].state = SKIPPED
@@ -798,7 +910,8 @@ def _run_suite(
                 record = stage_record(runs_dir, stage.run_name)
                 record.parent.mkdir(parents=True, exist_ok=True)
                 if action != "resume":  # a resumed run keeps the record of the command that started it
-                    record.write_text(json.dumps({"argv": stage.args(quick), "command": cmd}) + "\n")
+                    built_on = needs_fingerprint(runs_dir, stage.needs)  # the models it reads, as they are now
+                    record.write_text(json.dumps({"argv": stage.args(quick), "command": cmd, "needs": built_on}) + "\n")
                 log = runs_dir / SUITE_DIR / f"{stage.run_name}.log"  # beside the stage's record
                 f = open(log, "a" if action == "resume" else "w")
                 if action == "resume":
@@ -909,7 +1022,14 @@ def main() -> None:
     live = False if a.plain else None  # None: the block on a terminal, event lines otherwise
     if (a.suite == "study") != (a.scripts is not None):
         raise SystemExit("error: --scripts goes with the suite study, and the study needs it")
+    check_seeds(a.seeds)
     if a.suite == "study":
+        suite_only = [flag for flag, given in (("--only", a.only is not None), ("--quick", a.quick)) if given]
+        if suite_only:  # the study runs every track of each script's family at its own budgets
+            raise SystemExit(
+                f"error: {' and '.join(suite_only)} act on the suites, not the study, which runs each script on every "
+                "track of its family at the study's budgets (benchmark/study.py); leave them out"
+            )
         from benchmark import study
 
         status = study.run_study(a.scripts, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, live=live)

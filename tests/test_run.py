@@ -49,7 +49,9 @@ def test_real_suites_print_accelerate_commands(capsys, tmp_path):
 # that holds a run unless given --resume (which needs a checkpoint and no done.json) or --overwrite (which deletes it),
 # and writes done.json with its argv at the end. A run named in $CRASH stops part way: a checkpoint, exit 143 (SIGTERM).
 FAKE_SCRIPT = """
-import json, os, pathlib, shutil, sys
+import hashlib, json, os, pathlib, shutil, sys
+me = pathlib.Path(__file__).resolve()
+script = {"path": str(me), "sha256": hashlib.sha256(me.read_bytes()).hexdigest()}  # the record `Run` writes
 argv = sys.argv[1:]
 name = argv[argv.index("--run-name") + 1]
 run = pathlib.Path("runs", name)
@@ -61,6 +63,8 @@ elif run.is_dir() and any(run.iterdir()):
         raise SystemExit(f"error: {run} already holds a run")
     shutil.rmtree(run)
 run.mkdir(parents=True, exist_ok=True)
+if "--resume" not in argv:
+    (run / "provenance.json").write_text(json.dumps({"started": {"script": script}, "resumed": []}))
 with open("calls.txt", "a") as f:
     f.write(json.dumps(argv) + "\\n")
 with open(run / "metrics.jsonl", "a") as f:
@@ -70,7 +74,8 @@ if name in os.environ.get("CRASH", "").split():
     (run / "checkpoint" / "state.json").write_text('{"step": 0}')
     raise SystemExit(143)
 shutil.rmtree(run / "checkpoint", ignore_errors=True)
-(run / "done.json").write_text(json.dumps({"step": 1, "preset": argv[0], "argv": argv, "time": 0.1}))
+done = {"step": 1, "preset": argv[0], "argv": argv, "time": 0.1, "script": script}
+(run / "done.json").write_text(json.dumps(done))
 """
 
 
@@ -106,7 +111,7 @@ def test_failed_stage_is_reported_dependents_skipped_and_finished_stages_not_rer
     assert "eval/x 1.500" in (tmp_path / "runs" / "fake_summary.md").read_text()
     status = run.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
     assert status["a__1"] == status["d__1"] == status["q__1"] == "skipped" and status["b__1"] == "failed"
-    assert "[skip] a__1: finished earlier with the same command (done.json)" in capsys.readouterr().out
+    assert "[skip] a__1: finished earlier with the same command and script (done.json)" in capsys.readouterr().out
     assert sorted(c[1] for c in _calls(tmp_path)) == ["a__1", "d__1", "q__1", "r__1"], "finished stages ran once"
 
 
@@ -164,7 +169,10 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     monkeypatch.delenv("CRASH")
     capsys.readouterr()
     assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
-    assert "[resume] q__1: it stopped part way (a checkpoint, no done.json); same command" in capsys.readouterr().out
+    assert (
+        "[resume] q__1: it stopped part way (a checkpoint, no done.json); same command and script"
+        in capsys.readouterr().out
+    )
     assert _calls(tmp_path) == [
         ["--run-name", "q__1", "--seed", "1"],
         ["--run-name", "q__1", "--seed", "1", "--resume"],
@@ -192,10 +200,70 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     (tmp_path / "runs" / "q__1" / "checkpoint").mkdir()
     (tmp_path / "runs" / "q__1" / "checkpoint" / "state.json").write_text('{"step": 1}')
     run.stage_record(tmp_path / "runs", "q__1").unlink()
-    assert run.decide(tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"]) == (
-        "rerun",
-        "it did not finish and there is no record of the command that started it",
+    assert run.decide(
+        tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"], (), tmp_path / "ok.py"
+    ) == ("rerun", "it did not finish and there is no record of the command that started it")
+
+
+def test_an_edited_script_or_another_file_of_the_same_name_runs_again(tmp_path, monkeypatch, capsys):
+    """Issue 59 class 2: the cache is keyed by the code. A stage whose done.json holds the same command is skipped only
+    when the file that would run now is the one that made it, with the same bytes."""
+    _fake_suite(tmp_path, monkeypatch)
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"]) == {"q__1": "ok", "r__1": "ok"}
+    ok = tmp_path / "ok.py"
+    ok.write_text(ok.read_text() + "# a fork edited after its first study\n")
+    capsys.readouterr()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"]) == {"q__1": "ok", "r__1": "ok"}
+    out = capsys.readouterr().out
+    assert "[rerun] q__1: ok.py changed since it ran (sha256 " in out
+    assert "[rerun] r__1: it needs q__1, run again now" in out
+    assert len(_calls(tmp_path)) == 4, "both ran again"
+    # another file of the same name elsewhere: not the file that made the run
+    other = tmp_path / "elsewhere" / "ok.py"
+    other.parent.mkdir()
+    other.write_text(ok.read_text())
+    stage = run.Stage("q__1", str(other), "p", ["--seed", "1"])
+    action, why = run.decide(tmp_path / "runs", "q__1", stage.args(), (), stage.file(tmp_path))
+    assert (action, why) == ("rerun", f"it was made by {ok}, and this stage runs {other}")
+    # a done.json that does not say which script made it (a record of older code) is not taken as this script's
+    done = tmp_path / "runs" / "q__1" / "done.json"
+    done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "script"}))
+    assert run.decide(tmp_path / "runs", "q__1", stage.args(), (), ok)[1] == (
+        "its record does not say which script made it (no path and sha256)"
     )
+
+
+def test_a_stage_built_on_a_model_rebuilt_by_another_invocation_runs_again(tmp_path, monkeypatch, capsys):
+    """What a stage reads is part of what produced it: r__1 was built on q__1; q__1 rebuilt by a later invocation
+    that did not run r__1 makes r__1 stale for the next one."""
+    _fake_suite(tmp_path, monkeypatch)
+    run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
+    run.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)  # q__1 alone, at another budget
+    capsys.readouterr()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True) == {
+        "q__1": "skipped",
+        "r__1": "ok",
+    }
+    assert "[rerun] r__1: it was built on an earlier q__1, which was run again since" in capsys.readouterr().out
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True) == {
+        "q__1": "skipped",
+        "r__1": "skipped",
+    }
+
+
+def test_a_run_stopped_part_way_is_not_resumed_with_an_edited_script(tmp_path, monkeypatch, capsys):
+    _fake_suite(tmp_path, monkeypatch)
+    monkeypatch.setenv("CRASH", "q__1")
+    run.run_suite("fake", [1], workdir=tmp_path, only=["q"])
+    monkeypatch.delenv("CRASH")
+    ok = tmp_path / "ok.py"
+    ok.write_text(ok.read_text() + "x = 1\n")
+    capsys.readouterr()
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
+    assert "[rerun] q__1: it did not finish, and not with this script: ok.py changed since it ran" in (
+        capsys.readouterr().out
+    )
+    assert _calls(tmp_path)[-1] == ["--run-name", "q__1", "--seed", "1", "--overwrite"]
 
 
 def test_launch_flags_do_not_count_as_another_command():
@@ -322,3 +390,78 @@ def test_a_second_suite_in_one_runs_directory_prints_its_refusal_only(tmp_path, 
     finally:
         (tmp_path / "go").touch()
         assert first.wait(60) == 0
+
+
+def _main(monkeypatch, capsys, *argv: str) -> str:
+    """`python -m benchmark.run ARGV` in-process: the one `error:` line it stops with."""
+    monkeypatch.setattr(sys, "argv", ["benchmark.run", *argv])
+    with pytest.raises(SystemExit) as e:
+        run.main()
+    return str(e.value.code)
+
+
+@pytest.mark.parametrize(
+    "seeds, expect",
+    [
+        (["-1"], "error: --seeds -1: a seed must be in [0, 2147483647] (the scripts' --seed)"),
+        (["1", "2147483648"], "error: --seeds 2147483648: a seed must be in [0, 2147483647]"),
+        (["1", "2", "1"], "error: --seeds gives 1 more than once; give each seed once"),
+    ],
+)
+@pytest.mark.parametrize("suite", [["quick"], ["study", "--scripts", "rloo.py"]])
+def test_bad_seeds_are_refused_when_the_suite_or_study_starts(tmp_path, monkeypatch, capsys, seeds, expect, suite):
+    """Issue 59 class 7: not per stage later, after the SFT and reward models were trained."""
+    message = _main(monkeypatch, capsys, *suite, "--seeds", *seeds, "--workdir", str(tmp_path), "--dry-run")
+    assert message.startswith(expect) and "\n" not in message
+    assert not (tmp_path / "runs").exists(), "refused before anything was planned or built"
+    with pytest.raises(SystemExit, match="give each seed once"):  # and for a caller of run_suite
+        run.run_suite("quick", [3, 3], workdir=tmp_path, dry_run=True)
+
+
+@pytest.mark.parametrize("flags, named", [(["--only", "ppo"], "--only"), (["--quick"], "--quick")])
+def test_suite_only_flags_given_to_the_study_are_refused(tmp_path, monkeypatch, capsys, flags, named):
+    """Issue 59 class 6: the study would silently ignore them."""
+    argv = ["study", "--scripts", "rloo.py", *flags, "--workdir", str(tmp_path), "--dry-run"]  # broken: runs nothing
+    message = _main(monkeypatch, capsys, *argv)
+    assert message.startswith(f"error: {named} act on the suites, not the study")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_missing_or_malformed_accelerate_config_is_one_line_before_any_stage(tmp_path, monkeypatch, capsys):
+    """Issue 59 class 8: accelerate would stop each stage with its own traceback; the suite checks the file first
+    with accelerate's reader. A real suite's configs are read from the working directory, as its stages are launched."""
+    configs = tmp_path / "benchmark" / "accelerate_configs"
+    configs.mkdir(parents=True)
+    stages = [run.Stage("s__1", "sft.py", "p", accelerate_config="multi_gpu")]
+    monkeypatch.setitem(run.SUITES, "fake", lambda seeds: stages)
+    cases = {
+        None: "the accelerate config {} does not exist",
+        "distributed_type: [MULTI_GPU\n": "is not one accelerate can read (ParserError: while parsing a flow sequence)",
+        "compute_environment: LOCAL_MACHINE\n": "is not one accelerate can read (ValueError: A `distributed_type` must",
+    }
+    for text, expect in cases.items():
+        path = configs / "multi_gpu.yaml"
+        path.unlink(missing_ok=True)
+        if text is not None:
+            path.write_text(text)
+        for dry_run in (True, False):
+            with pytest.raises(SystemExit) as e:
+                run.run_suite("fake", [1], workdir=tmp_path, dry_run=dry_run)
+            message = str(e.value.code)
+            assert message.startswith("error: the accelerate config ") and expect.format(path) in message, message
+            assert "git checkout -- benchmark/accelerate_configs" in message and "\n" not in message
+    assert not (tmp_path / "runs").exists(), "nothing launched"
+    # the library's own configs load
+    for path in sorted((REPO / "benchmark" / "accelerate_configs").glob("*.yaml")):
+        assert run.accelerate_config_problem(path) is None, path
+
+
+def test_real_check_checks_its_accelerate_configs_first(tmp_path, monkeypatch):
+    from benchmark import real_check
+
+    monkeypatch.setattr(real_check, "CONFIGS", tmp_path)  # a checkout whose configs are gone
+    monkeypatch.setattr(real_check, "REPO", tmp_path.parent)
+    monkeypatch.setattr(real_check, "build_models", lambda *a, **k: pytest.fail("built models before the check"))
+    with pytest.raises(SystemExit) as e:
+        real_check.run_check(tmp_path / "work", None, ["zero2"], dry_run=True)
+    assert str(e.value.code).startswith(f"error: the accelerate config {tmp_path / 'deepspeed_zero2.yaml'} does not")

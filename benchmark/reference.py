@@ -175,7 +175,10 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
         found[group_name(d.name)].append(record(d))
     if not found:
         raise ReferenceError(f"{runs_dir} holds no finished run (a directory with metrics.jsonl and done.json)")
-    there = {p: own_group(p) for p in sorted(out_dir.glob("*.jsonl.gz"))} if out_dir.is_dir() else {}
+    # the files it drops (--fresh: all) or rewrites (its groups'), each checked to be its own; no other is read
+    touched = sorted(out_dir.glob("*.jsonl.gz")) if fresh and out_dir.is_dir() else []
+    touched += [p for g in sorted(found) if (p := out_dir / f"{g}.jsonl.gz").exists() and p not in touched]
+    there = {p: own_group(p) for p in touched}
     replaced = []
     for group, records in sorted(found.items()):
         old = {r["name"]: r for r in there.get(out_dir / f"{group}.jsonl.gz", [])}

@@ -218,6 +218,10 @@ def test_build_deletes_or_rewrites_only_files_it_wrote(data, tmp_path, capsys):
         f"(python -m benchmark.reference build RUNS_DIR --out {elsewhere}) or move it away"
     )
     assert dataset.exists() and not (elsewhere / "rloo_tiny-math.jsonl.gz").exists()
+    # without --fresh it is neither dropped nor rewritten: not build's business
+    assert reference.main(["build", str(runs), "--out", str(elsewhere)]) == 0
+    assert dataset.exists() and (elsewhere / "rloo_tiny-math.jsonl.gz").exists()
+    (elsewhere / "rloo_tiny-math.jsonl.gz").unlink()
     # records of another group under this group's file name: not build's file
     (elsewhere / "train.jsonl.gz").unlink()
     (data / "rloo_tiny-math.jsonl.gz").rename(elsewhere / "grpo_tiny-math.jsonl.gz")

@@ -34,6 +34,10 @@ What is compared is said, never guessed:
   * the same run directory given twice (compared by its resolved path) counts once, with a warning;
   * two run directories of the same name in different folders are different experiments: the groups they belong to
     are kept apart by folder ("ppo_tiny-tldr (runs/a)", "ppo_tiny-tldr (runs/b)"), with a warning naming both paths.
+Refused in one `error:` line, before anything is written: a metrics.jsonl whose `episode` counter goes back (the rows
+of two runs in one file; `check_rows` names the row), a value of the metric that is not a number, runs of different
+tracks of the benchmark (by name: `rloo_tiny-tldr__1`, `grpo_tiny-math__1`) in one ranking unless `--across-tracks`,
+a `--threshold` that is not finite, an `--out` that cannot be written.
 Works offline, without any account.
 """
 
@@ -43,6 +47,7 @@ import argparse
 import fnmatch
 import json
 import math
+import os
 import re
 import sys
 from collections import defaultdict
@@ -67,6 +72,8 @@ class Run:
     """the run directory as given (None for a wandb run or a shipped reference run)"""
     reference: bool = False
     """a run of the shipped reference data (benchmark/reference.py): drawn dashed, under the runs compared"""
+    disorder: str = ""
+    """why its metrics.jsonl cannot be one run's rows (`read_run`): a counter that goes back or is not a number"""
 
     def x_axis(self) -> str:
         return "episode" if any("episode" in r for r in self.rows) else "step"
@@ -97,7 +104,9 @@ def group_name(run_name: str) -> str:
 
 
 def read_run(run_dir: Path) -> Run:
-    """A run's metrics rows; unreadable lines are skipped and reported in `problems`."""
+    """A run's metrics rows; unreadable lines are skipped and reported in `problems`. A row whose `episode` (or, in
+    rows without one, `step`) is not a number or is below an earlier row's is named in `disorder` (`check_rows`):
+    such a file holds the rows of two runs (appended to one file), which no final value or curve can be read from."""
     run = Run(name=run_dir.name, group=group_name(run_dir.name), rows=[], path=run_dir)
     if not (run_dir / "done.json").exists():
         run.finished = False
@@ -115,6 +124,7 @@ def read_run(run_dir: Path) -> Run:
     if not path.exists():
         run.problems.append(f"{run_dir}: no metrics.jsonl")
         return run
+    last: dict = {}
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -127,7 +137,35 @@ def read_run(run_dir: Path) -> Run:
             run.problems.append(f"{path}:{i}: not a JSON object, skipped")
             continue
         run.rows.append(row)
+        if not run.disorder:
+            run.disorder = _counter_problem(row, i, last)
     return run
+
+
+def _counter_problem(row: dict, line: int, last: dict) -> str:
+    """Why `row` (at `line`) cannot follow the rows before it in one run, or "" (`last`: counter -> (value, line) of
+    the rows before, updated here)."""
+    key = "episode" if "episode" in row else "step" if "step" in row else None
+    if key is None:
+        return ""
+    value = row[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"line {line}: its {key} is {value!r}, not a number"
+    if key in last and value < last[key][0]:
+        before, at = last[key]
+        return (
+            f"line {line}: its {key} {value:g} is below the {before:g} of line {at}: the counter goes back, so the "
+            "file holds the rows of two runs; keep one run's rows in it (or rerun it)"
+        )
+    last[key] = (value, line)
+    return ""
+
+
+def check_rows(runs: list[Run]) -> None:
+    """Refuses, in one `error:` line, runs whose metrics.jsonl is not one run's rows (`Run.disorder`)."""
+    for r in runs:
+        if r.disorder:
+            raise SystemExit(f"error: {r.path or r.name}/metrics.jsonl {r.disorder}")
 
 
 def select_runs(source, pattern: str) -> list[Run]:
@@ -554,6 +592,57 @@ def curve_label(group: str, agg: dict) -> str:
     return f"{group} (band: min-max of {n} seeds)" if agg["band"] == "min-max" else f"{group} (1 seed)"
 
 
+def track_of(group: str) -> str:
+    """`rloo_batchmean_tiny-tldr` -> `tiny-tldr`: what `algorithm_of` leaves off."""
+    m = re.search(r"_([^_\s()]+)(?: \(.*\))?$", group)  # a group kept apart by folder: `ppo_tiny-tldr (runs/a)`
+    return m[1] if m else ""
+
+
+def mixed_tracks(runs: list[Run]) -> str:
+    """ "" when the runs are on one of the benchmark's tracks at most (their name's `_<track>`, results.TRACKS and
+    frontier.TRACKS: the same metric name measures another task on each, e.g. eval/accuracy of a reward model on
+    tiny-tldr and of a policy on tiny-math), else what each track holds; a run of another name is not judged."""
+    from benchmark.frontier import TRACKS as FRONTIER_TRACKS
+    from benchmark.results import TRACKS
+
+    by_track: dict[str, list[str]] = defaultdict(list)
+    for r in runs:
+        if track_of(r.group) in {*TRACKS, *FRONTIER_TRACKS}:
+            by_track[track_of(r.group)].append(r.name)
+    if len(by_track) < 2:
+        return ""
+    return "; ".join(
+        f"{track}: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+        for track, names in sorted(by_track.items())
+    )
+
+
+def non_numbers(runs: list[Run], metric: str) -> str:
+    """The first row of a run directory whose `metric` is not a number (null, text, a list), or "": JSON's NaN and
+    Infinity are numbers (a diverged run), anything else is not what a script logs, and would be counted as diverged."""
+    for r in runs:
+        for i, row in enumerate(r.rows, start=1):
+            v = row.get(metric, 0.0)
+            if r.path is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                return f"{r.path}/metrics.jsonl: its row {i} (step {row.get('step')}) has {metric} {v!r}, not a number"
+    return ""
+
+
+def out_problem(out: Path) -> str:
+    """Why OUT.png and OUT.md cannot be written, or "": checked before any work, so a long read is not lost."""
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    for path in (out.with_suffix(".png"), out.with_suffix(".md")):
+        if path.is_dir():
+            return f"{path} is a folder"
+    if not os.access(parent, os.W_OK):
+        return f"{parent} is not writable"
+    return ""
+
+
 def algorithm_of(group: str) -> str:
     """`rloo_batchmean_tiny-tldr` -> `rloo_batchmean`: the group without its last `_<track>` (a track or preset name
     holds no `_`), a folder kept apart stays (`ppo (runs/a)`); a name without `_` is its own."""
@@ -681,10 +770,24 @@ def main(argv: list[str] | None = None) -> int:
         help="also draw the shipped runs of these algorithms (benchmark/reference_runs/: rloo, or rloo_tiny-tldr for "
         "one track) on the tracks of the runs given, as a band under them, and add them to the table",
     )
+    parser.add_argument(
+        "--across-tracks",
+        action="store_true",
+        help="rank runs of different tracks (tiny-tldr, tiny-math, ...) together; refused by default, since one metric "
+        "name measures another task on each",
+    )
     parser.add_argument("--wandb-project", default=None, help="also read the runs of this wandb project (online)")
     parser.add_argument("--wandb-entity", default=None, help="wandb entity of that project")
     a = parser.parse_args(argv)
+    if a.threshold is not None and not math.isfinite(a.threshold):
+        raise SystemExit(
+            f"error: --threshold {a.threshold} is not a finite number; give a value of {a.metric} (e.g. 0.5), or leave "
+            "it out for 90% of the way from the start to the best group's peak"
+        )
+    if why := out_problem(Path(a.out)):
+        raise SystemExit(f"error: --out {a.out}: {why}, so OUT.png and OUT.md cannot be written; pass another --out")
     runs = read_runs([Path(p) for p in a.runs])
+    check_rows(runs)
     if a.wandb_project:
         runs += read_wandb_runs(a.wandb_project, a.wandb_entity)
     for run in runs:
@@ -706,6 +809,13 @@ def main(argv: list[str] | None = None) -> int:
     if not usable:
         print(f"error: no finished run has the metric {a.metric}; {shared_metrics_hint(runs)}", file=sys.stderr)
         return 1
+    if why := non_numbers(usable, a.metric):
+        raise SystemExit(f"error: {why}; a script logs numbers (NaN when it diverged): fix or drop that row")
+    if (tracks := mixed_tracks(usable)) and not a.across_tracks:
+        raise SystemExit(
+            f"error: the runs are of different tracks ({tracks}): one ranking of {a.metric} would mix tasks; compare "
+            "each track's runs on their own (or pass --across-tracks)"
+        )
     table = summarize(usable, a.metric, a.threshold)
     diverged = diverged_runs(usable, a.metric)
     notes = [
@@ -717,13 +827,18 @@ def main(argv: list[str] | None = None) -> int:
     for line in notes:
         print(f"warning: {line}", file=sys.stderr)
     out = Path(a.out)
-    plot(
-        [r for r in usable if all(r is not d for d in diverged)],
-        a.metric,
-        out.with_suffix(".png"),
-        f"{a.metric}: {', '.join(sorted({r.group for r in usable}))}",
-        tuple(a.train_metrics),
-    )
+    try:
+        plot(
+            [r for r in usable if all(r is not d for d in diverged)],
+            a.metric,
+            out.with_suffix(".png"),
+            f"{a.metric}: {', '.join(sorted({r.group for r in usable}))}",
+            tuple(a.train_metrics),
+        )
+    except OSError as e:  # a folder the check before could not see as read-only (root), a full disk
+        raise SystemExit(
+            f"error: --out {a.out}: {out.with_suffix('.png')} cannot be written ({e}); pass another --out"
+        ) from None
     md = markdown_table(table, a.metric)
     md += "".join(f"\n> warning: {line}\n" for line in notes)
     differences = provenance_differences(usable) + mixed_scripts(usable)
@@ -736,8 +851,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     md += "".join(f"\n> warning: {line}\n" for line in differences)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(md)
+    try:
+        out.with_suffix(".md").write_text(md)
+    except OSError as e:
+        raise SystemExit(
+            f"error: --out {a.out}: {out.with_suffix('.md')} cannot be written ({e}); pass another --out"
+        ) from None
     print(md)
     print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.md')}")
     return 0

@@ -30,7 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.compare import MIN_SEEDS_FOR_CI, Colours, Run, bootstrap_ci, finished_runs, read_runs, select_runs
+from benchmark.compare import (
+    MIN_SEEDS_FOR_CI,
+    Colours,
+    Run,
+    bootstrap_ci,
+    check_rows,
+    finished_runs,
+    read_runs,
+    select_runs,
+)
 
 NAME = re.compile(r"^(?P<algo>.+)-(?P<penalty>kl|beta)(?P<value>[0-9.]+)_(?P<track>[^_]+)__(?P<seed>\d+)$")
 OVEROPT_DROP = 0.1
@@ -59,6 +68,7 @@ def read_curves(source, track: str) -> list[Curve]:
     algorithm's settings apart by the name's `-kl<v>` / `-beta<v>`."""
     gold_m, proxy_m, _ = TRACKS[track]
     runs = [r for r in select_runs(source, f"*_{track}__*") if NAME.match(r.name)]
+    check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a curve of both
 
     def name(run: Run) -> tuple[str, str, int]:
         m = NAME.match(run.name)
@@ -328,7 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS, help="KL budgets of the table")
     parser.add_argument("--out", default="runs/frontier", help="output prefix: writes OUT.png and OUT.md")
     a = parser.parse_args(argv)
-    runs = finished_runs(read_runs([Path(p) for p in a.runs]))
+    runs = read_runs([Path(p) for p in a.runs])
+    check_rows(runs)
+    runs = finished_runs(runs)
     for run in runs:
         for problem in run.problems:
             print(f"warning: {problem}", file=sys.stderr)

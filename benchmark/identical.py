@@ -3,9 +3,10 @@
 For a change that should change no number (a refactor, a speed-up): run the same suite before and after it on one
 machine, then compare the two `runs/` folders. Every run directory present in both (one holding `metrics.jsonl`) must
 have the same `metrics.jsonl` rows (wall-clock and speed fields aside: `time` and `perf/*`), the same `config.json`
-contents (key order aside; a key one side lacks equals None or False, a flag added off) and bit-identical
-tensors in `model/*.safetensors`. Prints one line a run, `same` or what differs first, and exits 1 when any run differs
-or is missing from one side.
+contents (key order aside; a key one side lacks equals None or False, a flag added off; the output folder is not a
+result: `output_dir`, and a path inside it, such as an earlier stage's model, count relative to it) and bit-identical
+tensors in `model/*.safetensors`. A metrics.jsonl or config.json that is not JSON is one `error:` line naming it.
+Prints one line a run, `same` or what differs first, and exits 1 when any run differs or is missing from one side.
 """
 
 from __future__ import annotations
@@ -22,9 +23,40 @@ from safetensors import safe_open
 SPEED = ("time",)  # and every `perf/` key: wall-clock and throughput differ between any two runs
 
 
+def read_json(path: Path, line: int | None = None, text: str | None = None):
+    """JSON from a run's file (`line`: one line of it), or one `error:` line naming the file (and the line)."""
+    try:
+        return json.loads(path.read_text() if text is None else text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"{path}:{line}" if line else str(path)
+        raise SystemExit(f"error: {where} is not JSON ({e}); the run's numbers cannot be compared: rerun it") from None
+
+
 def metric_rows(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    path = run / "metrics.jsonl"
+    text = path.read_bytes().decode(errors="replace")
+    rows = [read_json(path, i, line) for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    for i, r in enumerate(rows, start=1):
+        if not isinstance(r, dict):
+            raise SystemExit(f"error: {path}: row {i} is not a JSON object; the run's numbers cannot be compared")
     return [{k: v for k, v in r.items() if k not in SPEED and not k.startswith("perf/")} for r in rows]
+
+
+def without_output_dir(config: dict) -> dict:
+    """`config` with its output folder (`output_dir`) left out, and each path inside it (`runs_a/sft__1/model`, an
+    earlier stage's model) made relative to it: two runs of one command into two folders computed the same."""
+    root = config.get("output_dir")
+    if not isinstance(root, str) or not root:
+        return config
+    root = root.rstrip("/")
+    out = {}
+    for k, v in config.items():
+        if k == "output_dir":
+            continue
+        if isinstance(v, str) and (v == root or v.startswith(root + "/")):
+            v = "<output_dir>" + v[len(root) :]
+        out[k] = v
+    return out
 
 
 def tensor_digests(run: Path) -> dict[str, str]:
@@ -48,7 +80,11 @@ def first_difference(a: Path, b: Path) -> str | None:
             return f"metrics.jsonl row {i + 1} (step {x.get('step')}): {key} {x.get(key)!r} != {y.get(key)!r}"
     if len(rows_a) != len(rows_b):
         return f"metrics.jsonl has {len(rows_a)} rows against {len(rows_b)}"
-    configs = [json.loads((r / "config.json").read_text()) if (r / "config.json").exists() else None for r in (a, b)]
+    configs = [read_json(r / "config.json") if (r / "config.json").exists() else None for r in (a, b)]
+    for r, c in zip((a, b), configs):
+        if c is not None and not isinstance(c, dict):
+            raise SystemExit(f"error: {r / 'config.json'} is not a JSON object of arguments; rerun the run")
+    configs = [c if c is None else without_output_dir(c) for c in configs]
     # a flag added since (`--dual-clip`, `--use-vllm`, ...) is off at None or False: the runs before it, which lack
     # the key, ran the same
     configs = [c if c is None else {k: v for k, v in c.items() if v is not None and v is not False} for c in configs]

@@ -8,6 +8,12 @@ evaluation (`eval/*`), the training metrics of KEEP and each row's `step`, `epis
 whole: it holds the run's duration). Nothing else of a run (models, samples, checkpoints) is kept. A group already
 shipped keeps its other runs: building from a directory of seeds 2 and 3 adds them beside seed 1 (`--fresh` drops
 what was there). The files are gzip without a timestamp: the same runs give the same bytes.
+A run already there under the same name is replaced only by a run of the same command (`budget`) and script (its
+sha256, when both record one); another one (another budget, older code) is refused in one line that says what
+changes, unless `--replace` is given (then each replacement is said). Build deletes or replaces only files it wrote:
+every `*.jsonl.gz` it would drop (`--fresh`) or rewrite must be one group's records; a damaged one is named in one
+line with how to restore it (`git checkout` for the shipped data). A metrics.jsonl that is not one run's rows (its
+episode counter goes back: two runs appended to one file) is refused, not shipped.
 
 `python -m benchmark.reference list` prints the shipped algorithms, their tracks and seeds. The data is read by
 `python -m benchmark.compare RUN_DIR... --reference rloo` (the user's runs over the reference band) and by
@@ -20,12 +26,13 @@ import argparse
 import gzip
 import io
 import json
-import re
+import os
 import sys
+import zlib
 from collections import defaultdict
 from pathlib import Path
 
-from benchmark.compare import Run, algorithm_of, group_name, read_run
+from benchmark.compare import Run, algorithm_of, group_name, read_run, track_of
 
 DIR = Path(__file__).resolve().parent / "reference_runs"
 KEEP = ("objective/reward", "objective/kl", "objective/num_steps", "perf/episodes_per_sec", "perf/peak_mem_gb")
@@ -51,7 +58,12 @@ def compact(rows: list[dict]) -> list[dict]:
 def record(run_dir: Path) -> dict:
     """One line of the data: a finished run's name, command, provenance and compacted rows."""
     run = read_run(run_dir)
-    done = json.loads((run_dir / "done.json").read_text())
+    if run.disorder:
+        raise ReferenceError(f"{run_dir}/metrics.jsonl {run.disorder}; it is not shipped")
+    try:
+        done = json.loads((run_dir / "done.json").read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ReferenceError(f"{run_dir}/done.json is not JSON ({e}): the run's end is unknown; rerun it") from None
     return {
         "name": run.name,
         "argv": done.get("argv") if isinstance(done, dict) else None,
@@ -81,18 +93,78 @@ def write_group(path: Path, records: list[dict]) -> None:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:
         f.write(text.encode())
-    path.write_bytes(buf.getvalue())
+    tmp = path.with_name(path.name + ".tmp")  # a build stopped halfway leaves the file it had, never half of one
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)
+
+
+def restore_hint(path: Path) -> str:
+    """How to get a damaged data file back: git for the shipped data, a rebuild elsewhere."""
+    if path.resolve().parent == Path(DIR).resolve():
+        repo = Path(__file__).resolve().parent.parent
+        rel = path.resolve().relative_to(repo) if path.resolve().is_relative_to(repo) else path
+        return f"restore it with `git checkout -- {rel}` (the shipped data)"
+    return f"rebuild it (python -m benchmark.reference build RUNS_DIR --out {path.parent}) or move it away"
 
 
 def read_group(path: Path) -> list[dict]:
-    return [json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()]
+    """The records of one data file. Raises ReferenceError, naming the file and how to restore it (`restore_hint`),
+    when it is not gzip'd JSON lines of records (each an object with a `name` and its `rows`)."""
+    try:
+        records = [
+            json.loads(line) for line in gzip.decompress(path.read_bytes()).decode().splitlines() if line.strip()
+        ]
+        why = "it holds no run" if not records else ""
+        for i, r in enumerate(records, start=1):
+            if not isinstance(r, dict) or not isinstance(r.get("name"), str) or not isinstance(r.get("rows"), list):
+                why = why or f"line {i} is not a run's record (an object with a name and its rows)"
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = f"{type(e).__name__}: {e}"
+    if why:
+        raise ReferenceError(f"{path} is damaged ({why}); {restore_hint(path)}")
+    return records
 
 
-def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False) -> list[str]:
-    """Writes the data of every finished run in `runs_dir`; returns one line per group written. A run that did not
-    finish (no done.json) is named on stderr and left out."""
+def own_group(path: Path) -> list[dict]:
+    """The records of a data file that build may rewrite or drop: refused (ReferenceError) unless every record is a
+    run of the group the file is named for, the only kind of file build writes."""
+    records = read_group(path)
+    group = path.name.removesuffix(".jsonl.gz")
+    others = sorted({r["name"] for r in records if group_name(r["name"]) != group})
+    if others:
+        raise ReferenceError(
+            f"{path} holds runs of another group than {group} ({', '.join(others[:3])}): it is not a file that "
+            "benchmark.reference build wrote, so it is neither replaced nor deleted; move it away or pass another --out"
+        )
+    return records
+
+
+def script_sha(r: dict) -> str | None:
+    """The sha256 of the script of a record (its provenance), None for a run that predates the record of it."""
+    return ((r.get("provenance") or {}).get("script") or {}).get("sha256")
+
+
+def changes(old: dict, new: dict) -> list[str]:
+    """What replacing the record `old` by `new` changes in what they computed: the command (`budget`) and the script
+    (sha256, when both record one)."""
+    out = []
+    if budget(old.get("argv")) != budget(new.get("argv")):
+        out.append(f"command `{' '.join(budget(old.get('argv')))}` -> `{' '.join(budget(new.get('argv')))}`")
+    if script_sha(old) and script_sha(new) and script_sha(old) != script_sha(new):
+        out.append(f"script sha256 {script_sha(old)[:12]} -> {script_sha(new)[:12]}")
+    return out
+
+
+def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, replace: bool = False) -> list[str]:
+    """Writes the data of every finished run in `runs_dir`; returns one line per group written (and one per record
+    replaced with `replace`). A run that did not finish (no done.json) is named on stderr and left out. Everything is
+    checked before the first file is written or deleted: the files it would drop or rewrite are its own (`own_group`),
+    and a run replacing a record of the same name has its command and script (`changes`) unless `replace`."""
     if not runs_dir.is_dir():
         raise ReferenceError(f"{runs_dir} is not a directory of runs")
+    out_dir = Path(out_dir or DIR)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ReferenceError(f"--out {out_dir} is a file, not a folder for the data; pass another --out")
     found: dict[str, list[dict]] = defaultdict(list)
     for d in sorted(runs_dir.iterdir()):
         if d.name.startswith(".") or not (d / "metrics.jsonl").exists():  # `.<run>.previous`: kept by --overwrite
@@ -103,29 +175,47 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False) -> l
         found[group_name(d.name)].append(record(d))
     if not found:
         raise ReferenceError(f"{runs_dir} holds no finished run (a directory with metrics.jsonl and done.json)")
-    out_dir = Path(out_dir or DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if fresh:
-        for old in out_dir.glob("*.jsonl.gz"):
-            old.unlink()
-    lines = []
+    # the files it drops (--fresh: all) or rewrites (its groups'), each checked to be its own; no other is read
+    touched = sorted(out_dir.glob("*.jsonl.gz")) if fresh and out_dir.is_dir() else []
+    touched += [p for g in sorted(found) if (p := out_dir / f"{g}.jsonl.gz").exists() and p not in touched]
+    there = {p: own_group(p) for p in touched}
+    replaced = []
     for group, records in sorted(found.items()):
-        path = out_dir / f"{group}.jsonl.gz"
-        new = {r["name"] for r in records}
-        kept = [r for r in read_group(path) if r["name"] not in new] if path.exists() else []
-        write_group(path, kept + records)
-        commands = {" ".join(budget(r.get("argv"))) for r in kept + records}
-        if len(commands) > 1:  # e.g. seed 1 of the quick suite beside seeds 2 and 3 of the full presets
-            print(
-                f"warning: {group} now holds runs of different commands (budgets): {' | '.join(sorted(commands))}",
-                file=sys.stderr,
-            )
-        seeds = sorted(r["name"].rsplit("__", 1)[-1] for r in kept + records)
-        lines.append(
-            f"{path.name}: {len(records)} run(s) from {runs_dir}"
-            + (f", {len(kept)} kept from before" if kept else "")
-            + f"; seeds {', '.join(seeds)}; {path.stat().st_size / 1024:.1f} KiB"
+        old = {r["name"]: r for r in there.get(out_dir / f"{group}.jsonl.gz", [])}
+        for r in records:
+            if r["name"] in old and (what := changes(old[r["name"]], r)):
+                replaced.append(f"{r['name']} in {out_dir / f'{group}.jsonl.gz'}: {'; '.join(what)}")
+    if replaced and not replace:
+        more = f" (and {len(replaced) - 1} more)" if len(replaced) > 1 else ""
+        raise ReferenceError(
+            f"a run would replace the record of another run of the same name: {replaced[0]}{more}; pass --replace to "
+            "replace it, or build into another --out"
         )
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            for old_path in there:
+                old_path.unlink()
+        lines = [f"replaced {line}" for line in replaced]
+        for group, records in sorted(found.items()):
+            path = out_dir / f"{group}.jsonl.gz"
+            new = {r["name"] for r in records}
+            kept = [r for r in there.get(path, []) if r["name"] not in new] if not fresh else []
+            write_group(path, kept + records)
+            commands = {" ".join(budget(r.get("argv"))) for r in kept + records}
+            if len(commands) > 1:  # e.g. seed 1 of the quick suite beside seeds 2 and 3 of the full presets
+                print(
+                    f"warning: {group} now holds runs of different commands (budgets): {' | '.join(sorted(commands))}",
+                    file=sys.stderr,
+                )
+            seeds = sorted(r["name"].rsplit("__", 1)[-1] for r in kept + records)
+            lines.append(
+                f"{path.name}: {len(records)} run(s) from {runs_dir}"
+                + (f", {len(kept)} kept from before" if kept else "")
+                + f"; seeds {', '.join(seeds)}; {path.stat().st_size / 1024:.1f} KiB"
+            )
+    except OSError as e:
+        raise ReferenceError(f"--out {out_dir} cannot be written ({e}); pass another --out") from None
     return lines
 
 
@@ -145,12 +235,6 @@ def load(data_dir: Path | None = None) -> list[Run]:
                 )
             )
     return runs
-
-
-def track_of(group: str) -> str:
-    """`rloo_batchmean_tiny-tldr` -> `tiny-tldr`: what `compare.algorithm_of` leaves off."""
-    m = re.search(r"_([^_\s()]+)(?: \(.*\))?$", group)  # a group kept apart by folder: `ppo_tiny-tldr (runs/a)`
-    return m[1] if m else ""
 
 
 def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | None = None) -> list[Run]:
@@ -218,12 +302,17 @@ def main(argv: list[str] | None = None) -> int:
         "--out", default=None, help="where the data goes (default: the shipped data, benchmark/reference_runs)"
     )
     b.add_argument("--fresh", action="store_true", help="drop the data already there instead of adding to it")
+    b.add_argument(
+        "--replace",
+        action="store_true",
+        help="let a run replace the record of the same name made by another command or script (refused otherwise)",
+    )
     ls = sub.add_parser("list", help="the shipped algorithms, tracks and seeds")
     ls.add_argument("--data", default=None, help="the data directory (default: the shipped data)")
     a = parser.parse_args(argv)
     try:
         if a.command == "build":
-            for line in build(Path(a.runs_dir), a.out, a.fresh):
+            for line in build(Path(a.runs_dir), a.out, a.fresh, a.replace):
                 print(line)
             out = Path(a.out or DIR)
             total = sum(p.stat().st_size for p in out.glob("*.jsonl.gz"))
@@ -232,12 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         paths = sorted(Path(a.data or DIR).glob("*.jsonl.gz"))
         if not paths:
             raise ReferenceError(f"no reference data in {a.data or DIR}")
+        groups = [read_group(path) for path in paths]  # a damaged file is one line, before any of the table
         print(
             "| algorithm | track | seeds | its first run's flags (after the preset and run name) |\n"
             "| --- | --- | --- | --- |"
         )
-        for path in paths:
-            records = read_group(path)
+        for records in groups:
             group = group_name(records[0]["name"])
             seeds = ", ".join(sorted(r["name"].rsplit("__", 1)[-1] for r in records))
             argv = records[0].get("argv") or []

@@ -35,6 +35,7 @@ from benchmark.compare import (
     Colours,
     algorithm_of,
     bootstrap_ci,
+    check_rows,
     finished_runs,
     group_name,
     plot,
@@ -101,6 +102,7 @@ def track_table(source, track: str) -> tuple[str, list]:
     reference data), as `compare.select_runs` takes."""
     metrics = TRACKS[track]
     runs = _with_metrics(select_runs(source, f"*_{track}__*"))
+    check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a final value of either
     # SFT / reward-model stages are not RL algorithms
     runs = finished_runs([r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm")])
     start: dict[str, list[float]] = defaultdict(list)
@@ -210,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.reference:
         from benchmark import reference
 
-        source, where = reference.load(), f"the reference data ({reference.DIR})"
+        try:
+            source, where = reference.load(), f"the reference data ({reference.DIR})"
+        except reference.ReferenceError as e:  # a damaged data file: named, with how to restore it
+            raise SystemExit(f"error: {e}") from None
     else:
         source, where = runs_dir, str(runs_dir)
     names = [r.name for r in source] if a.reference else [d.name for d in runs_dir.glob("*__*") if d.is_dir()]

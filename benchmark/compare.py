@@ -269,10 +269,21 @@ def provenance_differences(runs: list[Run]) -> list[str]:
     }
     for name in sorted({k for r in known for k in (r.provenance.get("versions") or {})}):
         facts[name] = lambda p, name=name: (p.get("versions") or {}).get(name)
-    for what, get in facts.items():
+
+    def host(p: dict) -> dict:
+        return p.get("host") or {}
+
+    rounding = {  # what sets the digits on a CPU (issue 57); not recorded by older runs, which are left out of it
+        "CPU vector flags": lambda p: " ".join(host(p)["cpu_flags"]) if host(p).get("cpu_flags") is not None else None,
+        "torch CPU capability (rounding regime)": lambda p: host(p).get("cpu_capability"),
+        "BLAS": lambda p: host(p).get("blas"),
+        "threads per run": lambda p: host(p).get("threads"),
+    }
+    for what, get in {**facts, **rounding}.items():
         values = defaultdict(list)
         for r in known:
-            values[str(get(r.provenance))].append(r.name)
+            if what not in rounding or get(r.provenance) is not None:
+                values[str(get(r.provenance))].append(r.name)
         if len(values) > 1:
             counts = "; ".join(f"{v}: {len(names)} run(s)" for v, names in sorted(values.items()))
             lines.append(f"the runs differ in {what} ({counts})")

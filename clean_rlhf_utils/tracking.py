@@ -81,19 +81,41 @@ def provenance(script: Path | None = None) -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
-    cpu = platform.processor() or platform.machine()
-    if Path("/proc/cpuinfo").exists():  # Linux: the model name, which platform does not give
-        models = [
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name") and ":" in line
-        ]
+    cpu, flags = platform.processor() or platform.machine(), None
+    if Path("/proc/cpuinfo").exists():  # Linux: the model name and flags, which platform does not give
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        models = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name") and ":" in line]
         cpu = models[0] if models else cpu
+        first = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags") and ":" in line), [])
+        flags = sorted(set(first) & NUMERIC_CPU_FLAGS)
     gpus = []
     if torch.cuda.is_available():
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     host = {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpus, "python": platform.python_version()}
-    return {"git": git, "script": mine, "versions": versions, "host": host}
+    return {"git": git, "script": mine, "versions": versions, "host": {**host, **numerics(flags)}}
+
+
+# The CPU's vector instructions that change how torch and its BLAS round (wider vectors, fused multiply-add, another
+# reduction order): two hosts whose sets differ do not give the same digits, and RL turns a last digit into another run
+NUMERIC_CPU_FLAGS = {"avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "avx_vnni"}
+NUMERIC_CPU_FLAGS |= {"amx_tile", "amx_bf16", "amx_int8", "amx_fp16", "asimd", "sve", "sve2"}  # AMX; Arm
+# environment variables that choose the kernels, and so the rounding: `ATEN_CPU_CAPABILITY=default` is a second
+# rounding regime on one machine (docs/results.md)
+NUMERIC_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+
+
+def numerics(cpu_flags: list[str] | None) -> dict:
+    """What sets the rounding of a run on this host: the CPU's vector flags (`cpu_flags`), the kernels torch
+    dispatches to (`cpu_capability`: DEFAULT, AVX2, AVX512, ...; ATEN_CPU_CAPABILITY lowers it), its BLAS, its intra-op
+    threads (a reduction split another way), and the environment variables that choose among them."""
+    blas = next((part.split("=", 1)[1] for part in torch.__config__.show().split(", ") if "BLAS_INFO=" in part), None)
+    return {
+        "cpu_flags": cpu_flags,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "blas": blas,
+        "threads": torch.get_num_threads(),
+        "numerics_env": {k: os.environ[k] for k in NUMERIC_ENV if k in os.environ},
+    }
 
 
 def script_record(script: Path, repo: Path | None = None) -> dict:

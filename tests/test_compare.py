@@ -4,12 +4,17 @@ their budget left out, intervals from fewer than 3 seeds shown as the seeds' val
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from benchmark import compare, results
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _write_run(
@@ -291,6 +296,48 @@ def test_runs_that_differ_in_code_libraries_or_host_are_named_in_a_warning(tmp_p
     assert "warning: the runs differ in git commit (aaa: 2 run(s); bbb: 1 run(s))" in err
     assert "warning: the runs differ in torch (2.12.0: 1 run(s); 2.13.0: 2 run(s))" in err and "CPU" not in err
     assert "> warning: the runs differ in git commit" in out.with_suffix(".md").read_text()
+
+
+def _host_provenance(env: dict) -> dict:
+    """provenance.json's `started` as a script run under `env` would record it."""
+    code = "import json; from clean_rlhf_utils.tracking import provenance; print(json.dumps(provenance()))"
+    env = {**os.environ, **env}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_provenance_tells_two_rounding_regimes_and_two_cpus_apart(tmp_path, capsys):
+    """Issue 57: the CPU model name alone ("AMD EPYC") hid that two hosts rounded differently. A run records the CPU's
+    vector flags, torch's CPU capability, its BLAS and threads; ATEN_CPU_CAPABILITY=default (the second regime on one
+    machine) is recorded as such, and compare warns when runs mix regimes. Runs without the record are left out."""
+    native, forced = _host_provenance({}), _host_provenance({"ATEN_CPU_CAPABILITY": "default"})
+    assert forced["host"]["cpu_capability"] == "DEFAULT" != native["host"]["cpu_capability"]
+    assert forced["host"]["numerics_env"] == {"ATEN_CPU_CAPABILITY": "default"}
+    assert native["host"]["blas"] and native["host"]["threads"] >= 1 and isinstance(native["host"]["cpu_flags"], list)
+    runs = []
+    for seed, started in enumerate([native, native, forced], start=1):
+        run = _write_run(tmp_path, f"ppo_tiny-tldr__{seed}", [0.1, 0.5])
+        (run / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
+        runs.append(compare.read_run(run))
+    lines = compare.provenance_differences(runs)
+    capability = native["host"]["cpu_capability"]
+    regimes = "; ".join(sorted(["DEFAULT: 1 run(s)", f"{capability}: 2 run(s)"]))
+    assert f"the runs differ in torch CPU capability (rounding regime) ({regimes})" in lines, lines
+    assert not [line for line in lines if "CPU vector flags" in line], "one CPU: the same flags"
+    # an AVX-512 host against an AVX2 one (the flags as /proc/cpuinfo gives them), and an older run without the record
+    avx2 = json.loads(json.dumps(native))
+    avx2["host"].update(cpu_flags=["avx", "avx2", "fma"], cpu_capability="AVX2")
+    avx512 = json.loads(json.dumps(native))
+    avx512["host"].update(cpu_flags=["avx", "avx2", "avx512f", "fma"], cpu_capability="AVX512")
+    old = json.loads(json.dumps(native))
+    for key in ("cpu_flags", "cpu_capability", "blas", "threads", "numerics_env"):
+        del old["host"][key]
+    for run, started in zip(runs, [avx2, avx512, old]):
+        (run.path / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
+    lines = compare.provenance_differences([compare.read_run(r.path) for r in runs])
+    assert "the runs differ in CPU vector flags (avx avx2 avx512f fma: 1 run(s); avx avx2 fma: 1 run(s))" in lines
+    assert "the runs differ in torch CPU capability (rounding regime) (AVX2: 1 run(s); AVX512: 1 run(s))" in lines
+    assert not [line for line in lines if "BLAS" in line or "threads" in line], "the older run is left out"
 
 
 def test_a_curve_runs_through_its_evaluations_and_the_figure_has_its_training_panels(tmp_path):

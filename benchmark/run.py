@@ -129,39 +129,66 @@ QUICK = {  # evaluations about every eighth of a run: a learning curve of about 
 SFT_QUICK = {"tiny-tldr": ["--num-train-epochs", "3"], "tiny-math": ["--num-train-epochs", "4"]}
 
 
-def sft_stage(track: str) -> Stage:
-    return Stage(f"sft_{track}__1", "sft.py", track, quick=SFT_QUICK[track])
+# A seed is the whole pipeline (issue 57): seed s's RL runs start from seed s's SFT policy and reward model, each
+# trained with `--seed s`, so an interval over seeds covers the variation of the start as well as of RL (one shared
+# start made the intervals too narrow: a second CPU's SFT started at 0.225 where ours started at 0.165). The presets'
+# model paths are seed 1's, so seed 1's commands are the presets' as they were.
+
+
+def seed_flag(seed: int) -> list[str]:
+    """`--seed S` for an SFT or reward-model stage; none for seed 1, the scripts' default (its command as before)."""
+    return [] if seed == 1 else ["--seed", str(seed)]
+
+
+def starts(family: str, seed: int, sft: str, rm: str | None = None) -> list[str]:
+    """The flags that point an RL stage of `seed` at that seed's SFT policy (`sft`: the run name before `__`, e.g.
+    `sft_tiny-tldr`) and reward model (`rm`); none for seed 1, whose paths are the presets'. `family`: the library
+    script the stage's script is (or was forked from): grpo_math.py names its policy `--model-name-or-path`."""
+    if seed == 1:
+        return []
+    policy = "--model-name-or-path" if family == "grpo_math" else "--sft-model-path"
+    return [policy, f"runs/{sft}__{seed}/model", *(["--reward-model-path", f"runs/{rm}__{seed}/model"] if rm else [])]
+
+
+def sft_stage(track: str, seed: int = 1) -> Stage:
+    return Stage(f"sft_{track}__{seed}", "sft.py", track, seed_flag(seed), quick=SFT_QUICK[track])
+
+
+def rm_stage(name: str, preset: str, sft: str, seed: int, quick: list[str] = ()) -> Stage:
+    """The reward model `name` (`rm_tiny-tldr`) of `seed`, trained from that seed's SFT policy (`sft_tiny-tldr`)."""
+    return Stage(
+        f"{name}__{seed}",
+        "reward_model.py",
+        preset,
+        ["--sft-model-path", f"runs/{sft}__{seed}/model", *seed_flag(seed)],
+        needs=[f"{sft}__{seed}"],
+        quick=list(quick),
+    )
 
 
 def rl_stage(
     algo: str, script: str, preset: str, seed: int, track: str, needs: list[str], extra: list[str] = ()
 ) -> Stage:
+    """An RL stage of `seed`; `needs`: the model stages it starts from, as run names before `__` (`sft_tiny-tldr`), the
+    first its policy and the one starting with `rm_` its reward model: seed `seed`'s of each."""
+    rm = next((n for n in needs if n.startswith("rm_")), None)
     return Stage(
         f"{algo}_{track}__{seed}",
         script,
         preset,
-        ["--seed", str(seed), *extra],
-        needs=needs,
+        ["--seed", str(seed), *extra, *starts(Path(script).stem, seed, needs[0], rm)],
+        needs=[n if "__" in n else f"{n}__{seed}" for n in needs],
         quick=QUICK.get(f"{algo}_{track}", []),
     )
 
 
 def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
-    # SFT and reward model are trained once (seed 1), as in the N+ paper where the RL seeds share them.
-    stages = [
-        sft_stage("tiny-tldr"),
-        Stage(
-            "rm_tiny-tldr__1",
-            "reward_model.py",
-            "tiny-tldr",
-            ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
-            needs=["sft_tiny-tldr__1"],
-            quick=["--max-train-samples", "2048"],
-        ),
-    ]
-    rl = ["sft_tiny-tldr__1", "rm_tiny-tldr__1"]
+    stages = []
+    rl = ["sft_tiny-tldr", "rm_tiny-tldr"]
     for s in seeds:
         stages += [
+            sft_stage("tiny-tldr", s),
+            rm_stage("rm_tiny-tldr", "tiny-tldr", "sft_tiny-tldr", s, quick=["--max-train-samples", "2048"]),
             rl_stage("ppo", "ppo_rlhf.py", "tiny-tldr", s, "tiny-tldr", rl),
             rl_stage("rloo", "rloo.py", "tiny-tldr", s, "tiny-tldr", rl),
             rl_stage("remax", "remax.py", "tiny-tldr", s, "tiny-tldr", rl),
@@ -177,20 +204,13 @@ GRPO_SAMPLING = ["--dynamic-sampling", "False", "--overlong-buffer", "0"]
 
 
 def tiny_math_stages(seeds: list[int]) -> list[Stage]:
-    stages = [
-        sft_stage("tiny-math"),
-        Stage(
-            "prm_tiny-math__1",
-            "reward_model.py",
-            "tiny-math-prm",
-            ["--sft-model-path", "runs/sft_tiny-math__1/model"],
-            needs=["sft_tiny-math__1"],
-        ),
-    ]
-    sft, prm = ["sft_tiny-math__1"], ["sft_tiny-math__1", "prm_tiny-math__1"]
-    prm_flags = ["--prm-path", "runs/prm_tiny-math__1/model"]
+    stages = []
     for s in seeds:
+        sft, prm = ["sft_tiny-math"], ["sft_tiny-math", f"prm_tiny-math__{s}"]
+        prm_flags = ["--prm-path", f"runs/prm_tiny-math__{s}/model"]
         stages += [
+            sft_stage("tiny-math", s),
+            rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", s),
             rl_stage("grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "grpo"]),
             rl_stage("dr-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dr_grpo"]),
             rl_stage("dapo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dapo"]),
@@ -296,20 +316,16 @@ def penalty_name(flag: str, value: str) -> str:
     return ("kl" if flag == "--kl-coef" else "beta") + value
 
 
+NOISY_RM_QUICK = ["--num-train-epochs", "1"]  # of 2: already an imperfect proxy (the learning test's bounds)
+
+
 def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
-    stages = [
-        sft_stage("tiny-tldr"),
-        Stage(
-            "rm_tiny-tldr-noisy__1",
-            "reward_model.py",
-            "tiny-tldr-noisy",
-            ["--sft-model-path", "runs/sft_tiny-tldr__1/model"],
-            needs=["sft_tiny-tldr__1"],
-            quick=["--num-train-epochs", "1"],  # of 2: already an imperfect proxy (the learning test's bounds)
-        ),
-    ]
-    needs = ["sft_tiny-tldr__1", "rm_tiny-tldr-noisy__1"]
+    stages = []
     for s in seeds:
+        stages += [
+            sft_stage("tiny-tldr", s),
+            rm_stage("rm_tiny-tldr-noisy", "tiny-tldr-noisy", "sft_tiny-tldr", s, NOISY_RM_QUICK),
+        ]
         for algo, (script, preset, flag, values) in FRONTIER_TLDR.items():
             for v in values:
                 stages.append(
@@ -317,8 +333,14 @@ def frontier_tldr_stages(seeds: list[int]) -> list[Stage]:
                         f"{algo}-{penalty_name(flag, v)}_tiny-tldr-noisy__{s}",
                         script,
                         preset,
-                        ["--seed", str(s), flag, v],
-                        needs=needs,
+                        [
+                            "--seed",
+                            str(s),
+                            flag,
+                            v,
+                            *starts(Path(script).stem, s, "sft_tiny-tldr", "rm_tiny-tldr-noisy"),
+                        ],
+                        needs=[f"sft_tiny-tldr__{s}", f"rm_tiny-tldr-noisy__{s}"],
                         quick=FRONTIER_QUICK[algo],
                     )
                 )
@@ -347,8 +369,9 @@ FRONTIER_MATH_QUICK = {  # `--quick`: a quarter to a half of each budget, 100 ev
 
 
 def frontier_math_stages(seeds: list[int]) -> list[Stage]:
-    stages = [sft_stage("tiny-math")]
+    stages = []
     for s in seeds:
+        stages.append(sft_stage("tiny-math", s))
         for algo, (script, preset, flag, values, flags) in FRONTIER_MATH.items():
             for v in values:
                 stages.append(
@@ -356,8 +379,9 @@ def frontier_math_stages(seeds: list[int]) -> list[Stage]:
                         f"{algo}-{penalty_name(flag, v)}_tiny-math-kl__{s}",
                         script,
                         preset,
-                        ["--seed", str(s), *flags, *FRONTIER_MATH_EXTRA.get(script, []), flag, v, "--eval-kl"],
-                        needs=["sft_tiny-math__1"],
+                        ["--seed", str(s), *flags, *FRONTIER_MATH_EXTRA.get(script, []), flag, v, "--eval-kl"]
+                        + starts(Path(script).stem, s, "sft_tiny-math"),
+                        needs=[f"sft_tiny-math__{s}"],
                         quick=FRONTIER_MATH_QUICK[script],
                     )
                 )
@@ -732,12 +756,16 @@ def accelerate_config_problem(path: Path) -> str | None:
     return None
 
 
-def check_accelerate_configs(stages: list[Stage], workdir: Path) -> None:
-    """Every accelerate config the stages launch with loads, before the first stage: one line naming the file."""
+def check_accelerate_configs(stages: list[Stage], workdir: Path, dry_run: bool = False) -> None:
+    """Every accelerate config the stages launch with (from the working directory, as `accelerate launch` reads it)
+    loads, before the first stage: one line naming the file; a dry run, which launches nothing, prints it instead."""
     for name in sorted({st.accelerate_config for st in stages if st.accelerate_config}):
         problem = accelerate_config_problem(Path(workdir) / f"benchmark/accelerate_configs/{name}.yaml")
         if problem:
-            raise SystemExit(f"error: {problem}; restore it (git checkout -- benchmark/accelerate_configs) or fix it")
+            line = f"{problem}; restore it (git checkout -- benchmark/accelerate_configs) or fix it"
+            if not dry_run:
+                raise SystemExit(f"error: {line}")
+            print(f"# [warning] {line}")
 
 
 def run_suite(
@@ -788,7 +816,7 @@ def run_suite(
             raise SystemExit(
                 f"error: --only {' '.join(unknown)} names no stage of suite {suite}; its names are {sorted(names)}"
             )
-    check_accelerate_configs(stages, workdir)
+    check_accelerate_configs(stages, workdir, dry_run)
     status: dict[str, str] = {}
     if dry_run:
         for stage in stages:  # what is needed comes first; "dry-run" marks a stage that would be run now
@@ -1014,6 +1042,11 @@ def main() -> None:
         "--quick", action="store_true", help="shorter RL runs (the learning tests); not the README's numbers"
     )
     parser.add_argument(
+        "--shared-starts",
+        action="store_true",
+        help="study: every seed from seed 1's SFT and reward model (paired); default: each seed its own",
+    )
+    parser.add_argument(
         "--plain",
         action="store_true",
         help="one line per event even on a terminal (no redrawn status block); the default off a terminal",
@@ -1032,8 +1065,12 @@ def main() -> None:
             )
         from benchmark import study
 
-        status = study.run_study(a.scripts, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, live=live)
+        status = study.run_study(
+            a.scripts, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, live=live, shared_starts=a.shared_starts
+        )
         sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
+    if a.shared_starts:  # the suites always train each seed's own models
+        raise SystemExit("error: --shared-starts acts on the study, not the suites (each seed trains its own models)")
     status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick, live=live)
     sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
 

@@ -41,12 +41,18 @@ class Track:
     """the study's budget and evaluation flags (after the preset)"""
     metric: str
     """what the table ranks"""
-    needs: tuple[str, ...]
-    """the quick suite's SFT / reward-model stages the preset reads"""
+    models: tuple[str, ...]
+    """the quick suite's SFT policy and reward model the preset reads, as run names before `__` (`sft_tiny-tldr`): the
+    policy first; each seed's own (`__<seed>`), or seed 1's for every seed with `--shared-starts`"""
+
+    def needs(self, seed: int) -> list[str]:
+        """The model stages a run of this track at `seed` starts from (the start's seed: see `start_seed`)."""
+        return [f"{m}__{seed}" for m in self.models]
 
 
-TLDR_NOISY_NEEDS = ("sft_tiny-tldr__1", "rm_tiny-tldr-noisy__1")
-MATH_NEEDS = ("sft_tiny-math__1",)
+# offline DPO on tiny-tldr-noisy reads the noisy reward model too: its proxy score (`eval/score`) is evaluated with it
+TLDR_NOISY_NEEDS = ("sft_tiny-tldr", "rm_tiny-tldr-noisy")
+MATH_NEEDS = ("sft_tiny-math",)
 EVERY_UPDATE = ("--eval-every", "1")
 STUDY = {  # family: the tracks that can separate its variants, with their budgets
     "rloo": [
@@ -89,7 +95,7 @@ STUDY = {  # family: the tracks that can separate its variants, with their budge
             ("--num-train-epochs", "1", "--max-train-samples", "384", "--eval-every", "2")
             + ("--num-eval-examples", "100", "--num-eval-pairs", "100"),
             "eval/gold_reward",
-            ("sft_tiny-tldr__1",),
+            TLDR_NOISY_NEEDS,
         )
     ],
 }
@@ -215,30 +221,51 @@ def run_name(script: Path, track: str, seed: int) -> str:
     return f"{script.stem}_{track}-study__{seed}"
 
 
-def stages(p: Plan, seeds: list[int]) -> list:
-    """The suite's stages: the SFT / reward models the tracks need (the quick suite's), then every script on each of
-    its family's tracks for every seed."""
-    from benchmark.run import Stage, frontier_tldr_stages, sft_stage
+def start_seed(seed: int, shared_starts: bool) -> int:
+    """The seed of the SFT policy and reward model a run of `seed` starts from: its own (a seed is the whole pipeline,
+    so an interval covers the start's variation too), or seed 1's for every seed with `--shared-starts` (the scripts
+    compared from the same starts: a paired design, whose interval leaves the start's variation out)."""
+    return 1 if shared_starts else seed
 
-    models = {st.run_name: st for st in [*frontier_tldr_stages([]), sft_stage("tiny-math")]}
-    needed = sorted({n for _, family, _ in p.scripts for t in STUDY[family] for n in t.needs})
-    out = [models[n] for n in models if n in needed]
+
+def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
+    """The suite's stages: the SFT / reward models the tracks need (the quick suite's, of each start seed), then every
+    script on each of its family's tracks for every seed."""
+    from benchmark.run import Stage, frontier_tldr_stages, sft_stage, starts
+
+    out, models = [], {}
+    for start in dict.fromkeys(start_seed(s, shared_starts) for s in seeds):
+        models.update({st.run_name: st for st in [*frontier_tldr_stages([start]), sft_stage("tiny-math", start)]})
+        needed = {n for _, family, _ in p.scripts for t in STUDY[family] for n in t.needs(start)}
+        out += [models[n] for n in models if n in needed and models[n] not in out]
     for seed in seeds:
+        start = start_seed(seed, shared_starts)
         for path, family, _ in p.scripts:
             for t in STUDY[family]:
+                rm = next((m for m in t.models if m.startswith("rm_")), None)
                 out.append(
                     Stage(
                         run_name(path, t.track, seed),
                         str(path),
                         t.preset,
-                        ["--seed", str(seed), *t.flags],
-                        needs=list(t.needs),
+                        ["--seed", str(seed), *t.flags, *starts(family, start, t.models[0], rm)],
+                        needs=t.needs(start),
                     )
                 )
     return out
 
 
-def report(p: Plan, runs_dir: Path, seeds: list[int]) -> list[Path]:
+def design(shared_starts: bool) -> str:
+    """The line under each table that says what its interval covers."""
+    if shared_starts:
+        return (
+            "Starts: every seed from seed 1's SFT policy and reward model (--shared-starts, paired): the interval "
+            "covers RL's variation only"
+        )
+    return "Starts: each seed from its own SFT policy and reward model (the whole pipeline): the interval covers both"
+
+
+def report(p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = False) -> list[Path]:
     """Per track: the table, ranking and separation (`benchmark.compare`) of the study's finished runs, and the
     figure, one colour per script in every figure; printed, and written to runs_dir/study_<track>.md|png."""
     colours = compare.Colours({path.stem for path, _, _ in p.scripts})
@@ -252,6 +279,7 @@ def report(p: Plan, runs_dir: Path, seeds: list[int]) -> list[Path]:
             print(f"no finished run of the study on {track}")
             continue
         md = compare.markdown_table(compare.summarize(runs, t.metric), t.metric)
+        md += f"\n{design(shared_starts)}.\n"
         md += "".join(f"\n> warning: {line}\n" for line in compare.provenance_differences(runs))
         out = runs_dir / f"study_{track}"
         out.with_suffix(".md").write_text(md)
@@ -283,6 +311,7 @@ def run_study(
     jobs: int = 1,
     live: bool | None = None,
     launcher: list[str] | None = None,
+    shared_starts: bool = False,
 ) -> dict[str, str]:
     """`python -m benchmark.run study`: the plan (each script's family and tracks, printed), the suite
     (`benchmark.run.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
@@ -296,8 +325,10 @@ def run_study(
     for path, family, how in p.scripts:
         print(f"# {path.name}: family {family} ({how}); tracks {', '.join(t.track for t in STUDY[family])}")
     # quick: the SFT and reward models at the quick suite's budgets (the study's own stages have no quick flags)
-    status = run_suite("study", seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=stages(p, seeds))
+    print(f"# {design(shared_starts)}")
+    todo = stages(p, seeds, shared_starts)
+    status = run_suite("study", seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=todo)
     if not dry_run:
-        wrote = report(p, Path(workdir) / "runs", seeds)
+        wrote = report(p, Path(workdir) / "runs", seeds, shared_starts)
         print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]))
     return status

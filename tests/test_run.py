@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -37,7 +38,8 @@ def test_every_stage_names_an_existing_script_and_preset(suite):
 
 
 def test_real_suites_print_accelerate_commands(capsys, tmp_path):
-    status = run.run_suite("tldr", [1], workdir=tmp_path, dry_run=True)
+    shutil.copytree(REPO / "benchmark" / "accelerate_configs", tmp_path / "benchmark" / "accelerate_configs")
+    status = run.run_suite("tldr", [1], workdir=tmp_path, dry_run=True)  # launched from a checkout: its configs
     out = capsys.readouterr().out.splitlines()
     assert len(out) == len(status) and all(v == "dry-run" for v in status.values())
     assert all(line.startswith("accelerate launch --config_file benchmark/accelerate_configs/") for line in out)
@@ -444,12 +446,14 @@ def test_a_missing_or_malformed_accelerate_config_is_one_line_before_any_stage(t
         path.unlink(missing_ok=True)
         if text is not None:
             path.write_text(text)
-        for dry_run in (True, False):
-            with pytest.raises(SystemExit) as e:
-                run.run_suite("fake", [1], workdir=tmp_path, dry_run=dry_run)
-            message = str(e.value.code)
-            assert message.startswith("error: the accelerate config ") and expect.format(path) in message, message
-            assert "git checkout -- benchmark/accelerate_configs" in message and "\n" not in message
+        with pytest.raises(SystemExit) as e:
+            run.run_suite("fake", [1], workdir=tmp_path)
+        message = str(e.value.code)
+        assert message.startswith("error: the accelerate config ") and expect.format(path) in message, message
+        assert "git checkout -- benchmark/accelerate_configs" in message and "\n" not in message
+        capsys.readouterr()
+        run.run_suite("fake", [1], workdir=tmp_path, dry_run=True)  # a dry run launches nothing: it says so
+        assert capsys.readouterr().out.startswith(f"# [warning] {message[len('error: ') :]}\n")
     assert not (tmp_path / "runs").exists(), "nothing launched"
     # the library's own configs load
     for path in sorted((REPO / "benchmark" / "accelerate_configs").glob("*.yaml")):
@@ -465,3 +469,32 @@ def test_real_check_checks_its_accelerate_configs_first(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         real_check.run_check(tmp_path / "work", None, ["zero2"], dry_run=True)
     assert str(e.value.code).startswith(f"error: the accelerate config {tmp_path / 'deepspeed_zero2.yaml'} does not")
+
+
+def test_a_seed_is_the_whole_pipeline_and_seed_1_keeps_its_commands(capsys, tmp_path):
+    """Issue 57 item 1: seed s's RL runs start from seed s's SFT policy and reward model, trained with --seed s; seed
+    1's commands are the presets' (their model paths are seed 1's), so its finished runs stay valid."""
+    stages = {st.run_name: st for st in run.SUITES["tiny"]([1, 2])}
+    assert stages["sft_tiny-math__1"].args() == ["tiny-math", "--run-name", "sft_tiny-math__1"]
+    assert stages["sft_tiny-math__2"].args() == ["tiny-math", "--run-name", "sft_tiny-math__2", "--seed", "2"]
+    assert stages["rloo_tiny-tldr__1"].args() == ["tiny-tldr", "--run-name", "rloo_tiny-tldr__1", "--seed", "1"]
+    assert stages["rloo_tiny-tldr__2"].args()[-4:] == [
+        "--sft-model-path",
+        "runs/sft_tiny-tldr__2/model",
+        "--reward-model-path",
+        "runs/rm_tiny-tldr__2/model",
+    ]
+    assert stages["rloo_tiny-tldr__2"].needs == ["sft_tiny-tldr__2", "rm_tiny-tldr__2"]
+    assert stages["grpo_tiny-math__2"].args()[-2:] == ["--model-name-or-path", "runs/sft_tiny-math__2/model"]
+    assert "--prm-path runs/prm_tiny-math__2/model" in " ".join(stages["ppo-prm-raw_tiny-math__2"].args())
+    assert stages["prm_tiny-math__2"].needs == ["sft_tiny-math__2"]
+    assert stages["distill_tiny-math__2"].needs == ["sft_tiny-math__2", "grpo_tiny-math__2"]
+    frontier = {st.run_name: st for st in run.SUITES["frontier"]([3])}
+    assert frontier["rm_tiny-tldr-noisy__3"].args()[3:] == [
+        "--sft-model-path",
+        "runs/sft_tiny-tldr__3/model",
+        "--seed",
+        "3",
+    ]
+    assert frontier["dpo-beta0.1_tiny-tldr-noisy__3"].needs == ["sft_tiny-tldr__3", "rm_tiny-tldr-noisy__3"]
+    assert frontier["grpo-beta0_tiny-math-kl__3"].needs == ["sft_tiny-math__3"]

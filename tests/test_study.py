@@ -4,6 +4,7 @@ scripts of the library's shape whose curves are known; the real study is a bench
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 # (the rate of learning is SPEED: 0.1 per evaluation for a script whose name starts with "fast", else 0.05; a little
 # seed noise) and its done.json
 FAKE = """
-import json, pathlib, sys
+import hashlib, json, pathlib, sys
 PARENT = "rloo"
 PRESETS = {"tiny-tldr-noisy": None, "tiny-math": None}
 SPEED = float(pathlib.Path(__file__).stem.startswith('fast')) * 0.05 + 0.05
@@ -34,15 +35,22 @@ rows = [
 if "tiny-tldr-noisy" in name:  # evaluated with --eval-kl, as its preset is: KL grows by 0.1 an evaluation
     rows = [{**r, "eval/kl": 0.1 * r["step"], "eval/score": r["step"]} for r in rows]
 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
-(run / "done.json").write_text(json.dumps({"argv": argv}))
+me = pathlib.Path(__file__).resolve()
+script = {"path": str(me), "sha256": hashlib.sha256(me.read_bytes()).hexdigest()}  # the record `Run` writes
+(run / "done.json").write_text(json.dumps({"argv": argv, "script": script}))
 """
 
 
-def _models_done(workdir: Path) -> None:
-    """The SFT and reward models the tracks need, finished with the quick suite's command: skipped by the study."""
-    for st in [*run.frontier_tldr_stages([]), run.sft_stage("tiny-math")]:
+def _models_done(workdir: Path, seeds: list[int] = (1, 2, 3)) -> None:
+    """The SFT and reward models the tracks need, finished with the quick suite's command by the script as it is now
+    (done.json's `script`): skipped by the study."""
+    for st in [*run.frontier_tldr_stages(list(seeds)), *(run.sft_stage("tiny-math", s) for s in seeds)]:
+        if st.script not in ("sft.py", "reward_model.py"):
+            continue
+        script = {"path": st.script, "sha256": hashlib.sha256((REPO / st.script).read_bytes()).hexdigest()}
         (workdir / "runs" / st.run_name).mkdir(parents=True)
-        (workdir / "runs" / st.run_name / "done.json").write_text(json.dumps({"argv": st.args(quick=True)}))
+        done = {"argv": st.args(quick=True), "script": script}
+        (workdir / "runs" / st.run_name / "done.json").write_text(json.dumps(done))
 
 
 def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(tmp_path, monkeypatch, capsys):
@@ -54,7 +62,7 @@ def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(t
     status = study.run_study(scripts, [1, 2, 3], tmp_path, jobs=2, live=False)
     out = capsys.readouterr().out
     assert "# fast.py: family rloo (its PARENT line); tracks tiny-tldr-noisy, tiny-math" in out
-    assert sum(v == "ok" for v in status.values()) == 18 and sum(v == "skipped" for v in status.values()) == 3
+    assert sum(v == "ok" for v in status.values()) == 18 and sum(v == "skipped" for v in status.values()) == 9
     assert (tmp_path / "runs" / "fast_copy_tiny-math-study__3" / "done.json").exists()
     md = (tmp_path / "runs" / "study_tiny-math.md").read_text()
     assert "| slow_tiny-math-study | 3 | 0.620 | [0.610, 0.630] |" in md
@@ -143,4 +151,54 @@ def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exis
         assert t.preset in module.PRESETS, (family, t.preset)
         flags = [f for f in t.flags if f.startswith("--")]
         assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
-        assert set(t.needs) <= {st.run_name for st in [*run.frontier_tldr_stages([]), run.sft_stage("tiny-math")]}
+        models = {st.run_name for st in [*run.frontier_tldr_stages([2]), run.sft_stage("tiny-math", 2)]}
+        assert set(t.needs(2)) <= models, (family, t.track)
+
+
+def _model_paths(module, stage) -> set[str]:
+    """The run directories a stage's command reads models from: its preset's `runs/<name>/model` paths, overridden by
+    the stage's own flags."""
+    import dataclasses
+
+    args = module.PRESETS[stage.preset][1]
+    paths = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)}
+    flags = stage.args()
+    for i, flag in enumerate(flags[:-1]):
+        if flag.startswith("--"):
+            paths[flag[2:].replace("-", "_")] = flags[i + 1]
+    return {v.split("/")[1] for v in paths.values() if isinstance(v, str) and v.startswith("runs/") and "/model" in v}
+
+
+@pytest.mark.parametrize("shared_starts", [False, True])
+@pytest.mark.parametrize("family", sorted(study.STUDY))
+def test_each_familys_study_plans_every_model_its_runs_read(family, shared_starts):
+    """Issue 58 item 1: on a fresh clone the DPO study's runs failed after the SFT stage, reading a noisy reward model
+    no stage built. Every model a study run reads (its preset's paths and its flags) is a stage of the plan that it
+    waits for; with per-seed starts, seed 2 reads seed 2's models."""
+    import importlib
+
+    module = importlib.import_module(family)
+    todo = study.stages(study.plan([str(REPO / f"{family}.py")]), [1, 2], shared_starts)
+    names = {st.run_name for st in todo}
+    for st in todo:
+        if "-study__" not in st.run_name:
+            continue
+        read = _model_paths(module, st)
+        assert read and read <= names and read <= set(st.needs), (st.run_name, read, st.needs)
+        seed = st.run_name.rsplit("__", 1)[1]
+        assert all(r.endswith("__1" if shared_starts else f"__{seed}") for r in read), (st.run_name, read)
+
+
+def test_the_studys_table_says_whose_starts_its_interval_covers(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(run, "ensure_assets", lambda path: None)
+    _models_done(tmp_path, seeds=[1])
+    (tmp_path / "fast.py").write_text(FAKE)
+    study.run_study([str(tmp_path / "fast.py")], [1, 2], tmp_path, live=False, shared_starts=True)
+    assert "(--shared-starts, paired)" in (tmp_path / "runs" / "study_tiny-math.md").read_text()
+    assert not (tmp_path / "runs" / "sft_tiny-math__2").exists(), "paired: seed 2 starts from seed 1's models"
+    capsys.readouterr()
+    status = study.run_study([str(tmp_path / "fast.py")], [1, 2], tmp_path, dry_run=True)
+    out = capsys.readouterr().out
+    assert "# Starts: each seed from its own SFT policy and reward model (the whole pipeline)" in out
+    assert status["sft_tiny-math__2"] == status["rm_tiny-tldr-noisy__2"] == "dry-run"
+    assert "--seed 2 --num-train-epochs 4" in out  # seed 2's own SFT policy, at the quick suite's budget

@@ -650,6 +650,33 @@ def script_change(recorded, script: Path) -> str | None:
     return None
 
 
+# Rounding regimes (issue 57): CPUs round differently (vector width, reduction order) and RL turns a last digit into
+# another run, so a claim must hold on more than one. `--rounding default` runs every stage with torch's portable
+# kernels (ATEN_CPU_CAPABILITY=default: no AVX2 / AVX-512 in ATen's own kernels; the BLAS is unchanged), a second host
+# on one machine. Its runs go to WORKDIR/rounding-default/runs, never beside the native ones.
+ROUNDING = {"native": {}, "default": {"ATEN_CPU_CAPABILITY": "default"}}
+REGIME_ENV = ("ATEN_CPU_CAPABILITY",)
+
+
+def regime_change(run_dir: Path) -> str | None:
+    """Why a run was made under another rounding regime than the one stages get now (this process's environment, which
+    they inherit); None when the same, or for a run that predates the record (provenance.json's `numerics_env`)."""
+    started = ((_read_json(run_dir / "provenance.json") or {}).get("started") or {}).get("host") or {}
+    recorded = started.get("numerics_env")
+    if not isinstance(recorded, dict):
+        return None
+    for key in REGIME_ENV:
+        if recorded.get(key) != os.environ.get(key):
+            was, now = recorded.get(key) or "(unset)", os.environ.get(key) or "(unset)"
+            return f"it ran with {key}={was} and the suite runs with {now}: another rounding regime"
+    return None
+
+
+def regime_workdir(workdir: Path, rounding: str) -> Path:
+    """Where a suite of `rounding` runs: WORKDIR itself for the machine's own regime, WORKDIR/rounding-<name> else."""
+    return Path(workdir) if rounding == "native" else Path(workdir) / f"rounding-{rounding}"
+
+
 def needs_fingerprint(runs_dir: Path, needs: list[str]) -> dict[str, str | None]:
     """The sha256 of each needed run's done.json (its command, script hash and finishing time): the suite records it
     when it launches a stage, so a stage built on a model that was rebuilt later, by another invocation, runs again."""
@@ -684,7 +711,7 @@ def decide(
                 "rerun",
                 f"its done.json is from another command, the budget or flags differ: {_difference(was, args)}",
             )
-        changed = script_change(done.get("script"), script) if script is not None else None
+        changed = (script_change(done.get("script"), script) or regime_change(run_dir)) if script is not None else None
         if changed:
             return "rerun", changed
         built_on = (record or {}).get("needs")
@@ -705,7 +732,7 @@ def decide(
         return "rerun", f"it did not finish, and was started by another command: {_difference(was, args)}"
     if script is not None:
         started = ((_read_json(run_dir / "provenance.json") or {}).get("started") or {}).get("script")
-        changed = script_change(started, script)
+        changed = script_change(started, script) or regime_change(run_dir)
         if changed:
             return "rerun", f"it did not finish, and not with this script: {changed}"
     return "resume", "it stopped part way (a checkpoint, no done.json); same command and script"
@@ -1047,6 +1074,13 @@ def main() -> None:
         help="study: every seed from seed 1's SFT and reward model (paired); default: each seed its own",
     )
     parser.add_argument(
+        "--rounding",
+        choices=sorted(ROUNDING),
+        default="native",
+        help="native: the machine's kernels; default: ATEN_CPU_CAPABILITY=default, a second rounding regime on one "
+        "machine, its runs under WORKDIR/rounding-default/",
+    )
+    parser.add_argument(
         "--plain",
         action="store_true",
         help="one line per event even on a terminal (no redrawn status block); the default off a terminal",
@@ -1056,6 +1090,16 @@ def main() -> None:
     if (a.suite == "study") != (a.scripts is not None):
         raise SystemExit("error: --scripts goes with the suite study, and the study needs it")
     check_seeds(a.seeds)
+    if a.rounding != "native":
+        if a.suite in ("tldr", "math"):
+            raise SystemExit(
+                f"error: --rounding {a.rounding} is for the tiny world on a CPU, not the GPU suite {a.suite}"
+            )
+        os.environ.update(ROUNDING[a.rounding])  # every stage inherits it; the cache compares it (regime_change)
+        a.workdir = str(regime_workdir(Path(a.workdir), a.rounding))
+        Path(a.workdir).mkdir(parents=True, exist_ok=True)
+        regime = " ".join(f"{k}={v}" for k, v in ROUNDING[a.rounding].items())
+        print(f"# rounding {a.rounding}: {regime}; runs in {a.workdir}/runs")
     if a.suite == "study":
         suite_only = [flag for flag, given in (("--only", a.only is not None), ("--quick", a.quick)) if given]
         if suite_only:  # the study runs every track of each script's family at its own budgets

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -498,3 +499,35 @@ def test_a_seed_is_the_whole_pipeline_and_seed_1_keeps_its_commands(capsys, tmp_
     ]
     assert frontier["dpo-beta0.1_tiny-tldr-noisy__3"].needs == ["sft_tiny-tldr__3", "rm_tiny-tldr-noisy__3"]
     assert frontier["grpo-beta0_tiny-math-kl__3"].needs == ["sft_tiny-math__3"]
+
+
+def test_a_second_rounding_regime_runs_apart_and_the_cache_knows_the_regime(tmp_path, monkeypatch, capsys):
+    """Issue 57 item 2: `--rounding default` runs every stage with ATEN_CPU_CAPABILITY=default in
+    WORKDIR/rounding-default; a finished run made under another regime (provenance.json) is not taken as this one's."""
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    _fake_suite(tmp_path, monkeypatch)
+    run.run_suite("fake", [1], workdir=tmp_path, only=["q"])
+    provenance = tmp_path / "runs" / "q__1" / "provenance.json"
+    record = json.loads(provenance.read_text())
+    record["started"]["host"] = {"numerics_env": {}}  # as a script records it (clean_rlhf_utils.tracking.numerics)
+    provenance.write_text(json.dumps(record))
+    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    capsys.readouterr()
+    action, why = run.decide(
+        tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"], (), tmp_path / "ok.py"
+    )
+    assert (action, why) == (
+        "rerun",
+        "it ran with ATEN_CPU_CAPABILITY=(unset) and the suite runs with default: another rounding regime",
+    )
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setattr(sys, "argv", ["run", "quick", "--seeds", "1", "--rounding", "default", "--dry-run"])
+    monkeypatch.setattr(sys, "argv", sys.argv + ["--workdir", str(tmp_path / "w")])
+    with pytest.raises(SystemExit):
+        run.main()
+    out = capsys.readouterr().out
+    assert out.startswith(
+        f"# rounding default: ATEN_CPU_CAPABILITY=default; runs in {tmp_path / 'w' / 'rounding-default'}/runs"
+    )
+    assert os.environ.pop("ATEN_CPU_CAPABILITY") == "default", "the stages inherit it"

@@ -1116,6 +1116,14 @@ def main() -> None:
     if a.shared_starts:  # the suites always train each seed's own models
         raise SystemExit("error: --shared-starts acts on the study, not the suites (each seed trains its own models)")
     status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick, live=live)
+    if a.suite == "quick" and not a.dry_run:  # the main job ends with whether this install reproduces the library
+        from benchmark import reference, reproduce
+
+        try:
+            verdicts, line, _ = reproduce.reproduce(Path(a.workdir) / "runs")
+            print("\n".join(["", "# python -m benchmark.reproduce", *(v.line for v in verdicts), line]), flush=True)
+        except (reproduce.ReproduceError, reference.ReferenceError) as e:
+            print(f"\n# python -m benchmark.reproduce: {e}", flush=True)
     sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
 
 

@@ -255,20 +255,27 @@ def finished_runs(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.finished]
 
 
+NUMERIC_PACKAGES = ("torch", "transformers")
+"""the libraries whose version changes a number of these scripts (kernels, model code); the others installed (trl,
+deepspeed, wandb, ...) are recorded in provenance.json but do not enter a comparison's warnings"""
+
+
 def provenance_differences(runs: list[Run]) -> list[str]:
-    """One line for each thing the runs combined here differ in (git commit, uncommitted changes, a library's version,
-    the CPU, the GPUs): such curves and intervals mix code or machines (tiny-math's SFT start moved 0.165 -> 0.225
-    between two CPUs). Runs without provenance.json (older ones) are not compared."""
+    """One line for each thing that changes a number and that the runs combined here differ in (git commit, the
+    version of torch or transformers, the CPU and what sets its rounding, the GPUs): such curves and intervals mix code
+    or machines (tiny-math's SFT start moved 0.165 -> 0.225 between two CPUs). Nothing else is warned about (a fork's
+    uncommitted file is its own label's script: `mixed_scripts` warns when one label mixes scripts). Runs without
+    provenance.json (older ones) are not compared."""
     known = [r for r in runs if r.provenance]
     lines = []
     facts = {
         "git commit": lambda p: (p.get("git") or {}).get("commit"),
-        "uncommitted changes": lambda p: (p.get("git") or {}).get("dirty"),
         "CPU": lambda p: (p.get("host") or {}).get("cpu"),
         "GPUs": lambda p: ", ".join((p.get("host") or {}).get("gpus") or []) or "none",
     }
-    for name in sorted({k for r in known for k in (r.provenance.get("versions") or {})}):
-        facts[name] = lambda p, name=name: (p.get("versions") or {}).get(name)
+    for name in NUMERIC_PACKAGES:
+        if any(name in (r.provenance.get("versions") or {}) for r in known):
+            facts[name] = lambda p, name=name: (p.get("versions") or {}).get(name)
 
     def host(p: dict) -> dict:
         return p.get("host") or {}
@@ -526,7 +533,11 @@ def separation_lines(table: list[dict], metric: str) -> list[str]:
     if ranked:
         lines.append(
             "Ranking by AUC (mean over seeds): "
-            + " > ".join(f"{t['group']} {np.mean(t['auc']):.3f}" for t in ranked)
+            + "".join(
+                ("" if i == 0 else " = " if np.mean(t["auc"]) == np.mean(ranked[i - 1]["auc"]) else " > ")
+                + f"{t['group']} {np.mean(t['auc']):.3f}"
+                for i, t in enumerate(ranked)
+            )
             + "."
         )
     lines.append(
@@ -639,6 +650,23 @@ def non_numbers(runs: list[Run], metric: str) -> str:
     return ""
 
 
+def outputs(out: Path) -> tuple[Path, Path]:
+    """`--out OUT`: OUT.png and OUT.md, the whole name kept (`runs/rloo.lr1e-5` -> `runs/rloo.lr1e-5.png`); an OUT
+    given with one of the two suffixes is taken without it."""
+    base = out.with_suffix("") if out.suffix in (".png", ".md") else out
+    return Path(f"{base}.png"), Path(f"{base}.md")
+
+
+def hosts_of(runs: list[Run]) -> int:
+    """How many machines the runs ran on, as far as their provenance says (CPU, its rounding, GPUs); 1 without it."""
+    seen = set()
+    for r in runs:
+        host = (r.provenance or {}).get("host") or {}
+        if host:
+            seen.add((host.get("cpu"), host.get("cpu_capability"), tuple(host.get("gpus") or ())))
+    return max(1, len(seen))
+
+
 def out_problem(out: Path) -> str:
     """Why OUT.png and OUT.md cannot be written, or "": checked before any work, so a long read is not lost."""
     parent = out.parent
@@ -646,7 +674,7 @@ def out_problem(out: Path) -> str:
         parent = parent.parent
     if not parent.is_dir():
         return f"{parent} is a file, not a folder"
-    for path in (out.with_suffix(".png"), out.with_suffix(".md")):
+    for path in outputs(out):
         if path.is_dir():
             return f"{path} is a folder"
     if not os.access(parent, os.W_OK):
@@ -733,6 +761,16 @@ def plot(
             if evaluation:
                 handles.setdefault(curve_label(group, agg), line)
         ax.set_xlabel("episodes" if x == "episode" else "wall-clock seconds")
+        if x == "time" and hosts_of(runs) > 1:  # seconds of two machines do not compare
+            ax.text(
+                0.5,
+                0.02,
+                f"runs of {hosts_of(runs)} machines: their seconds do not compare",
+                transform=ax.transAxes,
+                ha="center",
+                fontsize=8,
+                color="darkred",
+            )
         ax.set_ylabel(m)
         ax.set_title(
             f"{m} (evaluations: markers)" if m == metric else f"{m} (training samples, each update)", fontsize=9
@@ -837,19 +875,17 @@ def main(argv: list[str] | None = None) -> int:
     notes += [f"every seed of {t['group']} diverged: no final value" for t in table if not t["values"]]
     for line in notes:
         print(f"warning: {line}", file=sys.stderr)
-    out = Path(a.out)
+    out_png, out_md = outputs(Path(a.out))
     try:
         plot(
             [r for r in usable if all(r is not d for d in diverged)],
             a.metric,
-            out.with_suffix(".png"),
+            out_png,
             f"{a.metric}: {', '.join(sorted({r.group for r in usable}))}",
             tuple(a.train_metrics),
         )
     except OSError as e:  # a folder the check before could not see as read-only (root), a full disk
-        raise SystemExit(
-            f"error: --out {a.out}: {out.with_suffix('.png')} cannot be written ({e}); pass another --out"
-        ) from None
+        raise SystemExit(f"error: --out {a.out}: {out_png} cannot be written ({e}); pass another --out") from None
     md = markdown_table(table, a.metric)
     md += "".join(f"\n> warning: {line}\n" for line in notes)
     differences = provenance_differences(usable) + mixed_scripts(usable)
@@ -863,13 +899,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     md += "".join(f"\n> warning: {line}\n" for line in differences)
     try:
-        out.with_suffix(".md").write_text(md)
+        out_md.write_text(md)
     except OSError as e:
-        raise SystemExit(
-            f"error: --out {a.out}: {out.with_suffix('.md')} cannot be written ({e}); pass another --out"
-        ) from None
+        raise SystemExit(f"error: --out {a.out}: {out_md} cannot be written ({e}); pass another --out") from None
     print(md)
-    print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.md')}")
+    print(f"wrote {out_png} and {out_md}")
     return 0
 
 

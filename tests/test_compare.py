@@ -546,3 +546,46 @@ def test_results_of_a_runs_dir_that_does_not_exist_is_one_error_line(tmp_path, c
         == f"error: --runs-dir {tmp_path / 'nowhere'} does not exist; pass the directory that holds the runs"
     )
     assert not (tmp_path / "nowhere").exists(), "nothing is written there"
+
+
+def test_warnings_name_only_what_changes_a_number_and_a_dotted_out_keeps_its_name(tmp_path, capsys):
+    """Issue 58 item 7: a fork compared with the library's runs warned "uncommitted changes (False / True)" and the
+    versions of deepspeed / trl, which no training of these runs used; `--out runs/rloo.lr1e-5` wrote rloo.png."""
+
+    def record(run: Path, dirty: bool, trl: str, torch: str = "2.13.0") -> None:
+        started = {
+            "git": {"commit": "aaa", "dirty": dirty},
+            "versions": {"torch": torch, "transformers": "5.24.0", "trl": trl, "deepspeed": trl},
+            "host": {"cpu": "AMD EPYC", "cores": 2, "gpus": [], "python": "3.11.7"},
+        }
+        (run / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
+
+    a, b = _write_run(tmp_path, "ppo_tiny-tldr__1", [0.1, 0.5]), _write_run(tmp_path, "fork_tiny-tldr__1", [0.1, 0.5])
+    record(a, False, "1.16")
+    record(b, True, "1.17")
+    out = tmp_path / "cmp" / "rloo.lr1e-5"
+    assert compare.main([str(a), str(b), "--out", str(out)]) == 0
+    assert "differ" not in capsys.readouterr().err
+    assert (tmp_path / "cmp" / "rloo.lr1e-5.md").exists() and (tmp_path / "cmp" / "rloo.lr1e-5.png").exists()
+    record(b, True, "1.17", torch="2.12.0")
+    assert compare.main([str(a), str(b), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "the runs differ in torch (2.12.0: 1 run(s); 2.13.0: 1 run(s))" in err and "trl" not in err
+    assert compare.outputs(Path("x/y.md")) == (Path("x/y.png"), Path("x/y.md"))
+    # the wall-clock panel says when its seconds come from two machines
+    runs = [compare.read_run(a), compare.read_run(b)]
+    assert compare.hosts_of(runs) == 1
+    started = json.loads((b / "provenance.json").read_text())
+    started["started"]["host"]["cpu"] = "Intel Xeon"
+    (b / "provenance.json").write_text(json.dumps(started))
+    assert compare.hosts_of([compare.read_run(a), compare.read_run(b)]) == 2
+
+
+def test_an_exact_tie_prints_as_a_tie():
+    table = [
+        {"group": g, "values": [0.5, 0.6, 0.7], "auc": auc, "reach": [None]}
+        for g, auc in (("a", [0.4, 0.5, 0.6]), ("b", [0.4, 0.5, 0.6]), ("c", [0.1, 0.2, 0.3]))
+    ]
+    assert (
+        compare.separation_lines(table, "eval/x")[0] == "Ranking by AUC (mean over seeds): a 0.500 = b 0.500 > c 0.200."
+    )

@@ -399,16 +399,17 @@ def episodes_to_reach(x: np.ndarray, y: np.ndarray, threshold: float, hi: float)
     return float(reached[0]) if len(reached) else None
 
 
-def default_threshold(runs: list[Run], metric: str, span: tuple[float, float]) -> float:
+def default_threshold(runs: list[Run], metric: str, span: tuple[float, float]) -> float | None:
     """90% of the way from the runs' mean value at the start of the span to the highest mean over seeds that a group
-    reaches at one of its evaluations inside the span."""
+    reaches at one of its evaluations inside the span; None when no group rises above the start (a threshold at the
+    start would be "reached" at episode 0 by every run, a result that says nothing)."""
     lo, hi = span
     start = float(np.mean([np.interp(lo, *r.curve(metric, "episode")) for r in runs]))
     top = max(
         float(agg["mean"][(agg["x"] >= lo) & (agg["x"] <= hi)].max())
         for agg in group_curves(runs, metric, "episode").values()
     )
-    return start + 0.9 * (top - start)
+    return start + 0.9 * (top - start) if top > start else None
 
 
 def summarize(runs: list[Run], metric: str, threshold: float | None = None) -> list[dict]:
@@ -437,7 +438,8 @@ def summarize(runs: list[Run], metric: str, threshold: float | None = None) -> l
     for run in finite if span is not None else []:
         x, y = run.curve(metric, "episode")
         aucs[run.group].append(area_under_curve(x, y, *span))
-        reach[run.group].append(episodes_to_reach(x, y, threshold, span[1]))
+        if threshold is not None:
+            reach[run.group].append(episodes_to_reach(x, y, threshold, span[1]))
     table = []
     for group, all_values in sorted(finals.items()):
         values = np.array([v for v in all_values if not math.isnan(v)])
@@ -565,14 +567,16 @@ def markdown_table(table: list[dict], metric: str) -> str:
         "95% CI" if not any(few) else "seed values" if all(few) else f"95% CI (values below {MIN_SEEDS_FOR_CI} seeds)"
     )
     span = next((t["span"] for t in table if t.get("span") is not None), None)
-    extra = ["AUC", f"episodes to {table[0]['threshold']:.3f}"] if span is not None else []
+    threshold = table[0]["threshold"]
+    extra = ["AUC"] + ([f"episodes to {threshold:.3f}"] if threshold is not None else []) if span is not None else []
     lines = [
         f"| algorithm | seeds | final {metric} (mean) | {head} | IQM |" + "".join(f" {c} |" for c in extra),
         "|" + " --- |" * (5 + len(extra)),
     ]
     for t in table:
         seeds = f"{t['seeds']} ({len(t['diverged'])} diverged)" if t.get("diverged") else f"{t['seeds']}"
-        more = "".join(f" {c} |" for c in (estimate_cell(t["auc"]), reach_cell(t["reach"]))) if extra else ""
+        cells = (estimate_cell(t["auc"]), reach_cell(t["reach"]))[: len(extra)]
+        more = "".join(f" {c} |" for c in cells)
         if not t["values"]:
             lines.append(f"| {t['group']} | {seeds} | diverged | - | - |" + more)
             continue
@@ -583,10 +587,14 @@ def markdown_table(table: list[dict], metric: str) -> str:
     lines += [
         "",
         f"AUC: the area under each run's `{metric}` curve over episodes {lo:g}-{hi:g} (the span every run covers, "
-        f"linear between evaluations), divided by {hi - lo:g}: its mean value over the span. Episodes to "
-        f"{table[0]['threshold']:.3f}: the first evaluation at or above it (90% of the way from the start to the best "
-        "group's peak unless --threshold is given). Mean [95% bootstrap interval] over seeds with 3 or more, else the "
-        "values.",
+        f"linear between evaluations), divided by {hi - lo:g}: its mean value over the span. "
+        + (
+            f"Episodes to {threshold:.3f}: the first evaluation at or above it (90% of the way from the start to the "
+            "best group's peak unless --threshold is given). "
+            if threshold is not None
+            else "No group rises above the runs' mean start, so there is no threshold to reach (no episodes column). "
+        )
+        + "Mean [95% bootstrap interval] over seeds with 3 or more, else the values.",
         "",
         *separation_lines(table, metric),
     ]

@@ -479,7 +479,7 @@ def test_the_table_ranks_by_sample_efficiency_and_says_what_separates(tmp_path):
     assert "| AUC | episodes to 0.950 |" in md.splitlines()[0]
     assert "| fast_tiny-tldr | 3 | 1.000 | [1.000, 1.000] | 1.000 | 0.929 [0.912, 0.938] | 133 [100, 200] |" in md
     assert "| slow_tiny-tldr | 3 | 1.000 | [1.000, 1.000] | 1.000 | 0.762 [" in md and "| 300 [300, 300] |" in md
-    assert "Ranking by AUC (mean over seeds): copy_tiny-tldr 0.929 > fast_tiny-tldr 0.929 > slow_tiny-tldr" in md
+    assert "Ranking by AUC (mean over seeds): copy_tiny-tldr 0.929 = fast_tiny-tldr 0.929 > slow_tiny-tldr" in md
     separated = next(line for line in md.splitlines() if line.startswith("Separated"))
     assert "AUC: fast_tiny-tldr > slow_tiny-tldr" in separated and "AUC: copy_tiny-tldr > slow_tiny-tldr" in separated
     assert "episodes to threshold: fast_tiny-tldr > slow_tiny-tldr" in separated  # fewer episodes ranks first
@@ -589,3 +589,19 @@ def test_an_exact_tie_prints_as_a_tie():
     assert (
         compare.separation_lines(table, "eval/x")[0] == "Ranking by AUC (mean over seeds): a 0.500 = b 0.500 > c 0.200."
     )
+
+
+def test_no_threshold_is_printed_when_no_group_rises_above_its_start(tmp_path):
+    """Issue 58 item 4: PPO's study on tiny-math, where no run learns, reported "episodes to 0.175: 0 [0, 0]"."""
+    runs = []
+    for g in ("ppo", "ppo_fork"):
+        for seed in (1, 2, 3):
+            runs.append(
+                compare.read_run(_write_run(tmp_path, f"{g}_tiny-math__{seed}", [0.175, 0.16, 0.15 + seed / 100]))
+            )
+    table = compare.summarize(runs, "eval/gold_reward")
+    assert all(t["threshold"] is None and t["reach"] == [] and len(t["auc"]) == 3 for t in table)
+    md = compare.markdown_table(table, "eval/gold_reward")
+    assert "episodes to" not in md.splitlines()[0] and "| AUC |" in md.splitlines()[0]
+    assert "No group rises above the runs' mean start, so there is no threshold to reach" in md
+    assert not [line for line in md.splitlines() if "episodes to threshold" in line and ">" in line]

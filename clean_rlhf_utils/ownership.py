@@ -178,3 +178,27 @@ def check_resume_args(args, run_dir: Path) -> None:
         f"error: --resume with {flags[0]} {_show(now[changed[0]])}, but {run_dir} was started with "
         f"{_show(was[changed[0]])}{more}; resume with the same value or start a new run"
     )
+
+
+def run_identity(args) -> dict:
+    """Whose checkpoint it is: the run's name and seed (and, for the reader, its `--exp-name`), recorded in every
+    checkpoint's `state.json` (`Run.checkpoint`, under its digest) and compared on `--resume`
+    (`checkpoint_owner_problem`)."""
+    return {"run_name": args.run_name, "seed": getattr(args, "seed", None), "exp_name": getattr(args, "exp_name", None)}
+
+
+def checkpoint_owner_problem(args, checkpoint: Path, state: dict) -> str | None:
+    """The one-line error of a checkpoint that another run wrote (copied in from another seed or another run name:
+    its weights, optimizer and RNG states would continue that run under this one's name and config.json), or None. A
+    checkpoint without the record (written before it was kept) is not refused."""
+    theirs, mine = state.get("run"), run_identity(args)
+    if not isinstance(theirs, dict):
+        return None
+    if all(theirs.get(k, mine[k]) == mine[k] for k in ("run_name", "seed")):
+        return None
+    was = f"--run-name {theirs.get('run_name', mine['run_name'])}, --seed {theirs.get('seed', mine['seed'])}"
+    return (
+        f"error: --resume: {checkpoint} was written by another run ({was}), not by this one (--run-name "
+        f"{mine['run_name']}, --seed {mine['seed']}): copied here, it would continue that run under this one's name; "
+        "resume that run in its own directory, or start this one over with --overwrite"
+    )

@@ -73,6 +73,9 @@ class Run:
         accelerator.wait_for_everyone()
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
+            problem = storage.run_files_problem(self.dir)  # a run file replaced, or unreadable: one line, now
+            if problem:
+                raise SystemExit(problem)
             if (self.dir / "done.json").exists():
                 raise SystemExit(
                     f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
@@ -88,8 +91,9 @@ class Run:
                 print(f"note: --resume passes over {'; '.join(passed)}: resuming {self.resume_from}", file=sys.stderr)
             ownership.check_resume_args(args, self.dir)
             self.state = storage.read_state(self.resume_from)
-            # before anything loads: the state describes this checkpoint, whose files are whole
+            # before anything loads: the state describes this checkpoint, of this run, whose files are whole
             problem = storage.state_problem(self.resume_from, self.state)
+            problem = problem or ownership.checkpoint_owner_problem(args, self.resume_from, self.state)
             problem = problem or storage.checkpoint_file_problem(self.resume_from)
             if problem:
                 raise SystemExit(problem)
@@ -98,6 +102,8 @@ class Run:
                 f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
                 "delete it and start over, or another --run-name"
             )
+        elif self.held and storage.overwrite_problem(self.dir):  # --overwrite deletes only a run of this library
+            raise SystemExit(storage.overwrite_problem(self.dir))
         if self.held:
             ownership.check_inputs_outside(args, self.dir)
         self.reached = (self.state["step"], self.state["episode"]) if self.state else None  # the last row's counters
@@ -237,6 +243,7 @@ class Run:
             if self.main:
                 rows, n = dict(self.rows), self.accelerator.num_processes
                 state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
+                state["run"] = ownership.run_identity(self.args)  # whose checkpoint it is, compared on --resume
                 state["digest"] = storage.state_digest(tmp, state)  # ties state.json to this checkpoint
                 # last: state.json marks the checkpoint complete
                 storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
@@ -320,7 +327,8 @@ class Run:
             for name in storage.CHECKPOINTS:  # model/ holds the weights
                 shutil.rmtree(self.dir / name, ignore_errors=True)
             # this run replaces the finished one --overwrite set aside (also when a resume finishes it)
-            shutil.rmtree(storage.previous_dir(self.dir), ignore_errors=True)
+            if storage.not_a_run_problem(storage.previous_dir(self.dir)) is None:  # anything else is not ours
+                shutil.rmtree(storage.previous_dir(self.dir), ignore_errors=True)
         self.close()
         accelerator.wait_for_everyone()
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))

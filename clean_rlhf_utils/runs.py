@@ -34,10 +34,11 @@ class Run:
 
     The main process checks `--output-dir` and locks the directory for the life of the run (`ownership.take_lock`: a
     second run of the same directory is refused while the first lives). A directory that holds a run is refused unless
-    `--resume` (continue from its newest complete checkpoint, with the arguments it was started with) or `--overwrite`
-    (delete it and start over; neither when a path the run reads lies inside it). On resume `state` is the loop's state
-    at the checkpoint, and the rows logged after it (by a run killed before its next checkpoint) are dropped, so the
-    files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its step, checkpoints and exits
+    `--resume` (continue from its newest complete checkpoint, which records the run it belongs to, with the arguments it
+    was started with) or `--overwrite` (delete it and start over, only when it holds nothing but a run's files:
+    `storage.not_a_run_problem`; neither when a path the run reads lies inside it). On resume `state` is the loop's
+    state at the checkpoint, and the rows logged after it (by a run killed before its next checkpoint) are dropped, so
+    the files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its step, checkpoints and exits
     (`stop_requested`, `stop`); a second SIGINT stops at once. A write that fails (a full disk) ends the run in one
     line naming the checkpoint to resume from."""
 
@@ -65,8 +66,9 @@ class Run:
             raise
 
     def look_at_directory(self) -> None:
-        """The used-directory check, under the lock: a used directory needs `--resume` (same arguments) or
-        `--overwrite`, and neither may write over a path the run reads."""
+        """The used-directory check, under the lock: a used directory needs `--resume` (same arguments, this run's
+        checkpoint, run files it can read) or `--overwrite` (only of a run of this library), and neither may write over
+        a path the run reads."""
         args, accelerator = self.args, self.accelerator
         if self.main and (self.dir / "model.old").exists() and not (self.dir / "model").exists():
             (self.dir / "model.old").rename(self.dir / "model")  # a kill between replace_dir's two renames
@@ -102,10 +104,10 @@ class Run:
                 f"error: {self.dir} already holds a run: pass --resume to continue it, --overwrite to "
                 "delete it and start over, or another --run-name"
             )
-        elif self.held and storage.overwrite_problem(self.dir):  # --overwrite deletes only a run of this library
-            raise SystemExit(storage.overwrite_problem(self.dir))
         if self.held:
             ownership.check_inputs_outside(args, self.dir)
+        if self.held and not args.resume and storage.overwrite_problem(self.dir):  # deletes only a run of this library
+            raise SystemExit(storage.overwrite_problem(self.dir))
         self.reached = (self.state["step"], self.state["episode"]) if self.state else None  # the last row's counters
 
     def begin(self) -> None:

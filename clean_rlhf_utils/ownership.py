@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from clean_rlhf_utils import storage
+
 HELD: dict[str, tuple[int, int]] = {}  # the locks this process holds: lock file -> (its descriptor, the owner's pid)
 
 
@@ -115,7 +117,8 @@ def release_all() -> None:  # a run that ends by an exception or SystemExit: not
 
 def check_inputs_outside(args, run_dir: Path) -> None:
     """`--overwrite` deletes the run directory and `--resume` writes its model/ into it: refused when a path the run
-    reads (a model, a dataset: every `*path*` flag that names something on disk) lies inside it."""
+    reads (a model, a dataset: every `*path*` flag that names something on disk) lies inside it; then `--overwrite`
+    of anything but a run of this library (`storage.overwrite_problem`, which names what is there)."""
     action = "--overwrite would delete" if args.overwrite else "--resume would write into"
     target = run_dir.resolve()
     for f in dataclasses.fields(args):
@@ -129,6 +132,8 @@ def check_inputs_outside(args, run_dir: Path) -> None:
                     raise SystemExit(
                         f"error: {action} {run_dir}, which {flag} reads ({value}); pick another --run-name"
                     )
+    if args.overwrite and (problem := storage.overwrite_problem(run_dir)):
+        raise SystemExit(problem)
 
 
 # flags that cannot change what a resumed run computes or logs: the machine's threads, the run's own flags, where the

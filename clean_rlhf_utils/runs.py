@@ -34,13 +34,12 @@ class Run:
 
     The main process checks `--output-dir` and locks the directory for the life of the run (`ownership.take_lock`: a
     second run of the same directory is refused while the first lives). A directory that holds a run is refused unless
-    `--resume` (continue from its newest complete checkpoint, which records the run it belongs to, with the arguments it
-    was started with) or `--overwrite` (delete it and start over, only when it holds nothing but a run's files:
-    `storage.not_a_run_problem`; neither when a path the run reads lies inside it). On resume `state` is the loop's
-    state at the checkpoint, and the rows logged after it (by a run killed before its next checkpoint) are dropped, so
-    the files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its step, checkpoints and exits
-    (`stop_requested`, `stop`); a second SIGINT stops at once. A write that fails (a full disk) ends the run in one
-    line naming the checkpoint to resume from."""
+    `--resume` (continue from its newest complete checkpoint, with the arguments it was started with) or `--overwrite`
+    (delete it, if it holds only a run's files, and start over; neither when a path the run reads lies inside it). On
+    resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run killed before its next
+    checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its
+    step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once. A write that fails (a full
+    disk) ends the run in one line naming the checkpoint to resume from."""
 
     def __init__(self, args, accelerator: Accelerator, presets: dict):
         self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
@@ -67,21 +66,15 @@ class Run:
 
     def look_at_directory(self) -> None:
         """The used-directory check, under the lock: a used directory needs `--resume` (same arguments, this run's
-        checkpoint, run files it can read) or `--overwrite` (only of a run of this library), and neither may write over
-        a path the run reads."""
+        checkpoint) or `--overwrite` (a run's files only), and neither may write over a path the run reads."""
         args, accelerator = self.args, self.accelerator
         if self.main and (self.dir / "model.old").exists() and not (self.dir / "model").exists():
             (self.dir / "model.old").rename(self.dir / "model")  # a kill between replace_dir's two renames
         accelerator.wait_for_everyone()
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
-            problem = storage.run_files_problem(self.dir)  # a run file replaced, or unreadable: one line, now
-            if problem:
+            if problem := storage.resume_dir_problem(self.dir):  # a finished run, or a run file replaced or unreadable
                 raise SystemExit(problem)
-            if (self.dir / "done.json").exists():
-                raise SystemExit(
-                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
-                )
             self.resume_from, passed = storage.checkpoint_to_resume(self.dir)
             if self.resume_from is None:
                 why = f" ({'; '.join(passed)})" if passed else ""
@@ -106,8 +99,6 @@ class Run:
             )
         if self.held:
             ownership.check_inputs_outside(args, self.dir)
-        if self.held and not args.resume and storage.overwrite_problem(self.dir):  # deletes only a run of this library
-            raise SystemExit(storage.overwrite_problem(self.dir))
         self.reached = (self.state["step"], self.state["episode"]) if self.state else None  # the last row's counters
 
     def begin(self) -> None:
@@ -243,9 +234,8 @@ class Run:
         try:
             storage.save_state_without_pickles(self.accelerator, tmp)
             if self.main:
-                rows, n = dict(self.rows), self.accelerator.num_processes
-                state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
-                state["run"] = ownership.run_identity(self.args)  # whose checkpoint it is, compared on --resume
+                rows, n, run = dict(self.rows), self.accelerator.num_processes, ownership.run_identity(self.args)
+                state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows, "run": run}
                 state["digest"] = storage.state_digest(tmp, state)  # ties state.json to this checkpoint
                 # last: state.json marks the checkpoint complete
                 storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
@@ -329,8 +319,7 @@ class Run:
             for name in storage.CHECKPOINTS:  # model/ holds the weights
                 shutil.rmtree(self.dir / name, ignore_errors=True)
             # this run replaces the finished one --overwrite set aside (also when a resume finishes it)
-            if storage.not_a_run_problem(storage.previous_dir(self.dir)) is None:  # anything else is not ours
-                shutil.rmtree(storage.previous_dir(self.dir), ignore_errors=True)
+            storage.remove_previous(self.dir)
         self.close()
         accelerator.wait_for_everyone()
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))

@@ -77,6 +77,13 @@ def set_aside(run_dir: Path) -> Path | None:
     return previous
 
 
+def remove_previous(run_dir: Path) -> None:
+    """The end of a run: the finished run an `--overwrite` set aside (`set_aside`) is deleted, also when a `--resume`
+    finishes the new run; whatever else has that name (not a run of this library) is left alone."""
+    if not_a_run_problem(previous_dir(run_dir)) is None:
+        shutil.rmtree(previous_dir(run_dir), ignore_errors=True)
+
+
 def run_name_problem(run_name: str) -> str | None:
     """The one-line error of a `--run-name` that is not one plain directory name, or None: `.` and `..` name the
     output directory and its parent (an `--overwrite` would delete them), a `/` a directory elsewhere, and a name
@@ -195,11 +202,12 @@ def not_a_run_problem(path: Path, action: str = "--overwrite", fix: str = "pass 
     return None
 
 
-def run_files_problem(run_dir: Path) -> str | None:
-    """The one-line error of a run's file or folder that `--resume` cannot read as the run wrote it, or None: a file
-    replaced by a directory (or the other way round), or a file that cannot be read or decoded (`config.json`,
-    `provenance.json`, `done.json` must be JSON objects; `metrics.jsonl` and `samples.jsonl` UTF-8 text, whose rows
-    `read_rows` checks). Checked before anything loads, instead of a traceback where the run reads it."""
+def resume_dir_problem(run_dir: Path) -> str | None:
+    """The one-line error of a run directory `--resume` cannot continue, or None: a run's file or folder it cannot
+    read as the run wrote it (a file replaced by a directory or the other way round, a file that cannot be read or
+    decoded: `config.json`, `provenance.json`, `done.json` must be JSON objects, `metrics.jsonl` and `samples.jsonl`
+    UTF-8 text, whose rows `read_rows` checks), or a finished run (done.json). Checked before anything loads, instead
+    of a traceback where the run reads it."""
     for name in (*RUN_FILES, *RUN_DIRS):
         path = run_dir / name
         if not path.exists() and not path.is_symlink():
@@ -220,6 +228,8 @@ def run_files_problem(run_dir: Path) -> str | None:
         except (OSError, ValueError) as e:
             why = " ".join(str(getattr(e, "strerror", None) or e).split())[:120]
             return f"error: --resume: {path} cannot be read as the run wrote it ({why}); {fix}"
+    if (run_dir / "done.json").exists():
+        return f"error: --resume: {run_dir} finished its run (done.json); there is nothing to resume"
     return None
 
 

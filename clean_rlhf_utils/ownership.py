@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from clean_rlhf_utils import storage
+
 HELD: dict[str, tuple[int, int]] = {}  # the locks this process holds: lock file -> (its descriptor, the owner's pid)
 
 
@@ -115,7 +117,8 @@ def release_all() -> None:  # a run that ends by an exception or SystemExit: not
 
 def check_inputs_outside(args, run_dir: Path) -> None:
     """`--overwrite` deletes the run directory and `--resume` writes its model/ into it: refused when a path the run
-    reads (a model, a dataset: every `*path*` flag that names something on disk) lies inside it."""
+    reads (a model, a dataset: every `*path*` flag that names something on disk) lies inside it; then `--overwrite`
+    of anything but a run of this library (`storage.overwrite_problem`, which names what is there)."""
     action = "--overwrite would delete" if args.overwrite else "--resume would write into"
     target = run_dir.resolve()
     for f in dataclasses.fields(args):
@@ -129,6 +132,8 @@ def check_inputs_outside(args, run_dir: Path) -> None:
                     raise SystemExit(
                         f"error: {action} {run_dir}, which {flag} reads ({value}); pick another --run-name"
                     )
+    if args.overwrite and (problem := storage.overwrite_problem(run_dir)):
+        raise SystemExit(problem)
 
 
 # flags that cannot change what a resumed run computes or logs: the machine's threads, the run's own flags, where the
@@ -177,4 +182,28 @@ def check_resume_args(args, run_dir: Path) -> None:
     raise SystemExit(
         f"error: --resume with {flags[0]} {_show(now[changed[0]])}, but {run_dir} was started with "
         f"{_show(was[changed[0]])}{more}; resume with the same value or start a new run"
+    )
+
+
+def run_identity(args) -> dict:
+    """Whose checkpoint it is: the run's name and seed (and, for the reader, its `--exp-name`), recorded in every
+    checkpoint's `state.json` (`Run.checkpoint`, under its digest) and compared on `--resume`
+    (`checkpoint_owner_problem`)."""
+    return {"run_name": args.run_name, "seed": getattr(args, "seed", None), "exp_name": getattr(args, "exp_name", None)}
+
+
+def checkpoint_owner_problem(args, checkpoint: Path, state: dict) -> str | None:
+    """The one-line error of a checkpoint that another run wrote (copied in from another seed or another run name:
+    its weights, optimizer and RNG states would continue that run under this one's name and config.json), or None. A
+    checkpoint without the record (written before it was kept) is not refused."""
+    theirs, mine = state.get("run"), run_identity(args)
+    if not isinstance(theirs, dict):
+        return None
+    if all(theirs.get(k, mine[k]) == mine[k] for k in ("run_name", "seed")):
+        return None
+    was = f"--run-name {theirs.get('run_name', mine['run_name'])}, --seed {theirs.get('seed', mine['seed'])}"
+    return (
+        f"error: --resume: {checkpoint} was written by another run ({was}), not by this one (--run-name "
+        f"{mine['run_name']}, --seed {mine['seed']}): copied here, it would continue that run under this one's name; "
+        "resume that run in its own directory, or start this one over with --overwrite"
     )

@@ -35,11 +35,11 @@ class Run:
     The main process checks `--output-dir` and locks the directory for the life of the run (`ownership.take_lock`: a
     second run of the same directory is refused while the first lives). A directory that holds a run is refused unless
     `--resume` (continue from its newest complete checkpoint, with the arguments it was started with) or `--overwrite`
-    (delete it and start over; neither when a path the run reads lies inside it). On resume `state` is the loop's state
-    at the checkpoint, and the rows logged after it (by a run killed before its next checkpoint) are dropped, so the
-    files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its step, checkpoints and exits
-    (`stop_requested`, `stop`); a second SIGINT stops at once. A write that fails (a full disk) ends the run in one
-    line naming the checkpoint to resume from."""
+    (delete it, if it holds only a run's files, and start over; neither when a path the run reads lies inside it). On
+    resume `state` is the loop's state at the checkpoint, and the rows logged after it (by a run killed before its next
+    checkpoint) are dropped, so the files read as one run. SIGTERM and SIGINT only set a flag: the loop finishes its
+    step, checkpoints and exits (`stop_requested`, `stop`); a second SIGINT stops at once. A write that fails (a full
+    disk) ends the run in one line naming the checkpoint to resume from."""
 
     def __init__(self, args, accelerator: Accelerator, presets: dict):
         self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
@@ -65,18 +65,16 @@ class Run:
             raise
 
     def look_at_directory(self) -> None:
-        """The used-directory check, under the lock: a used directory needs `--resume` (same arguments) or
-        `--overwrite`, and neither may write over a path the run reads."""
+        """The used-directory check, under the lock: a used directory needs `--resume` (same arguments, this run's
+        checkpoint) or `--overwrite` (a run's files only), and neither may write over a path the run reads."""
         args, accelerator = self.args, self.accelerator
         if self.main and (self.dir / "model.old").exists() and not (self.dir / "model").exists():
             (self.dir / "model.old").rename(self.dir / "model")  # a kill between replace_dir's two renames
         accelerator.wait_for_everyone()
         self.held = self.dir.is_dir() and any(self.dir.iterdir())
         if args.resume:
-            if (self.dir / "done.json").exists():
-                raise SystemExit(
-                    f"error: --resume: {self.dir} finished its run (done.json); there is nothing to resume"
-                )
+            if problem := storage.resume_dir_problem(self.dir):  # a finished run, or a run file replaced or unreadable
+                raise SystemExit(problem)
             self.resume_from, passed = storage.checkpoint_to_resume(self.dir)
             if self.resume_from is None:
                 why = f" ({'; '.join(passed)})" if passed else ""
@@ -88,8 +86,9 @@ class Run:
                 print(f"note: --resume passes over {'; '.join(passed)}: resuming {self.resume_from}", file=sys.stderr)
             ownership.check_resume_args(args, self.dir)
             self.state = storage.read_state(self.resume_from)
-            # before anything loads: the state describes this checkpoint, whose files are whole
+            # before anything loads: the state describes this checkpoint, of this run, whose files are whole
             problem = storage.state_problem(self.resume_from, self.state)
+            problem = problem or ownership.checkpoint_owner_problem(args, self.resume_from, self.state)
             problem = problem or storage.checkpoint_file_problem(self.resume_from)
             if problem:
                 raise SystemExit(problem)
@@ -235,8 +234,8 @@ class Run:
         try:
             storage.save_state_without_pickles(self.accelerator, tmp)
             if self.main:
-                rows, n = dict(self.rows), self.accelerator.num_processes
-                state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows}
+                rows, n, run = dict(self.rows), self.accelerator.num_processes, ownership.run_identity(self.args)
+                state = {**state, "time": time.time() - self.start, "num_processes": n, "rows": rows, "run": run}
                 state["digest"] = storage.state_digest(tmp, state)  # ties state.json to this checkpoint
                 # last: state.json marks the checkpoint complete
                 storage.write_synced(tmp / "state.json", json.dumps(state) + "\n")
@@ -320,7 +319,7 @@ class Run:
             for name in storage.CHECKPOINTS:  # model/ holds the weights
                 shutil.rmtree(self.dir / name, ignore_errors=True)
             # this run replaces the finished one --overwrite set aside (also when a resume finishes it)
-            shutil.rmtree(storage.previous_dir(self.dir), ignore_errors=True)
+            storage.remove_previous(self.dir)
         self.close()
         accelerator.wait_for_everyone()
         accelerator.print(f"run finished: {self.dir}" + (f" (model: {self.dir / 'model'})" if args.save_model else ""))

@@ -48,11 +48,25 @@ def previous_dir(run_dir: Path) -> Path:
     return run_dir.with_name(f".{run_dir.name}.previous")
 
 
+def overwrite_problem(run_dir: Path) -> str | None:
+    """The one-line error of `--overwrite` of `run_dir`, or None: it deletes the directory, and for a finished run the
+    `previous_dir` of an earlier `--overwrite` (`set_aside`), so each must be a run of this library
+    (`not_a_run_problem`)."""
+    problem = not_a_run_problem(run_dir)
+    if problem is None and (run_dir / "done.json").is_file():
+        problem = not_a_run_problem(previous_dir(run_dir))
+    return problem
+
+
 def set_aside(run_dir: Path) -> Path | None:
     """`--overwrite` of a used run directory, once everything is loaded: a finished run (done.json) is moved to
     `previous_dir` and deleted only when the new run finishes (`Run.finish`), so a new run that fails or is killed
     never costs the finished one (docs/faults.md); returns where it went. An unfinished run is deleted (its
-    checkpoints were only a way to finish it)."""
+    checkpoints were only a way to finish it). Neither unless it is a run of this library (`overwrite_problem`, checked
+    when the run started and again here)."""
+    problem = overwrite_problem(run_dir)
+    if problem:
+        raise SystemExit(problem)
     if not (run_dir / "done.json").exists():
         shutil.rmtree(run_dir)
         return None
@@ -61,6 +75,13 @@ def set_aside(run_dir: Path) -> Path | None:
     run_dir.rename(previous)
     print(f"note: --overwrite: the finished run is kept in {previous} until this run finishes", file=sys.stderr)
     return previous
+
+
+def remove_previous(run_dir: Path) -> None:
+    """The end of a run: the finished run an `--overwrite` set aside (`set_aside`) is deleted, also when a `--resume`
+    finishes the new run; whatever else has that name (not a run of this library) is left alone."""
+    if not_a_run_problem(previous_dir(run_dir)) is None:
+        shutil.rmtree(previous_dir(run_dir), ignore_errors=True)
 
 
 def run_name_problem(run_name: str) -> str | None:
@@ -96,6 +117,119 @@ def run_dir_problem(run_dir: Path) -> str | None:
             probe.unlink()
         except OSError as e:
             return f"error: {run_dir} ({flag}) cannot be written ({e.strerror or e}); pass another --run-name"
+    return None
+
+
+# What a run of this library writes at the top of its directory (`runs.Run`, `tracking`: wandb's own folder and id;
+# `DONE`: the end marker of an older benchmark.run), files and directories apart. `not_a_run_problem` lets `--overwrite`
+# (and a tool that cleans a folder) delete a directory only when it holds nothing else.
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "samples.jsonl",
+    "provenance.json",
+    "done.json",
+    "done.json.tmp",
+    "wandb_id",
+    "DONE",
+)
+RUN_DIRS = (*CHECKPOINTS, "model", "model.tmp", "model.old", "wandb")
+# the files that only a run writes (with a run's config.json, or a checkpoint: its state.json); model/ and wandb/ alone
+# are anyone's
+RUN_MARKERS = ("metrics.jsonl", "samples.jsonl", "provenance.json", "done.json", "wandb_id", "DONE")
+PROBE = ".write-test-"  # `run_dir_problem`'s probe, left by a process killed while it existed
+
+
+def _is_run_config(path: Path) -> bool:
+    """Whether `path` holds a run's config.json (a JSON object of `Args`, with `run_name`), not a model's."""
+    try:
+        if path.stat().st_size > 1 << 20:
+            return False
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "run_name" in config
+
+
+def not_a_run_problem(path: Path, action: str = "--overwrite", fix: str = "pass another --run-name") -> str | None:
+    """The one-line error of deleting `path` as a run of this library, or None when it may go: absent, empty, or
+    recognisably a run (every entry at its top one a run writes, of the kind it writes, `RUN_FILES` and `RUN_DIRS`,
+    and at least one that only a run writes: a `RUN_MARKERS` file, a run's config.json or a checkpoint's state.json).
+    Anything else (a symbolic link, a file, a directory holding other entries, or only a model/) is named in the line:
+    `action` is what would delete it, `fix` what to do instead. `--overwrite` and the tools that clean a folder call
+    it before they delete; it reads a few small files and deletes nothing."""
+    if path.is_symlink():
+        return f"error: {action} would delete {path}, which is a symbolic link (to {os.readlink(path)}); {fix}"
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return f"error: {action} would delete {path}, which is a file, not a run directory; {fix}"
+    try:
+        entries = sorted(p for p in path.iterdir() if not p.name.startswith(PROBE))
+    except OSError as e:
+        return f"error: {action} would delete {path}, whose entries cannot be listed ({e.strerror or e}); {fix}"
+    foreign, marked = [], False
+    for entry in entries:
+        name, is_dir = entry.name, entry.is_dir() and not entry.is_symlink()
+        if entry.is_symlink():
+            foreign.append(f"{name} (a symbolic link)")
+        elif name in RUN_FILES and is_dir:
+            foreign.append(f"{name}/ (a directory where a run writes a file)")
+        elif name in RUN_DIRS and not is_dir:
+            foreign.append(f"{name} (a file where a run writes a directory)")
+        elif name == "config.json":
+            if not _is_run_config(entry):
+                foreign.append("config.json (not a run's arguments)")
+            marked = True
+        elif name in RUN_FILES or name in RUN_DIRS:
+            marked = marked or name in RUN_MARKERS or (name in CHECKPOINTS and (entry / "state.json").is_file())
+        else:
+            foreign.append(name + ("/" if is_dir else ""))
+    if foreign:
+        more = f", ... ({len(foreign)} in all)" if len(foreign) > 4 else ""
+        return (
+            f"error: {action} would delete {path}, which is not a run of this library: it holds "
+            f"{', '.join(foreign[:4])}{more}; move what is yours out of it (a run holds only "
+            f"{', '.join(RUN_FILES[:5])}, checkpoint/, model/, ...), or {fix}"
+        )
+    if entries and not marked:
+        names = ", ".join(p.name + "/" * p.is_dir() for p in entries)
+        return (
+            f"error: {action} would delete {path}, which holds {names} but none of a run's own files (a run's "
+            f"config.json, {', '.join(RUN_MARKERS[:4])}, a checkpoint's state.json); move what is yours out of it, "
+            f"or {fix}"
+        )
+    return None
+
+
+def resume_dir_problem(run_dir: Path) -> str | None:
+    """The one-line error of a run directory `--resume` cannot continue, or None: a run's file or folder it cannot
+    read as the run wrote it (a file replaced by a directory or the other way round, a file that cannot be read or
+    decoded: `config.json`, `provenance.json`, `done.json` must be JSON objects, `metrics.jsonl` and `samples.jsonl`
+    UTF-8 text, whose rows `read_rows` checks), or a finished run (done.json). Checked before anything loads, instead
+    of a traceback where the run reads it."""
+    for name in (*RUN_FILES, *RUN_DIRS):
+        path = run_dir / name
+        if not path.exists() and not path.is_symlink():
+            continue
+        fix = "restore the run's own, or move it away and start over with --overwrite"
+        if path.is_symlink() and not path.exists():
+            return f"error: --resume: {path} is a symbolic link to nothing; {fix}"
+        if name in RUN_DIRS:
+            if not path.is_dir():
+                return f"error: --resume: {path} is a file where the run writes a directory; {fix}"
+            continue
+        if path.is_dir():
+            return f"error: --resume: {path} is a directory where the run writes a file; {fix}"
+        try:
+            text = path.read_text(encoding="utf-8")
+            if name.endswith(".json") and not isinstance(json.loads(text), dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            why = " ".join(str(getattr(e, "strerror", None) or e).split())[:120]
+            return f"error: --resume: {path} cannot be read as the run wrote it ({why}); {fix}"
+    if (run_dir / "done.json").exists():
+        return f"error: --resume: {run_dir} finished its run (done.json); there is nothing to resume"
     return None
 
 
@@ -199,7 +333,8 @@ def checkpoint_to_resume(run_dir: Path) -> tuple[Path | None, list[str]]:
             continue
         if read_state(path) is not None:
             return path, passed
-        passed.append(f"{path} (its state.json is missing, empty or torn)")
+        why = "is a directory" if (path / "state.json").is_dir() else "is missing, empty or torn"
+        passed.append(f"{path} (its state.json {why})")
     return None, passed
 
 

@@ -609,6 +609,75 @@ CASES = [
         "is a symbolic link",
         lambda s, w: ["--run-name", "link", "--overwrite", *symlinked_run_dir(w)],
     ),
+    # ---- --overwrite deletes only a run of this library; --resume only this run's checkpoint (issue 59, 1 and 5) ----
+    BadInput(
+        "overwrite-foreign-dir",
+        "`--overwrite` of a run directory holding a user's notes.txt and data/ (was: deleted with it)",
+        "which is not a run of this library: it holds data/, notes.txt",
+        lambda s, w: ["--overwrite", *run_dir_with(w, {"notes.txt": "mine", "data/x.csv": "1,2"})],
+    ),
+    BadInput(
+        "overwrite-run-with-foreign-file",
+        "`--overwrite` of a finished run into which a user saved best.safetensors (was: deleted with it)",
+        "it holds best.safetensors",
+        lambda s, w: ["--overwrite", *run_dir_with(w, {**FINISHED, "best.safetensors": "weights"})],
+    ),
+    BadInput(
+        "overwrite-model-dir",
+        "`--overwrite` with `--run-name` naming a model directory (was: the model deleted)",
+        "it holds chat_template.jinja, config.json (not a run's arguments), generation_config.json",
+        lambda s, w: ["--run-name", "model", "--overwrite", *model_as_run_dir(s, w)],
+    ),
+    BadInput(
+        "overwrite-foreign-previous",
+        "`--overwrite` of a finished run whose `.NAME.previous` beside it holds a user's folder (was: deleted)",
+        ".bad.previous, which is not a run of this library: it holds notes.txt",
+        lambda s, w: ["--overwrite", *run_dir_with(w, {**FINISHED, "../.bad.previous/notes.txt": "mine"})],
+    ),
+    BadInput(
+        "resume-config-dir",
+        "`--resume` of a run whose config.json is a directory (was: 'config.json is missing or unreadable')",
+        "config.json is a directory where the run writes a file",
+        lambda s, w: ["--resume", *run_dir_with(w, {"samples.jsonl": "", "config.json/x": "", **A_CHECKPOINT})],
+    ),
+    BadInput(
+        "resume-done-dir",
+        "`--resume` of a run whose done.json is a directory (was: 'finished its run')",
+        "done.json is a directory where the run writes a file",
+        lambda s, w: ["--resume", *run_dir_with(w, {**A_RUN, "done.json/x": "", **A_CHECKPOINT})],
+    ),
+    BadInput(
+        "resume-samples-not-utf8",
+        "`--resume` of a run whose samples.jsonl is not UTF-8 (was: a UnicodeDecodeError traceback)",
+        "samples.jsonl cannot be read as the run wrote it",
+        lambda s, w: ["--resume", *run_dir_with(w, {**A_RUN, "samples.jsonl": b"\xff\xfe", **A_CHECKPOINT})],
+    ),
+    BadInput(
+        "resume-provenance-not-json",
+        "`--resume` of a run whose provenance.json is not JSON (was: a JSONDecodeError traceback after the loading)",
+        "provenance.json cannot be read as the run wrote it",
+        lambda s, w: ["--resume", *run_dir_with(w, {**A_RUN, "provenance.json": "{", **A_CHECKPOINT})],
+    ),
+    BadInput(
+        "resume-checkpoint-a-file",
+        "`--resume` of a run whose checkpoint is a file (was: 'holds no complete checkpoint')",
+        "checkpoint is a file where the run writes a directory",
+        lambda s, w: ["--resume", *run_dir_with(w, {**A_RUN, "checkpoint": "x"})],
+    ),
+    BadInput(
+        "resume-state-json-dir",
+        "`--resume` of a run whose checkpoint/state.json is a directory (was: 'its state.json is missing, empty or "
+        "torn')",
+        "its state.json is a directory",
+        lambda s, w: ["--resume", *run_dir_with(w, {**A_RUN, "checkpoint/state.json/x": ""})],
+    ),
+    BadInput(
+        "resume-checkpoint-of-another-run",
+        "`--resume` of a run whose checkpoint was copied from run `other` of seed 7 (was: a real copy resumed, "
+        "continuing that run as this one)",
+        "was written by another run (--run-name other, --seed 7), not by this one (--run-name bad, --seed",
+        lambda s, w: ["--resume", *checkpoint_of_another_run(w)],
+    ),
     # ---- templates take fields by name only; chat templates render every prompt (issue 51 item 6) ----
     BadInput(
         "template-format-spec",
@@ -705,6 +774,50 @@ def symlinked_run_dir(w: World) -> list[str]:
     (w.tmp / "runs").mkdir(parents=True, exist_ok=True)
     if not (w.tmp / "runs" / "link").is_symlink():
         (w.tmp / "runs" / "link").symlink_to(w.tmp / "elsewhere")
+    return []
+
+
+# as an unfinished run has them (no metrics.jsonl: `run_case` takes one for a run that began training)
+A_RUN = {"config.json": '{"run_name": "bad"}', "samples.jsonl": ""}
+FINISHED = {**A_RUN, "done.json": "{}"}
+A_CHECKPOINT = {"checkpoint/state.json": '{"step": 1}'}  # none of the cases that use it gets as far as reading it
+
+
+def run_dir_with(w: World, layout: dict, name: str = "bad") -> list[str]:
+    """runs/<name> written from `layout`: a path inside it to its text (bytes as they are; a name ending in `/x`
+    makes the directory before it), None leaving a name out."""
+    root = w.tmp / "runs" / name
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in layout.items():
+        path = root / rel
+        if text is None:
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith("/x"):
+            continue
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return []
+
+
+def model_as_run_dir(script: str, w: World) -> list[str]:
+    """runs/model: a copy of the script's model (config.json, model.safetensors, the tokenizer)."""
+    dst = w.tmp / "runs" / "model"
+    if not dst.exists():
+        shutil.copytree(w.assets / "models" / MODEL[script], dst)
+    return []
+
+
+def checkpoint_of_another_run(w: World) -> list[str]:
+    """runs/bad whose checkpoint/ records run `other`, seed 7: a state.json whose digest is right (as a copy keeps it),
+    beside a config.json that names no flag (so only the checkpoint's owner can refuse it)."""
+    from clean_rlhf_utils import storage
+
+    checkpoint = w.tmp / "runs" / "bad" / "checkpoint"
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint.parent / "config.json").write_text("{}")
+    state = {"step": 1, "episode": 8, "num_processes": 1, "rows": {}, "run": {"run_name": "other", "seed": 7}}
+    state["digest"] = storage.state_digest(checkpoint, state)
+    (checkpoint / "state.json").write_text(json.dumps(state))
     return []
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmark.run import REPO, Stage, accelerate_config_problem, math_stages, tldr_stages
+from clean_rlhf_utils import storage
 
 CONFIGS = REPO / "benchmark" / "accelerate_configs"
 
@@ -405,6 +406,10 @@ def run_check(
             missing = [d for d in stage.needs if not (workdir / source / "runs" / d / "model" / "config.json").exists()]
             if missing:
                 result[stage.run_name, engine] = f"blocked: no model from {', '.join(missing)} under {source}"
+                continue
+            problem = storage.not_a_run_problem(runs / stage.run_name, "the real check", "pass another --workdir")
+            if problem:  # it deletes only a run of its own before running a cell again
+                result[stage.run_name, engine] = f"FAILED: {problem}"
                 continue
             shutil.rmtree(runs / stage.run_name, ignore_errors=True)
             runs.mkdir(parents=True, exist_ok=True)

@@ -691,6 +691,26 @@ def decide(
     script: Path | None = None,
     needs: list[str] = (),
 ) -> tuple[str, str]:
+    """`_decide`, and a rerun refused ("refuse", why) when the directory it would delete (`--overwrite`) is not
+    recognisably a run of this library (`storage.not_a_run_problem`): the suite never deletes what is not a run."""
+    action, why = _decide(runs_dir, run_name, args, rebuilt, script, needs)
+    if action == "rerun":
+        problem = storage.not_a_run_problem(
+            runs_dir / run_name, "rerunning it (--overwrite)", "move what is yours out of it"
+        )
+        if problem:
+            return "refuse", problem.removeprefix("error: ")
+    return action, why
+
+
+def _decide(
+    runs_dir: Path,
+    run_name: str,
+    args: list[str],
+    rebuilt: list[str] = (),
+    script: Path | None = None,
+    needs: list[str] = (),
+) -> tuple[str, str]:
     """What the suite does with a stage whose command arguments (after the script path) are `args`, and why:
     "skip" (done.json with these arguments, made by `script` as it is now from the models it needs as they are now),
     "resume" (checkpoint, no done.json, launched with these arguments by `script` as it is now), "rerun" (the
@@ -853,6 +873,10 @@ def run_suite(
                 print(f"# [skip] {stage.run_name}: {why}")
                 status[stage.run_name] = "skipped"
                 continue
+            if action == "refuse":
+                print(f"# [refused] {stage.run_name}: {why}")
+                status[stage.run_name] = "failed"
+                continue
             if action != "run":
                 print(f"# [{action}] {stage.run_name}: {why}")
             print(shlex.join(stage.command(launcher, quick) + LAUNCH[action]))
@@ -941,6 +965,13 @@ def _run_suite(
                     display[stage.run_name].state = SKIPPED
                     display[stage.run_name].headline = headline(final_metrics(runs_dir / stage.run_name))
                     display.event(f"[skip] {stage.run_name}: {why}")
+                    pending.remove(stage)
+                    continue
+                if action == "refuse":  # its directory holds what is not a run: left as it is
+                    status[stage.run_name] = "failed"
+                    display[stage.run_name].state, display[stage.run_name].note = FAILED, "not a run's directory"
+                    display[stage.run_name].log = ""
+                    display.event(f"[FAILED] {stage.run_name}: {why}")
                     pending.remove(stage)
                     continue
                 if not (Path(workdir) / stage.script).exists() and not (REPO / stage.script).exists():

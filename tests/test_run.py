@@ -531,3 +531,19 @@ def test_a_second_rounding_regime_runs_apart_and_the_cache_knows_the_regime(tmp_
         f"# rounding default: ATEN_CPU_CAPABILITY=default; runs in {tmp_path / 'w' / 'rounding-default'}/runs"
     )
     assert os.environ.pop("ATEN_CPU_CAPABILITY") == "default", "the stages inherit it"
+
+
+def test_the_suite_never_deletes_a_directory_that_is_not_a_run(tmp_path, monkeypatch, capsys):
+    """Issue 59 class 1: a stage to rerun has its directory deleted (`--overwrite`); one holding what is not a run of
+    this library is refused in one line and left as it is, and the suite goes on with the others."""
+    _fake_suite(tmp_path, monkeypatch)
+    mine = tmp_path / "runs" / "a__1"
+    mine.mkdir(parents=True)
+    (mine / "thesis.tex").write_text("mine")
+    status = run.run_suite("fake", [1], workdir=tmp_path, only=["a", "q"])
+    assert status == {"a__1": "failed", "q__1": "ok"}
+    out = capsys.readouterr().out
+    assert f"[FAILED] a__1: rerunning it (--overwrite) would delete {mine}, which is not a run of this library" in out
+    assert (mine / "thesis.tex").read_text() == "mine" and not (mine / "done.json").exists()
+    run.run_suite("fake", [1], workdir=tmp_path, only=["a"], dry_run=True)
+    assert "# [refused] a__1: rerunning it (--overwrite) would delete" in capsys.readouterr().out

@@ -37,6 +37,7 @@ from benchmark.compare import (
     bootstrap_ci,
     check_rows,
     finished_runs,
+    outputs,
     read_runs,
     select_runs,
 )
@@ -359,12 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         if not any(c.algo == r.group for c in curves):
             print(f"warning: {r.name} has no evaluation with eval/kl and {a.metric}; left out", file=sys.stderr)
     md = frontier_tables(curves, a.budgets, a.metric)
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(md)
-    plot_frontier(curves, None, out.with_suffix(".png"), metrics=(a.metric, proxy, a.budgets))
+    out_png, out_md = outputs(Path(a.out))  # a dotted name kept whole
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(md)
+    plot_frontier(curves, None, out_png, metrics=(a.metric, proxy, a.budgets))
     print(md)
-    print(f"wrote {out.with_suffix('.png')} and {out.with_suffix('.md')}")
+    print(f"wrote {out_png} and {out_md}")
     return 0
 
 

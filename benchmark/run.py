@@ -1104,6 +1104,7 @@ def main() -> None:
         action="store_true",
         help="study: every seed from seed 1's SFT and reward model (paired); default: each seed its own",
     )
+    parser.add_argument("--name", default=None, help="study: the name of its outputs (default: the scripts' names)")
     parser.add_argument(
         "--rounding",
         choices=sorted(ROUNDING),
@@ -1141,11 +1142,21 @@ def main() -> None:
         from benchmark import study
 
         status = study.run_study(
-            a.scripts, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, live=live, shared_starts=a.shared_starts
+            a.scripts,
+            a.seeds,
+            Path(a.workdir),
+            a.dry_run,
+            jobs=a.jobs,
+            live=live,
+            shared_starts=a.shared_starts,
+            name=a.name,
         )
         sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
-    if a.shared_starts:  # the suites always train each seed's own models
-        raise SystemExit("error: --shared-starts acts on the study, not the suites (each seed trains its own models)")
+    study_only = [
+        flag for flag, given in (("--shared-starts", a.shared_starts), ("--name", a.name is not None)) if given
+    ]
+    if study_only:  # the suites always train each seed's own models and write SUITE_summary.md
+        raise SystemExit(f"error: {' and '.join(study_only)} act on the study, not the suites; leave them out")
     status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick, live=live)
     if a.suite == "quick" and not a.dry_run:  # the main job ends with whether this install reproduces the library
         from benchmark import reference, reproduce

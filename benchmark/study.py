@@ -13,14 +13,16 @@ so its runs never take the name, or the directory, of a suite's run of the same 
 
 Then, per track, `benchmark.compare`'s table (final value, AUC and episodes to a threshold, each with its 95% bootstrap
 interval over seeds), the ranking and which scripts separate and which do not, and the figure are printed and written
-to `runs/study_<track>.md|png`; on a track evaluated with `--eval-kl`, the KL frontier too
-(`runs/study_<track>_kl.md|png`).
+to `runs/study_<name>_<track>.md|png` (name: `--name`, else the scripts' names joined by `-vs-`, so a second study
+never overwrites the first's); on a track evaluated with `--eval-kl`, the KL frontier too
+(`runs/study_<name>_<track>_kl.md|png`). The end lists every study the runs directory holds.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,7 +267,31 @@ def design(shared_starts: bool) -> str:
     return "Starts: each seed from its own SFT policy and reward model (the whole pipeline): the interval covers both"
 
 
-def report(p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = False) -> list[Path]:
+def study_name(p: Plan, name: str | None = None) -> str:
+    """The name of a study's outputs: `name`, else its scripts' names joined by `-vs-` (`rloo_epochs4-vs-rloo`)."""
+    if name is not None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise StudyError(f"--name {name!r}: a study's name is letters, digits, '.', '_' and '-' (it names files)")
+        return name
+    return "-vs-".join(path.stem for path, _, _ in p.scripts)
+
+
+def past_studies(runs_dir: Path) -> list[str]:
+    """The studies whose tables `runs_dir` holds: their names and tracks, one line each."""
+    found: dict[str, list[str]] = {}
+    for md in sorted(runs_dir.glob("study_*.md")):
+        stem = md.name.removesuffix(".md")
+        if stem.endswith("_kl"):
+            continue
+        name, _, track = stem.removeprefix("study_").rpartition("_")
+        if name:  # `study_<track>.md` of older versions has no name
+            found.setdefault(name, []).append(track)
+    return [f"  {name}: {', '.join(tracks)}" for name, tracks in found.items()]
+
+
+def report(
+    p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = False, name: str | None = None
+) -> list[Path]:
     """Per track: the table, ranking and separation (`benchmark.compare`) of the study's finished runs, and the
     figure, one colour per script in every figure; printed, and written to runs_dir/study_<track>.md|png."""
     colours = compare.Colours({path.stem for path, _, _ in p.scripts})
@@ -281,25 +307,25 @@ def report(p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = Fals
         md = compare.markdown_table(compare.summarize(runs, t.metric), t.metric)
         md += f"\n{design(shared_starts)}.\n"
         md += "".join(f"\n> warning: {line}\n" for line in compare.provenance_differences(runs))
-        out = runs_dir / f"study_{track}"
-        out.with_suffix(".md").write_text(md)
+        out = runs_dir / f"study_{study_name(p, name)}_{track}"
+        Path(f"{out}.md").write_text(md)
         title = f"study on {track}: {t.metric}, " + ", ".join(path.name for path, _, _ in p.scripts)
-        compare.plot(runs, t.metric, out.with_suffix(".png"), title, (), colours, compare.algorithm_of)
+        compare.plot(runs, t.metric, Path(f"{out}.png"), title, (), colours, compare.algorithm_of)
         print(md)
-        wrote += [out.with_suffix(".md"), out.with_suffix(".png")]
+        wrote += [Path(f"{out}.md"), Path(f"{out}.png")]
         curves = frontier.curves_of(runs, t.metric, "eval/score" if track == "tiny-tldr-noisy" else None)
         if curves:  # evaluated with --eval-kl: what each variant buys per unit of KL
             # a curve per script, named as its colour is keyed
             curves = [
                 frontier.Curve(compare.algorithm_of(c.algo), c.penalty, c.seed, c.kl, c.gold, c.proxy) for c in curves
             ]
-            kl = runs_dir / f"study_{track}_kl"
+            kl = runs_dir / f"study_{study_name(p, name)}_{track}_kl"
             table = frontier.frontier_tables(curves, frontier.BUDGETS, t.metric)
-            kl.with_suffix(".md").write_text(table)
+            Path(f"{kl}.md").write_text(table)
             proxy = "eval/score" if all(c.proxy is not None for c in curves) else None
-            frontier.plot_frontier(curves, track, kl.with_suffix(".png"), colours, (t.metric, proxy, frontier.BUDGETS))
+            frontier.plot_frontier(curves, track, Path(f"{kl}.png"), colours, (t.metric, proxy, frontier.BUDGETS))
             print(f"\n### {track}: {t.metric} against KL\n\n{table}")
-            wrote += [kl.with_suffix(".md"), kl.with_suffix(".png")]
+            wrote += [Path(f"{kl}.md"), Path(f"{kl}.png")]
     return wrote
 
 
@@ -312,6 +338,7 @@ def run_study(
     live: bool | None = None,
     launcher: list[str] | None = None,
     shared_starts: bool = False,
+    name: str | None = None,
 ) -> dict[str, str]:
     """`python -m benchmark.run study`: the plan (each script's family and tracks, printed), the suite
     (`benchmark.run.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
@@ -320,6 +347,7 @@ def run_study(
 
     try:
         p = plan(scripts)
+        study_name(p, name)
     except StudyError as e:
         raise SystemExit(f"error: {e}") from None
     for path, family, how in p.scripts:
@@ -329,6 +357,7 @@ def run_study(
     todo = stages(p, seeds, shared_starts)
     status = run_suite("study", seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=todo)
     if not dry_run:
-        wrote = report(p, Path(workdir) / "runs", seeds, shared_starts)
+        wrote = report(p, Path(workdir) / "runs", seeds, shared_starts, name)
         print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]))
+        print("\n".join(["", f"studies in {Path(workdir) / 'runs'}:", *past_studies(Path(workdir) / "runs")]))
     return status

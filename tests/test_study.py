@@ -64,7 +64,7 @@ def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(t
     assert "# fast.py: family rloo (its PARENT line); tracks tiny-tldr-noisy, tiny-math" in out
     assert sum(v == "ok" for v in status.values()) == 18 and sum(v == "skipped" for v in status.values()) == 9
     assert (tmp_path / "runs" / "fast_copy_tiny-math-study__3" / "done.json").exists()
-    md = (tmp_path / "runs" / "study_tiny-math.md").read_text()
+    md = (tmp_path / "runs" / "study_fast-vs-slow-vs-fast_copy_tiny-math.md").read_text()
     assert "| slow_tiny-math-study | 3 | 0.620 | [0.610, 0.630] |" in md
     separated = next(line for line in md.splitlines() if line.startswith("Separated"))
     assert "AUC: fast_tiny-math-study > slow_tiny-math-study" in separated
@@ -72,9 +72,9 @@ def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(t
     apart = next(line for line in md.splitlines() if line.startswith("Not separated"))
     assert "AUC: fast_copy_tiny-math-study ~ fast_tiny-math-study" in apart  # a script and its copy: not separated
     assert "Ranking by AUC (mean over seeds): fast_copy_tiny-math-study" in md and md in out
-    assert (tmp_path / "runs" / "study_tiny-tldr-noisy.png").stat().st_size > 10_000
+    assert (tmp_path / "runs" / "study_fast-vs-slow-vs-fast_copy_tiny-tldr-noisy.png").stat().st_size > 10_000
     # on tiny-tldr-noisy, also what each script buys per unit of KL (benchmark.frontier), a row per script
-    kl = (tmp_path / "runs" / "study_tiny-tldr-noisy_kl.md").read_text()
+    kl = (tmp_path / "runs" / "study_fast-vs-slow-vs-fast_copy_tiny-tldr-noisy_kl.md").read_text()
     assert (
         "| slow | - | 0.320 [0.310, 0.330] (3) | 0.470 [0.460, 0.480] (3) |" in kl and "KL <= 0.25: fast > slow" in kl
     )
@@ -194,7 +194,7 @@ def test_the_studys_table_says_whose_starts_its_interval_covers(tmp_path, monkey
     _models_done(tmp_path, seeds=[1])
     (tmp_path / "fast.py").write_text(FAKE)
     study.run_study([str(tmp_path / "fast.py")], [1, 2], tmp_path, live=False, shared_starts=True)
-    assert "(--shared-starts, paired)" in (tmp_path / "runs" / "study_tiny-math.md").read_text()
+    assert "(--shared-starts, paired)" in (tmp_path / "runs" / "study_fast_tiny-math.md").read_text()
     assert not (tmp_path / "runs" / "sft_tiny-math__2").exists(), "paired: seed 2 starts from seed 1's models"
     capsys.readouterr()
     status = study.run_study([str(tmp_path / "fast.py")], [1, 2], tmp_path, dry_run=True)
@@ -202,3 +202,22 @@ def test_the_studys_table_says_whose_starts_its_interval_covers(tmp_path, monkey
     assert "# Starts: each seed from its own SFT policy and reward model (the whole pipeline)" in out
     assert status["sft_tiny-math__2"] == status["rm_tiny-tldr-noisy__2"] == "dry-run"
     assert "--seed 2 --num-train-epochs 4" in out  # seed 2's own SFT policy, at the quick suite's budget
+
+
+def test_two_studies_keep_both_outputs_and_the_end_lists_them(tmp_path, monkeypatch, capsys):
+    """Issue 58 item 3: `runs/study_<track>.md` was named by track only; a second study overwrote the first's."""
+    monkeypatch.setattr(run, "ensure_assets", lambda path: None)
+    _models_done(tmp_path, seeds=[1])
+    for n in ("fast.py", "slow.py", "fast_copy.py"):
+        (tmp_path / n).write_text(FAKE)
+    study.run_study([str(tmp_path / "fast.py"), str(tmp_path / "slow.py")], [1], tmp_path, live=False)
+    study.run_study([str(tmp_path / "fast_copy.py")], [1], tmp_path, live=False, name="copy.only")
+    runs = tmp_path / "runs"
+    assert "slow_tiny-math-study" in (runs / "study_fast-vs-slow_tiny-math.md").read_text()
+    assert "slow" not in (runs / "study_copy.only_tiny-math.md").read_text()
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(
+        f"studies in {runs}:\n  copy.only: tiny-math, tiny-tldr-noisy\n  fast-vs-slow: tiny-math, tiny-tldr-noisy"
+    )
+    with pytest.raises(SystemExit, match=r"error: --name '\.\./x': a study's name is letters, digits"):
+        study.run_study([str(tmp_path / "fast.py")], [1], tmp_path, dry_run=True, name="../x")

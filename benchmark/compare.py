@@ -517,6 +517,24 @@ def separation(table: list[dict], name: str, values_of, higher_is_better: bool =
     return out
 
 
+def detectable(table: list[dict], measures) -> list[tuple[str, float]]:
+    """Per measure (`(name, values_of, higher_is_better)`), the smallest difference of means that two of the table's
+    groups with the widest seed spread would show as separated: their 95% bootstrap intervals, centred on their means,
+    stop overlapping once the means are half the sum of the two widths apart. Groups of 3 or more seeds only."""
+    out = []
+    for name, values_of, _ in measures:
+        widths = []
+        for t in table:
+            v = values_of(t)
+            if v is not None and len(v) >= MIN_SEEDS_FOR_CI:
+                low, high = bootstrap_ci(np.asarray(v, dtype=float))
+                widths.append(high - low)
+        if len(widths) >= 2:
+            a, b = sorted(widths)[-2:]
+            out.append((name, (a + b) / 2))
+    return out
+
+
 def separation_lines(table: list[dict], metric: str) -> list[str]:
     """What the table can and cannot rank: the ranking by sample efficiency (AUC), then, per measure (final value,
     AUC, episodes to the threshold), the pairs of groups that separate, those that do not, those not tested."""
@@ -548,6 +566,12 @@ def separation_lines(table: list[dict], metric: str) -> list[str]:
         + "."
     )
     lines.append("Not separated (the intervals overlap): " + ("; ".join(found["not separated"]) or "none") + ".")
+    power = detectable(table, measures[:2])
+    if power:  # so that "not separated" reads as "no difference larger than this"
+        lines.append(
+            "Smallest difference these seeds can separate (half the sum of two groups' 95% interval widths, the "
+            "widest pair): " + ", ".join(f"{name} {d:.3f}" for name, d in power) + "."
+        )
     few = [t for t in table if len(t["values"]) < MIN_SEEDS_FOR_CI]
     if found["not tested"] and few:  # a pair with such a group is not tested
         lines.append(

@@ -605,3 +605,21 @@ def test_no_threshold_is_printed_when_no_group_rises_above_its_start(tmp_path):
     assert "episodes to" not in md.splitlines()[0] and "| AUC |" in md.splitlines()[0]
     assert "No group rises above the runs' mean start, so there is no threshold to reach" in md
     assert not [line for line in md.splitlines() if "episodes to threshold" in line and ">" in line]
+
+
+def test_the_table_states_the_smallest_difference_its_seeds_can_separate():
+    """Issue 57 item 5: "not separated" reads as "no difference larger than X" with X from the observed spread."""
+    table = [
+        {"group": "a", "values": [0.5, 0.6, 0.7], "auc": [0.40, 0.42, 0.44], "reach": [None]},
+        {"group": "b", "values": [0.55, 0.6, 0.65], "auc": [0.41, 0.42, 0.43], "reach": [None]},
+        {"group": "c", "values": [0.6], "auc": [0.4], "reach": [None]},  # one seed: no interval, left out
+    ]
+    widths = {
+        k: [np.subtract(*compare.bootstrap_ci(np.array(t[k]))[::-1]) for t in table[:2]] for k in ("values", "auc")
+    }
+    line = compare.separation_lines(table, "eval/x")[3]
+    assert line == (
+        "Smallest difference these seeds can separate (half the sum of two groups' 95% interval widths, the widest "
+        f"pair): final eval/x {sum(widths['values']) / 2:.3f}, AUC {sum(widths['auc']) / 2:.3f}."
+    )
+    assert sum(widths["values"]) / 2 > 0.1 > sum(widths["auc"]) / 2

@@ -411,7 +411,6 @@ def check_grpo_args(args, synced: bool) -> None:
     """grpo_math.py's own flags, once `resolve_variant` has filled the variant's defaults: the variants that exclude
     each other, the group and batch arithmetic, and what --async and --use-vllm cannot run under (`synced`: ZeRO-3 or
     FSDP)."""
-    check_needs(args)  # again, now that the variant's defaults (--beta, --dynamic-sampling, ...) are filled in
     if args.loss_type == "cispo" and args.importance_sampling_level == "sequence":
         raise SystemExit(
             "error: --loss-type cispo weights each token; --importance-sampling-level sequence is GSPO's "
@@ -463,3 +462,4 @@ def check_grpo_args(args, synced: bool) -> None:
             "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 and FSDP shard across "
             "processes; use DDP or ZeRO-2 with vLLM"
         )
+    check_needs(args)  # again, now that the variant's defaults (--beta, --dynamic-sampling, ...) are filled in

@@ -214,7 +214,10 @@ def require_vllm() -> None:
         )
     code = "import vllm\nfrom vllm.platforms import current_platform"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the packages this process sees
-    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    try:
+        child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise SystemExit("error: --use-vllm: `import vllm` did not finish in 10 minutes; check the install") from None
     if child.returncode != 0:
         lines = [line.strip() for line in child.stderr.splitlines() if line.strip()]
         reason = lines[-1] if lines else f"exit status {child.returncode}"

@@ -244,6 +244,15 @@ class Args(DataArgs, ModelArgs, RunArgs):
     log_every: int = 1
     """log training metrics every N optimizer steps"""
 
+    ONLINE, OFFLINE = (lambda a: a.mode == "online", "--mode online"), (lambda a: a.mode == "offline", "--mode offline")
+    NEEDS = {  # the flags that act only with another, refused before anything loads (clean_rlhf_utils/args.py NEEDS)
+        **dict.fromkeys(["judge", "total_episodes", "temperature", "non_eos_penalty", "async_generation"], ONLINE),
+        **dict.fromkeys(["precompute_ref_logprobs", "num_train_epochs"], OFFLINE),
+        "penalty_reward_value": (lambda a: a.mode == "online" and a.non_eos_penalty, "--mode online --non-eos-penalty"),
+        "label_smoothing": (lambda a: a.loss_type == "sigmoid", "--loss-type sigmoid (conservative DPO)"),
+        "ipo_average": (lambda a: a.loss_type == "ipo", "--loss-type ipo"),
+    }
+
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do. Lengths: the N+ TL;DR pairs have queries of at most

@@ -184,6 +184,18 @@ class Args(DataArgs, ModelArgs, RunArgs):
     save_model: bool = True
     """save the final model and tokenizer to `runs/<run_name>/model` (safetensors)"""
 
+    OUTCOME, PROCESS = (
+        (lambda a: a.objective == "outcome", "--objective outcome"),
+        (lambda a: a.objective == "process", "--objective process"),
+    )
+    NEEDS = {  # the flags that act only with another, refused before anything loads (clean_rlhf_utils/args.py NEEDS)
+        **dict.fromkeys(
+            ["chosen_field", "rejected_field", "margin_field", "confidence_field", "pack_pairs", "center_rewards_coef"],
+            OUTCOME,
+        ),
+        **dict.fromkeys(["steps_field", "labels_field", "step_separator"], PROCESS),
+    }
+
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
 # compute, fp32 master weights; DDP: autocast), as N+ and TRL do. max_length 638: the N+ preference data's longest

@@ -20,12 +20,16 @@ import dataclasses
 import functools
 import inspect
 import re
+import sys
 import textwrap
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
 from clean_rlhf_utils.data import template_fields
+from clean_rlhf_utils.generation import require_vllm
 from clean_rlhf_utils.runs import check_args
+from clean_rlhf_utils.storage import check_not_pickled
 
 
 @dataclass
@@ -130,6 +134,118 @@ class RLArgs:
     estimator in every script: the benchmark's frontier plots gold reward against it); one more generation per eval"""
     per_device_eval_batch_size: int = 32
     """prompts per device at evaluation (range: >= 1)"""
+
+
+# ---- flags that act only with another (issue 59): one table, checked by `runs.check_args` before anything loads ----
+
+
+def ratio_moves(args) -> bool:
+    """Whether the ratio pi / pi_old of an update can leave 1: a second pass (`num_ppo_epochs`, GRPO's
+    `num_iterations`) or a second minibatch over a batch, or GRPO's `--async` (one step off-policy). With one of each,
+    the only update starts from the policy that sampled, and the ratio is 1 (to the sampler's rounding): its clips
+    never act."""
+    passes = getattr(args, "num_ppo_epochs", getattr(args, "num_iterations", 1))
+    return passes * args.num_mini_batches > 1 or getattr(args, "async_generation", False)
+
+
+def kl_weight(args) -> float | None:
+    """The weight of the KL term: `--kl-coef` (PPO, RLOO) or `--beta` (GRPO; None until its variant fills it in)."""
+    return args.kl_coef if hasattr(args, "kl_coef") else getattr(args, "beta", None)
+
+
+NEEDS: dict[str, tuple] = {
+    # field -> (whether the run has what it acts with, that in words); applied wherever the field exists.
+    # Given: the value differs from the field's default. A rule of one script only is that script's `Args.NEEDS`.
+    "vllm_gpu_memory_utilization": (lambda a: getattr(a, "use_vllm", False), "--use-vllm"),
+    "lora_alpha": (lambda a: a.lora_r is not None, "--lora-r (LoRA)"),
+    "lora_target_modules": (lambda a: a.lora_r is not None, "--lora-r (LoRA)"),
+    "generation_threads": (lambda a: a.async_generation, "--async"),
+    "kl_clamp": (lambda a: kl_weight(a) != 0, "a KL term (--kl-coef or --beta above 0)"),
+    "adaptive_kl": (lambda a: a.kl_coef > 0, "--kl-coef above 0 (the coefficient it adapts)"),
+    "target_kl": (lambda a: a.adaptive_kl, "--adaptive-kl"),
+    "kl_horizon": (lambda a: a.adaptive_kl, "--adaptive-kl"),
+    "cliprange": (ratio_moves, "a ratio that can leave 1 (more than one epoch or minibatch per batch)"),
+    "cliprange_value": (ratio_moves, "values that can leave the rollout's (more than one epoch or minibatch)"),
+    "dual_clip": (ratio_moves, "a ratio that can leave 1 (more than one epoch, iteration or minibatch, or --async)"),
+    "answer_format": (lambda a: getattr(a, "reward_source", "math") == "math", "--reward-source math"),
+    "penalty_reward_value": (lambda a: a.non_eos_penalty, "--non-eos-penalty"),
+    "prm_coef": (lambda a: a.prm_path is not None, "--prm-path (a process reward model)"),
+    "prm_refine": (lambda a: a.prm_path is not None, "--prm-path (a process reward model)"),
+    "prm_clip_eta": (
+        lambda a: a.prm_path is not None and a.prm_refine in ("clip", "clip_delta"),
+        "--prm-path and --prm-refine clip or clip_delta",
+    ),
+    "rm_coef": (lambda a: a.reward_model_path is not None, "--reward-model-path"),
+    "sampler_correction_cap": (lambda a: a.sampler_correction != "none", "--sampler-correction other than none"),
+    "max_sampling_rounds": (lambda a: a.dynamic_sampling is not False, "--dynamic-sampling"),
+    "overlong_penalty_factor": (lambda a: a.overlong_buffer != 0, "--overlong-buffer above 0"),
+}
+"""The flags that act only with another, by field name: every script and fork that has the field gets its rule."""
+
+
+def needs_table(cls: type) -> dict[str, tuple]:
+    """The rules that apply to a script's `Args`: the shared `NEEDS` of its fields, then its own (`Args.NEEDS`, a
+    class attribute beside its fields, which a fork copies with the script), the class's own winning."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    table = {name: rule for name, rule in NEEDS.items() if name in names}
+    for klass in reversed(cls.__mro__):
+        table.update(vars(klass).get("NEEDS", {}))
+    return table
+
+
+def flag_of(cls: type, name: str) -> str:
+    """A field's command-line flag: `--x-y`, or the name its `tyro.conf.arg(name=...)` gives (`--async`)."""
+    try:
+        hint = typing.get_type_hints(cls, include_extras=True).get(name)
+    except Exception:  # noqa: BLE001 - an annotation that does not resolve: the field's own name
+        hint = None
+    named = [m.name for m in getattr(hint, "__metadata__", ()) if isinstance(getattr(m, "name", None), str)]
+    return "--" + (named[0] if named else name.replace("_", "-"))
+
+
+def default_of(cls: type, name: str):
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+
+
+def check_needs(args) -> None:
+    """Every flag given (its value differs from the field's default) that acts only with another the run lacks
+    (`needs_table`): one `error:` line; a `warning:` line on stderr instead where the value is one a preset of the
+    script sets (`PRESETS` of the module that defines `Args`): a preset's flag carried into a variant chosen on the
+    command line (`reward_model.py tiny-tldr --objective process` keeps the preset's `--confidence-field`). Checked
+    again by a script whose defaults depend on its variant once they are filled in (grpo_math.py: `check_grpo_args`)."""
+    cls = type(args)
+    presets = getattr(sys.modules.get(cls.__module__), "PRESETS", {})
+    for name, (has_partner, partner) in needs_table(cls).items():
+        value = getattr(args, name)
+        if value == default_of(cls, name) or has_partner(args):
+            continue
+        flag = flag_of(cls, name)
+        if isinstance(value, bool):
+            given = flag if value else "--no-" + flag[2:]
+        else:
+            words = " ".join(map(str, value)) if isinstance(value, list) else str(value)
+            given = f"{flag} {words if words.isprintable() and words else repr(value)}"
+        line = f"{given} acts only with {partner}, which this run lacks"
+        if any(isinstance(p, tuple) and getattr(p[-1], name, None) == value for p in presets.values()):
+            print(f"warning: {line}: the preset's value is ignored", file=sys.stderr)
+            continue
+        raise SystemExit(f"error: {line} (the flag would be ignored): drop it or add that")
+
+
+def check_flags(args) -> None:
+    """The checks of `runs.check_args` that read no data, before anything loads: every field's range (`check_ranges`),
+    the flags that act only with another (`check_needs`), model directories whose weights are only a pickle
+    (`storage.check_not_pickled`: every `*model_path`, `*model_name_or_path` and `prm_path` field), and `--use-vllm`'s
+    package (`generation.require_vllm`: VLLMSampler starts after the models, a minute or more later)."""
+    check_ranges(args)
+    check_needs(args)
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if (f.name.endswith(("model_path", "model_name_or_path")) or f.name == "prm_path") and isinstance(value, str):
+            check_not_pickled(value, "--" + f.name.replace("_", "-"))
+    if getattr(args, "use_vllm", False):
+        require_vllm()
 
 
 # ---- the ranges of the numeric flags (`(range: ...)` in a field's docstring), checked by `runs.check_args` ----
@@ -239,38 +355,22 @@ def check_ppo_args(args) -> None:
     one-line error."""
     if args.reward_source == "model" and args.reward_model_path is None:
         raise SystemExit("error: --reward-source model needs --reward-model-path (or --reward-source math)")
-    if args.prm_path is None and args.prm_refine != "none":
-        raise SystemExit(
-            f"error: --prm-refine {args.prm_refine} refines the rewards of a process reward model; pass --prm-path too"
-        )
 
 
 def check_dpo_args(args, sharded_weights: bool) -> None:
     """dpo.py's own flags, checked before anything loads (`check_args` checks those every script shares);
     `sharded_weights`: DeepSpeed ZeRO-3 or FSDP, which --async cannot copy into its generator thread."""
+    if args.use_vllm and (args.mode != "online" or args.async_generation):
+        raise SystemExit(
+            "error: --use-vllm samples online DPO's pairs in the loop: not with --mode offline (nothing is sampled) "
+            "nor with --async (a thread samples with a copy of the policy): drop one"
+        )
     check_args(args, zero_means_none=("num_eval_examples", "num_eval_pairs"))  # 0 skips that evaluation; and the ranges
     if args.mode == "online" and args.judge == "rm" and not args.reward_model_path:
         raise SystemExit(
             "error: online DPO with --judge rm labels its pairs with a reward model: pass "
             "--reward-model-path (reward_model.py's output), or --judge gold on tiny-tldr"
         )
-    if args.use_vllm and (args.mode != "online" or args.async_generation):
-        raise SystemExit(
-            "error: --use-vllm samples online DPO's pairs in the loop: not with --mode offline (nothing is sampled) "
-            "nor with --async (a thread samples with a copy of the policy): drop one"
-        )
-    if args.label_smoothing and args.loss_type != "sigmoid":  # only cDPO's sigmoid loss reads it
-        raise SystemExit(
-            f"error: --label-smoothing {args.label_smoothing:g} applies to --loss-type sigmoid (conservative DPO); "
-            f"--loss-type {args.loss_type} does not use it: drop one"
-        )
-    if args.mode == "offline":  # the online flags: offline DPO samples nothing and labels nothing (issue 51)
-        for flag, value, default in (("--async", args.async_generation, False), ("--judge", args.judge, "rm")):
-            if value != default:
-                raise SystemExit(
-                    f"error: {flag} applies to --mode online; offline DPO trains on the data's labelled pairs and "
-                    f"samples none: drop {flag} or pass --mode online"
-                )
     if args.mode == "online" and args.async_generation and sharded_weights:
         raise SystemExit(
             "error: --async copies the policy's weights into a generator thread, but ZeRO-3 and FSDP shard them "
@@ -362,3 +462,4 @@ def check_grpo_args(args, synced: bool) -> None:
             "error: --use-vllm loads the policy's full weights into vLLM, which ZeRO-3 and FSDP shard across "
             "processes; use DDP or ZeRO-2 with vLLM"
         )
+    check_needs(args)  # again, now that the variant's defaults (--beta, --dynamic-sampling, ...) are filled in

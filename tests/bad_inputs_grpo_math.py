@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from tests.bad_inputs import BadInput, World, bad_copy, rows_edited
+from tests.bad_inputs import BadInput, World, bad_copy, pickled_copy, rows_edited
 
 S = ["grpo_math"]
 
@@ -364,6 +364,40 @@ CASES = [
         "`--lora-target-modules` naming a module the model does not have",
         "--lora-target-modules ['nope']: Target modules {'nope'} not found",
         lambda s, w: ["--lora-r", "4", "--lora-target-modules", "nope"],
+        S,
+    ),
+    # ---- a flag that acts only with another the run lacks (issue 59: Args.NEEDS, clean_rlhf_utils/args.py NEEDS) ----
+    BadInput(
+        "max-sampling-rounds-without-dynamic",
+        "`--max-sampling-rounds 8` without dynamic sampling (`--loss-type grpo`; was: ignored)",
+        "error: --max-sampling-rounds 8 acts only with --dynamic-sampling, which this run lacks",
+        lambda s, w: ["--max-sampling-rounds", "8"],
+        S,
+    ),
+    BadInput(
+        "rm-coef-without-rm",
+        "`--rm-coef 0.5` without `--reward-model-path` (was: ignored)",
+        "error: --rm-coef 0.5 acts only with --reward-model-path, which this run lacks",
+        lambda s, w: ["--rm-coef", "0.5"],
+        S,
+    ),
+    BadInput(
+        "correction-cap-without-correction",
+        "`--sampler-correction-cap 2 --sampler-correction none` (was: ignored)",
+        "error: --sampler-correction-cap 2.0 acts only with --sampler-correction other than none",
+        lambda s, w: ["--sampler-correction", "none", "--sampler-correction-cap", "2"],
+        S,
+    ),
+    BadInput(
+        "teacher-pickle-only",
+        "a `--teacher-model-path` directory whose weights are only `pytorch_model.bin` (was: loaded from the pickle)",
+        "holds its weights only as a pickle (pytorch_model.bin), which this library does not load",
+        lambda s, w: [
+            "--advantage-estimator",
+            "distill",
+            "--teacher-model-path",
+            pickled_copy(w.assets / "models" / "tiny-llama", w, "pickled-teacher"),
+        ],
         S,
     ),
 ]

@@ -306,7 +306,7 @@ CASES = [
     BadInput(
         "prm-refine-without-prm",
         "`--prm-refine clip_delta` without a process reward model",
-        "pass --prm-path",
+        "error: --prm-refine clip_delta acts only with --prm-path (a process reward model), which this run lacks",
         lambda s, w: ["--prm-refine", "clip_delta"],
         S,
     ),
@@ -377,6 +377,35 @@ CASES = [
         "`--lora-target-modules` naming a module the model does not have",
         "--lora-target-modules ['nope']: Target modules {'nope'} not found",
         lambda s, w: ["--lora-r", "4", "--lora-target-modules", "nope"],
+        S,
+    ),
+    # ---- a flag that acts only with another the run lacks (issue 59: Args.NEEDS, clean_rlhf_utils/args.py NEEDS) ----
+    BadInput(
+        "target-kl-without-adaptive-kl",
+        "`--target-kl 3` without `--adaptive-kl` (was: ignored, recorded as used)",
+        "error: --target-kl 3.0 acts only with --adaptive-kl, which this run lacks",
+        lambda s, w: ["--target-kl", "3"],
+        S,
+    ),
+    BadInput(
+        "adaptive-kl-without-kl",
+        "`--adaptive-kl --kl-coef 0`: nothing to adapt (was: the coefficient stayed 0)",
+        "error: --adaptive-kl acts only with --kl-coef above 0 (the coefficient it adapts), which this run lacks",
+        lambda s, w: ["--adaptive-kl", "--kl-coef", "0"],
+        S,
+    ),
+    BadInput(
+        "cliprange-value-one-pass",
+        "`--cliprange-value 0.1` with one epoch over one minibatch, where the values never move (was: ignored)",
+        "error: --cliprange-value 0.1 acts only with values that can leave the rollout's",
+        lambda s, w: ["--num-ppo-epochs", "1", "--num-mini-batches", "1", "--cliprange-value", "0.1"],
+        S,
+    ),
+    BadInput(
+        "prm-clip-eta-delta",
+        "`--prm-clip-eta 0.3` with `--prm-refine delta`, which has no threshold (was: ignored)",
+        "error: --prm-clip-eta 0.3 acts only with --prm-path and --prm-refine clip or clip_delta",
+        lambda s, w: ["--prm-path", str(w.rm), "--prm-refine", "delta", "--prm-clip-eta", "0.3"],
         S,
     ),
 ]

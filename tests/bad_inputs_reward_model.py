@@ -428,4 +428,19 @@ CASES = [
         lambda s, w: ["--center-rewards-coef", "-0.01"],
         S,
     ),
+    # ---- a flag that acts only with another the run lacks (issue 59: Args.NEEDS, clean_rlhf_utils/args.py NEEDS) ----
+    BadInput(
+        "rm-step-separator-outcome",
+        "`--step-separator` (a process reward model's) with `--objective outcome` (was: ignored)",
+        "error: --step-separator '\\n\\n' acts only with --objective process, which this run lacks",
+        lambda s, w: ["--step-separator", "\n\n"],
+        S,
+    ),
+    BadInput(
+        "rm-center-coef-process",
+        "`--center-rewards-coef 0.01` with `--objective process` (was: ignored)",
+        "error: --center-rewards-coef 0.01 acts only with --objective outcome, which this run lacks",
+        lambda s, w: ["--objective", "process", "--no-normalize", "--center-rewards-coef", "0.01"],
+        S,
+    ),
 ]

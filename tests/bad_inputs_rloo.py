@@ -435,4 +435,11 @@ CASES = [
     BadInput(
         "kl-coef-negative", "`--kl-coef -0.05`", "--kl-coef is -0.05", lambda s, w: ["--kl-coef", "-0.05"], ["rloo"]
     ),
+    BadInput(
+        "rloo-cliprange-one-pass",
+        "`--cliprange 0.1` with one pass over one minibatch (plain REINFORCE: the ratio is 1; was: ignored)",
+        "error: --cliprange 0.1 acts only with a ratio that can leave 1",
+        lambda s, w: ["--cliprange", "0.1"],
+        ["rloo"],
+    ),
 ]

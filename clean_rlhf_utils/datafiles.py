@@ -176,6 +176,27 @@ def special_file(path: str | os.PathLike) -> str | None:
     return next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
 
 
+def check_not_special(path: Path, flag: str) -> None:
+    """A data path that exists but is no regular file or folder (`special_file`) is a one-line error naming what it
+    is, before anything opens it."""
+    kind = special_file(path)
+    if kind is not None:
+        raise SystemExit(
+            f"error: {path} ({flag}) is {kind}, not a regular file or folder (datasets reads a file more than once); "
+            "write the rows to a .jsonl file and pass that"
+        )
+
+
+def check_one_form(folder: Path, split: str, held: list[str], flag: str) -> None:
+    """A folder holds each split once: `held` names the forms of `split` found in it (`train.jsonl`, `train.parquet`,
+    a save_to_disk dataset); two or more is a one-line error, as which one is read would be a guess."""
+    if len(held) > 1:
+        raise SystemExit(
+            f"error: {folder} ({flag}) holds split '{split}' in {len(held)} forms ({', '.join(held)}): which one is "
+            "read would be a guess; keep one of them there (move the others away)"
+        )
+
+
 def check_datasets_cache(what: str) -> None:
     """The cache `datasets` writes every dataset it loads to (HF_DATASETS_CACHE, else HF_HOME/datasets, else
     XDG_CACHE_HOME or HOME's .cache/huggingface/datasets) must be a folder it can write: otherwise `load_dataset` fails
@@ -227,9 +248,11 @@ def record_read(ds, key: tuple, split: str, where: str, file: Path | None = None
     for read in _READS:
         if file is not None and read.key == key and read.split != split:
             via = read.where if read.where == where else f"{read.where}; {where}"
+            real = file.resolve()
+            link = f" (a link to {real})" if real != file.parent.resolve() / file.name else ""
             raise SystemExit(
-                f"error: {file} is one file, read as split '{read.split}' and as split '{split}' ({via}): the run "
-                f"would be evaluated on its own training rows; give each split its own file (a folder of "
+                f"error: {file}{link} is one file, read as split '{read.split}' and as split '{split}' ({via}): "
+                f"the run would be evaluated on its own training rows; give each split its own file (a folder of "
                 f"{read.split}.jsonl and {split}.jsonl), or, to evaluate on the training rows on purpose, name the "
                 "same split for both"
             )

@@ -142,7 +142,10 @@ def test_one_file_is_one_split_a_run_never_reads_it_as_two(tmp_path, new_run):
     (folder / "test.jsonl").symlink_to(folder / "train.jsonl")
     datafiles.forget_reads()
     load_split(str(folder), "train")
-    assert "is one file, read as split 'train' and as split 'test'" in error_line(str(folder), "test")
+    assert error_line(str(folder), "test").startswith(
+        f"error: {folder / 'test.jsonl'} (a link to {folder / 'train.jsonl'}) is one file, read as split 'train' and "
+        "as split 'test'"
+    )
     datafiles.forget_reads()
     load_split(str(folder), "train")
     message = error_line(str(folder / "train.jsonl"), "test", flag="--eval-dataset-name-or-path")
@@ -261,7 +264,7 @@ def test_a_path_that_is_no_file_or_folder_is_named_as_such(tmp_path):
     with pytest.raises(SystemExit) as e:
         require_hub(str(fifo), "model", "--model-name-or-path")
     assert str(e.value.code) == f"error: --model-name-or-path {fifo} is a named pipe (FIFO), not a regular file or " + (
-        "model directory"
+        "model folder"
     )
 
 

@@ -293,3 +293,20 @@ def test_an_unusable_cache_is_named_not_the_data(tmp_path, variable):
         f"so {tmp_path / 'train.jsonl'} (--dataset-name-or-path) cannot be loaded; the data is not at fault: point "
         "HF_DATASETS_CACHE (or HF_HOME) to a writable folder"
     ), message
+
+
+def test_each_run_in_a_process_has_its_own_reads(assets, tmp_path):
+    """`runs.Run` forgets the reads of earlier runs in the process: a file one run evaluated on may be the next run's
+    training file (here the first fails on a row of the file, read as 'test'; the second reads it as 'train' and fails
+    on the same row, not with "is one file, read as split 'test' and as split 'train'")."""
+    from tests.bad_inputs import BadInput, World, run_case
+
+    rows = (assets / "tiny-math" / "gsm8k" / "test.jsonl").read_text().splitlines()
+    bad = tmp_path / "questions.jsonl"
+    bad.write_text("".join(line.replace("####", "#### 3 or") + "\n" for line in rows[:16]))
+    w = World(assets, tmp_path, None)
+    first = BadInput("a", "", "", lambda s, w: ["--eval-dataset-name-or-path", str(bad)], ["grpo_math"])
+    second = BadInput("b", "", "", lambda s, w: ["--dataset-name-or-path", str(bad), "--run-name", "bad2"])
+    assert "of split 'test'" in run_case(first, "grpo_math", w)[0]
+    message = run_case(second, "grpo_math", w)[0]
+    assert "of split 'train'" in message and "is one file" not in message, message

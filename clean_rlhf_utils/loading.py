@@ -15,6 +15,7 @@ import torch
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+from clean_rlhf_utils import datafiles
 from clean_rlhf_utils.datafiles import SAVE_AS_JSONL, check_json_rows
 from clean_rlhf_utils.prompts import prepare_prompts
 from clean_rlhf_utils.storage import check_config_json, check_loading_info, check_model_files
@@ -47,6 +48,8 @@ def require_hub(name: str, what: str, flag: str) -> None:
     """Fail fast, in one line naming the missing thing and how to pass a local copy, when `name` is neither a local
     path, nor in the local Hugging Face cache, nor reachable on the hub. A name that can only be a path (a hub name is
     `owner/repo`) is reported as a missing path."""
+    if datafiles.special_file(name):  # a pipe or a device exists, but is neither: "no such file" would be wrong
+        raise SystemExit(f"error: {flag} {name} is {datafiles.special_file(name)}, not a regular file or {what} folder")
     if os.path.isfile(name):  # a model is a directory (config.json, weights, tokenizer), not one of its files
         raise SystemExit(
             f"error: {flag} {name} is a file, not a {what} directory; pass the directory that holds it"
@@ -69,13 +72,19 @@ def load_split(
     name_or_path: str, split: str, config: str | None = None, flag: str = "--dataset-name-or-path", hint: str = ""
 ) -> Dataset:
     """A dataset split from a file, a folder of `{split}.jsonl|json|parquet`, a `save_to_disk` folder or the hub. A file
-    that cannot be read (empty, truncated, not the format its name says, `datafiles.check_json_rows`) or holds no rows
-    is a one-line error naming it; `flag` is the option named when the path is none of these, and `hint` (what the
+    that cannot be read (empty, truncated, not the format its name says, `datafiles.check_json_rows`; a pipe), holds no
+    rows, or is read as two splits in one run (`datafiles.record_read`), and a folder holding the split in two forms,
+    are one-line errors naming it; `flag` is the option named when the path is none of these, and `hint` (what the
     script reads from it, what else serves) ends the message when it cannot be found."""
     path = Path(name_or_path)
     fmt = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+    where = f"{flag} {name_or_path}"
     if path.is_dir():
-        if (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists():
+        saved_here = (path / "dataset_dict.json").exists() or (path / "dataset_info.json").exists()
+        files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
+        forms = [f.name for f in files] + (["a save_to_disk dataset"] if saved_here else [])
+        datafiles.check_one_form(path, split, forms, flag)
+        if saved_here:
             ds = load_from_disk(str(path))
             saved = list(ds) if isinstance(ds, DatasetDict) else [str(ds.split or "train")]  # one Dataset: one split
             if split not in saved:  # one Dataset served as every split would evaluate a run on its training rows
@@ -83,8 +92,9 @@ def load_split(
                     f"error: no split '{split}' in the save_to_disk folder {path} ({flag}): it holds {saved}; save a "
                     f"DatasetDict with a '{split}' split (or name a split it holds, e.g. to evaluate on training rows)"
                 )
-            return ds[split] if isinstance(ds, DatasetDict) else ds
-        files = [path / f"{split}{suffix}" for suffix in fmt if (path / f"{split}{suffix}").exists()]
+            ds = ds[split] if isinstance(ds, DatasetDict) else ds
+            datafiles.record_read(ds, (str(path.resolve()), split), split, where)
+            return ds
         if not files:
             csv = [f.name for f in (path / f"{split}.csv", path / f"{split}.tsv") if f.exists()]
             raise SystemExit(
@@ -93,6 +103,7 @@ def load_split(
                 + (f"; {csv[0]} is CSV, which is not read: {SAVE_AS_JSONL}" if csv else hint)
             )
         path = files[0]
+    datafiles.check_not_special(path, flag)
     if path.is_file():
         if path.stat().st_size == 0:
             raise SystemExit(f"error: {path} ({flag}) is empty")
@@ -103,6 +114,7 @@ def load_split(
             )
         if path.suffix in (".jsonl", ".json"):
             check_json_rows(path, flag)
+        datafiles.check_datasets_cache(f"{path} ({flag})")
         try:
             ds = load_dataset(fmt.get(path.suffix, "json"), data_files=str(path), split="train")
         except Exception as e:  # datasets reports a bad file from deep inside its builders
@@ -113,12 +125,16 @@ def load_split(
             ) from None
         if len(ds) == 0:
             raise SystemExit(f"error: {path} ({flag}) holds no rows")
+        datafiles.record_read(ds, (str(path.resolve()),), split, where, file=path)
         return ds
     try:
         require_hub(name_or_path, "dataset", flag)
     except SystemExit as e:
         raise SystemExit(f"{e.code}{hint}") from None
-    return load_dataset(name_or_path, config, split=split)
+    datafiles.check_datasets_cache(f"the dataset '{name_or_path}' ({flag})")
+    ds = load_dataset(name_or_path, config, split=split)
+    datafiles.record_read(ds, (name_or_path, config, split), split, where)
+    return ds
 
 
 def ensure_pad_token(tokenizer, add_pad_token: bool, name: str):

@@ -19,7 +19,7 @@ import tyro
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
-from clean_rlhf_utils import ownership, storage
+from clean_rlhf_utils import datafiles, ownership, storage
 from clean_rlhf_utils.engines import cpu_threads, make_accelerator, save_model
 from clean_rlhf_utils.generation import sampled_pairs_to_json
 from clean_rlhf_utils.processes import one_error_line  # noqa: F401 (the scripts' `@runs.one_error_line`)
@@ -43,6 +43,7 @@ class Run:
 
     def __init__(self, args, accelerator: Accelerator, presets: dict):
         self.args, self.accelerator, self.main = args, accelerator, accelerator.is_main_process
+        datafiles.forget_reads()  # one file read as two splits is refused within a run, not across runs in a process
         self.presets = presets  # the script's PRESETS: done.json names the one the command chose
         self.dir = Path(args.output_dir) / args.run_name
         self.state, self.signal, self.wandb, self.file, self.rows, self.last_step = None, None, None, None, {}, None

@@ -152,13 +152,37 @@ def bad_copy(script: str, w: World, edit: Callable[[str], str], split: str = "tr
 
 def bad_file(script: str, w: World, name: str, write: Callable[[list[dict]], str]) -> list[str]:
     """The script's training rows written by `write` (the rows in, the file's text out) into one file `name`, given as
-    its training data (one file serves every split)."""
+    its training data (one file is one split: a script that also evaluates on it is refused, `one-file-two-splits`;
+    the cases that use it fail on its first read)."""
     flag, rel = TRAIN_DATA[script]
     rows = [json.loads(line) for line in (w.assets / rel / "train.jsonl").read_text().splitlines() if line.strip()]
     path = w.tmp / "data" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(write(rows))
     return [flag, str(path)]
+
+
+def pipe_data(script: str, w: World) -> list[str]:
+    """A named pipe where the script's training data goes (nothing ever writes to it)."""
+    import os
+
+    flag, _ = TRAIN_DATA[script]
+    path = w.tmp / "data" / "rows.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    return [flag, str(path)]
+
+
+def split_in_two_forms(script: str, w: World) -> list[str]:
+    """A copy of the script's training data with its train.jsonl also saved as train.parquet beside it."""
+    import pyarrow.json
+    import pyarrow.parquet
+
+    flag, rel = TRAIN_DATA[script]
+    dst = w.tmp / "data" / rel
+    shutil.copytree(w.assets / rel, dst)
+    pyarrow.parquet.write_table(pyarrow.json.read_json(dst / "train.jsonl"), dst / "train.parquet")
+    return [flag, str(dst)]
 
 
 def as_csv(rows: list[dict]) -> str:
@@ -528,6 +552,25 @@ CASES = [
         "a row that gives a key twice",
         "line 1 gives the key",
         lambda s, w: bad_file(s, w, "rows.jsonl", key_twice),
+    ),
+    BadInput(
+        "one-file-two-splits",
+        "the training rows as one .jsonl file, which served as the evaluation split too (was: evaluated on its own "
+        "training rows, no word)",
+        "rows.jsonl is one file, read as split '",
+        lambda s, w: bad_file(s, w, "rows.jsonl", lambda rows: "".join(json.dumps(r) + "\n" for r in rows)),
+    ),
+    BadInput(
+        "data-pipe",
+        "a named pipe (FIFO; bash's `<(zcat rows.jsonl.gz)`) as the data (was: 'no such file or directory')",
+        "is a named pipe (FIFO), not a regular file or folder",
+        lambda s, w: pipe_data(s, w),
+    ),
+    BadInput(
+        "split-in-two-forms",
+        "a data folder holding train.jsonl and train.parquet (was: the .jsonl read, silently)",
+        "holds split 'train' in 2 forms (train.jsonl, train.parquet)",
+        lambda s, w: split_in_two_forms(s, w),
     ),
     BadInput(
         "no-preset",

@@ -167,6 +167,13 @@ CASES = [
         S,
     ),
     BadInput(
+        "eval-data-is-train-file",
+        "--eval-dataset-name-or-path naming the training folder's train.jsonl (was: evaluated on the training rows)",
+        "train.jsonl is one file, read as split 'train' and as split 'test' (--dataset-name-or-path",
+        lambda s, w: ["--eval-dataset-name-or-path", str(w.assets / "tiny-math" / "gsm8k" / "train.jsonl")],
+        S,
+    ),
+    BadInput(
         "eval-split-missing",
         "an evaluation split the data does not have",
         "no split 'validation'",

@@ -331,6 +331,34 @@ def report(
     return wrote
 
 
+# Roughly how long a stage takes on this library's 2-core EPYC, one thread, beside another job (`--jobs 2`): the
+# quick suite's models (the main job's log) and the study's runs (12 RLOO runs in 8 min 48 s, 2 jobs: docs/results.md)
+SECONDS = {"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "dpo": 115, "grpo_math": 110}
+STUDY_RUN_SECONDS = 180
+"""an RL study run of the other families (512-1,024 episodes, an evaluation at every update)"""
+
+
+def announce(p: Plan, todo: list, workdir: Path, jobs: int) -> list[str]:
+    """The plan's first lines: the models the study builds first (those not finished with the same command and
+    script), how many runs follow, and roughly how long, so that a fresh clone's hour of SFT and reward models is no
+    surprise."""
+    from benchmark.run import decide
+
+    runs_dir = Path(workdir) / "runs"
+    models = [st for st in todo if "-study__" not in st.run_name]
+    build = [st for st in models if decide(runs_dir, st.run_name, st.args(True), (), st.file(workdir))[0] != "skip"]
+    runs = [st for st in todo if "-study__" in st.run_name]
+    family = {str(path): fam for path, fam, _ in p.scripts}
+    seconds = sum(SECONDS[st.run_name.rsplit("__", 1)[0]] for st in build)
+    seconds += sum(SECONDS.get(family[st.script], STUDY_RUN_SECONDS) for st in runs)
+    first = ", ".join(st.run_name for st in build) or "nothing (every model it reads is built)"
+    return [
+        f"# builds first: {first}",
+        f"# then {len(runs)} study runs; roughly {seconds / 60 / max(1, min(jobs, 2)):.0f} min with --jobs {jobs} on a "
+        "2-core CPU (the SFT and reward models each track needs: docs/usage.md)",
+    ]
+
+
 def run_study(
     scripts: list[str],
     seeds: list[int],
@@ -357,6 +385,7 @@ def run_study(
     # quick: the SFT and reward models at the quick suite's budgets (the study's own stages have no quick flags)
     print(f"# {design(shared_starts)}")
     todo = stages(p, seeds, shared_starts)
+    print("\n".join(announce(p, todo, workdir, jobs)), flush=True)
     status = run_suite("study", seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=todo)
     if not dry_run:
         wrote = report(p, Path(workdir) / "runs", seeds, shared_starts, name)

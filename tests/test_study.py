@@ -221,3 +221,15 @@ def test_two_studies_keep_both_outputs_and_the_end_lists_them(tmp_path, monkeypa
     )
     with pytest.raises(SystemExit, match=r"error: --name '\.\./x': a study's name is letters, digits"):
         study.run_study([str(tmp_path / "fast.py")], [1], tmp_path, dry_run=True, name="../x")
+
+
+def test_the_plan_says_what_it_builds_first_and_roughly_how_long(tmp_path, capsys):
+    """Issue 58 item 2: on a fresh clone the study trains SFT and reward models first, unannounced."""
+    study.run_study([str(REPO / "dpo.py")], [1, 2], tmp_path, dry_run=True, jobs=2)
+    out = capsys.readouterr().out.splitlines()
+    assert "# builds first: sft_tiny-tldr__1, rm_tiny-tldr-noisy__1, sft_tiny-tldr__2, rm_tiny-tldr-noisy__2" in out
+    minutes = (2 * (study.SECONDS["sft_tiny-tldr"] + study.SECONDS["rm_tiny-tldr-noisy"]) + 2 * 115) / 60 / 2
+    assert f"# then 2 study runs; roughly {minutes:.0f} min with --jobs 2 on a 2-core CPU" in "\n".join(out)
+    _models_done(tmp_path, seeds=[1, 2])
+    study.run_study([str(REPO / "dpo.py")], [1, 2], tmp_path, dry_run=True, jobs=2)
+    assert "# builds first: nothing (every model it reads is built)" in capsys.readouterr().out

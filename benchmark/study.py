@@ -295,7 +295,7 @@ def report(
     p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = False, name: str | None = None
 ) -> list[Path]:
     """Per track: the table, ranking and separation (`benchmark.compare`) of the study's finished runs, and the
-    figure, one colour per script in every figure; printed, and written to runs_dir/study_<track>.md|png."""
+    figure, one colour per script in every figure; printed, and written to runs_dir/study_<name>_<track>.md|png."""
     colours = compare.Colours({path.stem for path, _, _ in p.scripts})
     wrote = []
     for track, t in p.tracks.items():

@@ -88,8 +88,8 @@ def budget(argv: list | None) -> list[str]:
 
 
 def write_group(path: Path, records: list[dict]) -> None:
-    """`records` sorted by name as gzip'd JSON lines, without the gzip timestamp (the same runs, the same bytes)."""
-    text = "".join(json.dumps(r) + "\n" for r in sorted(records, key=lambda r: r["name"]))
+    """`records` sorted by name (and rounding regime) as gzip'd JSON lines, without the gzip timestamp (the same runs, the same bytes)."""
+    text = "".join(json.dumps(r) + "\n" for r in sorted(records, key=key))
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:
         f.write(text.encode())
@@ -139,6 +139,18 @@ def own_group(path: Path) -> list[dict]:
     return records
 
 
+def regime(r: dict) -> str:
+    """The rounding regime a record's run was made under (`benchmark.run --rounding`): `native`, or the value of
+    ATEN_CPU_CAPABILITY its provenance recorded (`default`). Runs of one name under two regimes are two records."""
+    env = (((r.get("provenance") or {}).get("host") or {}).get("numerics_env")) or {}
+    return env.get("ATEN_CPU_CAPABILITY") or "native"
+
+
+def key(r: dict) -> tuple[str, str]:
+    """What identifies a record in a group: its run name and its rounding regime."""
+    return r["name"], regime(r)
+
+
 def script_sha(r: dict) -> str | None:
     """The sha256 of the script of a record (its provenance), None for a run that predates the record of it."""
     return ((r.get("provenance") or {}).get("script") or {}).get("sha256")
@@ -181,9 +193,9 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
     there = {p: own_group(p) for p in touched}
     replaced = []
     for group, records in sorted(found.items()):
-        old = {r["name"]: r for r in there.get(out_dir / f"{group}.jsonl.gz", [])}
+        old = {key(r): r for r in there.get(out_dir / f"{group}.jsonl.gz", [])}
         for r in records:
-            if r["name"] in old and (what := changes(old[r["name"]], r)):
+            if key(r) in old and (what := changes(old[key(r)], r)):
                 replaced.append(f"{r['name']} in {out_dir / f'{group}.jsonl.gz'}: {'; '.join(what)}")
     if replaced and not replace:
         more = f" (and {len(replaced) - 1} more)" if len(replaced) > 1 else ""
@@ -199,8 +211,8 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
         lines = [f"replaced {line}" for line in replaced]
         for group, records in sorted(found.items()):
             path = out_dir / f"{group}.jsonl.gz"
-            new = {r["name"] for r in records}
-            kept = [r for r in there.get(path, []) if r["name"] not in new] if not fresh else []
+            new = {key(r) for r in records}  # a run of the same name under another rounding regime is kept beside it
+            kept = [r for r in there.get(path, []) if key(r) not in new] if not fresh else []
             write_group(path, kept + records)
             commands = {" ".join(budget(r.get("argv"))) for r in kept + records}
             if len(commands) > 1:  # e.g. seed 1 of the quick suite beside seeds 2 and 3 of the full presets
@@ -208,7 +220,7 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
                     f"warning: {group} now holds runs of different commands (budgets): {' | '.join(sorted(commands))}",
                     file=sys.stderr,
                 )
-            seeds = sorted(r["name"].rsplit("__", 1)[-1] for r in kept + records)
+            seeds = sorted(seeds_of(kept + records))
             lines.append(
                 f"{path.name}: {len(records)} run(s) from {runs_dir}"
                 + (f", {len(kept)} kept from before" if kept else "")
@@ -217,6 +229,11 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
     except OSError as e:
         raise ReferenceError(f"--out {out_dir} cannot be written ({e}); pass another --out") from None
     return lines
+
+
+def seeds_of(records: list[dict]) -> list[str]:
+    """Each record's seed, with its rounding regime when not the machine's own: `1`, `1 (default)`."""
+    return [r["name"].rsplit("__", 1)[-1] + ("" if regime(r) == "native" else f" ({regime(r)})") for r in records]
 
 
 def load(data_dir: Path | None = None) -> list[Run]:
@@ -328,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for records in groups:
             group = group_name(records[0]["name"])
-            seeds = ", ".join(sorted(r["name"].rsplit("__", 1)[-1] for r in records))
+            seeds = ", ".join(sorted(seeds_of(records)))
             argv = records[0].get("argv") or []
             shown = argv[3:] if len(argv) >= 3 and argv[1] == "--run-name" else argv
             print(f"| {algorithm_of(group)} | {track_of(group)} | {seeds} | {' '.join(map(str, shown))} |")

@@ -122,3 +122,27 @@ def test_the_main_job_ends_with_the_verdict(tmp_path, monkeypatch, capsys):
         out[-2],
         "reproduces the library: yes (1 runs inside the shipped bands)",
     ] and out[-2].startswith("grpo_tiny-math__1: ok:")
+
+
+def test_the_two_rounding_regimes_ship_side_by_side_and_make_one_band(tmp_path, capsys):
+    """Issue 57 item 4: seed 1 under the machine's kernels and seed 1 under `--rounding default` have one run name;
+    the reference keeps both (keyed by name and regime), lists both, and reproduce pools them into one band."""
+    data = tmp_path / "data"
+    for regime, finals in (("native", [0.30, 0.31, 0.32]), ("default", [0.33, 0.34, 0.35])):
+        built = tmp_path / regime
+        for seed, final in enumerate(finals, start=1):
+            run = _run(built, f"grpo_tiny-math__{seed}", [0.16, 0.2, 0.25, final])
+            env = {} if regime == "native" else {"ATEN_CPU_CAPABILITY": "default"}
+            started = {"host": {"numerics_env": env}, "git": {"commit": "c"}}
+            (run / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
+        reference.build(built, data)
+    records = reference.read_group(data / "grpo_tiny-math.jsonl.gz")
+    assert sorted(reference.key(r) for r in records) == sorted(
+        (f"grpo_tiny-math__{s}", g) for s in (1, 2, 3) for g in ("native", "default")
+    )
+    assert reference.main(["list", "--data", str(data)]) == 0
+    assert "| grpo | tiny-math | 1, 1 (default), 2, 2 (default), 3, 3 (default) |" in capsys.readouterr().out
+    runs = tmp_path / "runs"
+    _run(runs, "grpo_tiny-math__1", [0.16, 0.21, 0.26, 0.345])
+    assert reproduce.main([str(runs), "--data", str(data)]) == 0
+    assert "(6 shipped runs)" in capsys.readouterr().out

@@ -8,7 +8,9 @@ evaluation (`eval/*`), the training metrics of KEEP and each row's `step`, `epis
 whole: it holds the run's duration). Nothing else of a run (models, samples, checkpoints) is kept. A group already
 shipped keeps its other runs: building from a directory of seeds 2 and 3 adds them beside seed 1 (`--fresh` drops
 what was there). The files are gzip without a timestamp: the same runs give the same bytes.
-A run already there under the same name is replaced only by a run of the same command (`budget`) and script (its
+A record is keyed by its run name and its rounding regime (`benchmark.run --rounding`: seed 1 under
+`ATEN_CPU_CAPABILITY=default` ships beside seed 1 under the machine's own kernels). A run already there under the same
+name and regime is replaced only by a run of the same command (`budget`) and script (its
 sha256, when both record one); another one (another budget, older code) is refused in one line that says what
 changes, unless `--replace` is given (then each replacement is said). Build deletes or replaces only files it wrote:
 every `*.jsonl.gz` it would drop (`--fresh`) or rewrite must be one group's records; a damaged one is named in one

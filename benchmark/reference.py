@@ -90,7 +90,8 @@ def budget(argv: list | None) -> list[str]:
 
 
 def write_group(path: Path, records: list[dict]) -> None:
-    """`records` sorted by name (and rounding regime) as gzip'd JSON lines, without the gzip timestamp (the same runs, the same bytes)."""
+    """`records` sorted by name (and rounding regime) as gzip'd JSON lines, without the gzip timestamp (the same runs,
+    the same bytes)."""
     text = "".join(json.dumps(r) + "\n" for r in sorted(records, key=key))
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, compresslevel=9) as f:

@@ -190,7 +190,9 @@ def test_the_terminal_display_redraws_its_block_in_place(capsys, monkeypatch):
 
 
 FAKE_STAGE = """
-import json, pathlib, sys, time
+import hashlib, json, pathlib, sys, time
+me = pathlib.Path(__file__).resolve()
+script = {"path": str(me), "sha256": hashlib.sha256(me.read_bytes()).hexdigest()}  # the record `Run` writes
 argv = sys.argv[1:]
 name = argv[argv.index("--run-name") + 1]
 steps, pause = 4, float(argv[argv.index("--pause") + 1]) if "--pause" in argv else 0.0
@@ -203,7 +205,7 @@ for n in range(steps):  # as tqdm writes to a file: `\\r` before each update, fl
     time.sleep(pause if n == steps - 1 else 0.05)
 sys.stderr.write(f"\\rfake: 100%|####| {steps}/{steps} [00:04<00:00,  2.00it/s]\\n")
 (run / "metrics.jsonl").write_text(json.dumps({"step": steps, "episode": 8, "eval/gold_reward": 0.7}) + "\\n")
-(run / "done.json").write_text(json.dumps({"step": steps, "argv": argv}))
+(run / "done.json").write_text(json.dumps({"step": steps, "argv": argv, "script": script}))
 """
 
 
@@ -268,7 +270,9 @@ def test_under_a_pipe_the_suite_prints_one_line_per_event_and_no_ansi(tmp_path, 
     assert out.endswith(f"wrote {tmp_path / 'runs' / 'fake_summary.md'}\nstage logs and records: {log.parent}/\n")
     # again: the finished stages are skipped, one line each
     out = suite()
-    assert "[skip] a__1: finished earlier with the same command (done.json)\n" in out and "[ok] a__1" not in out
+    assert (
+        "[skip] a__1: finished earlier with the same command and script (done.json)\n" in out and "[ok] a__1" not in out
+    )
 
 
 def test_plain_output_has_a_periodic_progress_line_read_from_the_logs(tmp_path, monkeypatch, capsys):

@@ -1129,14 +1129,16 @@ def main() -> None:
             )
         os.environ.update(ROUNDING[a.rounding])  # every stage inherits it; the cache compares it (regime_change)
         a.workdir = str(regime_workdir(Path(a.workdir), a.rounding))
-        Path(a.workdir).mkdir(parents=True, exist_ok=True)
+        if not a.dry_run:  # a dry run makes nothing
+            Path(a.workdir).mkdir(parents=True, exist_ok=True)
         regime = " ".join(f"{k}={v}" for k, v in ROUNDING[a.rounding].items())
         print(f"# rounding {a.rounding}: {regime}; runs in {a.workdir}/runs")
     if a.suite == "study":
         suite_only = [flag for flag, given in (("--only", a.only is not None), ("--quick", a.quick)) if given]
         if suite_only:  # the study runs every track of each script's family at its own budgets
             raise SystemExit(
-                f"error: {' and '.join(suite_only)} act on the suites, not the study, which runs each script on every "
+                f"error: {' and '.join(suite_only)} {'act' if len(suite_only) > 1 else 'acts'} on the suites, not the "
+                "study, which runs each script on every "
                 "track of its family at the study's budgets (benchmark/study.py); leave them out"
             )
         from benchmark import study
@@ -1156,7 +1158,8 @@ def main() -> None:
         flag for flag, given in (("--shared-starts", a.shared_starts), ("--name", a.name is not None)) if given
     ]
     if study_only:  # the suites always train each seed's own models and write SUITE_summary.md
-        raise SystemExit(f"error: {' and '.join(study_only)} act on the study, not the suites; leave them out")
+        verb = "act" if len(study_only) > 1 else "acts"
+        raise SystemExit(f"error: {' and '.join(study_only)} {verb} on the study, not the suites; leave them out")
     status = run_suite(a.suite, a.seeds, Path(a.workdir), a.dry_run, jobs=a.jobs, only=a.only, quick=a.quick, live=live)
     if a.suite == "quick" and not a.dry_run:  # the main job ends with whether this install reproduces the library
         from benchmark import reference, reproduce

@@ -426,7 +426,7 @@ def test_suite_only_flags_given_to_the_study_are_refused(tmp_path, monkeypatch, 
     """Issue 59 class 6: the study would silently ignore them."""
     argv = ["study", "--scripts", "rloo.py", *flags, "--workdir", str(tmp_path), "--dry-run"]  # broken: runs nothing
     message = _main(monkeypatch, capsys, *argv)
-    assert message.startswith(f"error: {named} act on the suites, not the study")
+    assert message.startswith(f"error: {named} acts on the suites, not the study")
     assert not (tmp_path / "runs").exists()
 
 

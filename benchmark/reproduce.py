@@ -117,7 +117,7 @@ def reproduce(runs_dir: Path, data_dir: Path | None = None) -> tuple[list[Verdic
     if not mine:
         raise ReproduceError(
             f"no run of {runs_dir} is of a shipped group (shipped: {', '.join(sorted(shipped)[:4])}, ...; python -m "
-            "benchmark.reference list): run the README's main job, whose runs are"
+            "benchmark.reference list): check the runs of the README's main job (python -m benchmark.run quick)"
         )
     verdicts = [judge(d, shipped) for d in mine]
     differ = [v.run for v in verdicts if v.state == "differs"]

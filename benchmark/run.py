@@ -683,17 +683,9 @@ def needs_fingerprint(runs_dir: Path, needs: list[str]) -> dict[str, str | None]
     return {name: _sha256(runs_dir / name / "done.json") for name in needs}
 
 
-def decide(
-    runs_dir: Path,
-    run_name: str,
-    args: list[str],
-    rebuilt: list[str] = (),
-    script: Path | None = None,
-    needs: list[str] = (),
-) -> tuple[str, str]:
-    """`_decide`, and a rerun refused ("refuse", why) when the directory it would delete (`--overwrite`) is not
-    recognisably a run of this library (`storage.not_a_run_problem`): the suite never deletes what is not a run."""
-    action, why = _decide(runs_dir, run_name, args, rebuilt, script, needs)
+def refuse_foreign(runs_dir: Path, run_name: str, action: str, why: str) -> tuple[str, str]:
+    """`decide`'s answer, or ("refuse", why) for a rerun whose directory (deleted by `--overwrite`) is not recognisably
+    a run of this library (`storage.not_a_run_problem`): the suite never deletes what is not a run."""
     if action == "rerun":
         problem = storage.not_a_run_problem(
             runs_dir / run_name, "rerunning it (--overwrite)", "move what is yours out of it"
@@ -703,7 +695,7 @@ def decide(
     return action, why
 
 
-def _decide(
+def decide(
     runs_dir: Path,
     run_name: str,
     args: list[str],
@@ -868,7 +860,8 @@ def run_suite(
     if dry_run:
         for stage in stages:  # what is needed comes first; "dry-run" marks a stage that would be run now
             rebuilt = [d for d in stage.needs if status.get(d) == "dry-run"]
-            action, why = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt, stage.file(workdir), stage.needs)
+            decision = decide(runs_dir, stage.run_name, stage.args(quick), rebuilt, stage.file(workdir), stage.needs)
+            action, why = refuse_foreign(runs_dir, stage.run_name, *decision)
             if action == "skip":
                 print(f"# [skip] {stage.run_name}: {why}")
                 status[stage.run_name] = "skipped"
@@ -957,9 +950,10 @@ def _run_suite(
                 if any(d in running or any(p.run_name == d for p in pending) for d in stage.needs):
                     continue  # wait for what it needs: whether it was run now decides whether this stage can be kept
                 rebuilt = [d for d in stage.needs if status.get(d) == "ok"]
-                action, why = decide(
+                decision = decide(
                     runs_dir, stage.run_name, stage.args(quick), rebuilt, stage.file(workdir), stage.needs
                 )
+                action, why = refuse_foreign(runs_dir, stage.run_name, *decision)
                 if action == "skip":
                     status[stage.run_name] = "skipped"
                     display[stage.run_name].state = SKIPPED

@@ -331,8 +331,8 @@ def report(
     return wrote
 
 
-# Roughly how long a stage takes on this library's 2-core EPYC, one thread, beside another job (`--jobs 2`): the
-# quick suite's models (the main job's log) and the study's runs (12 RLOO runs in 8 min 48 s, 2 jobs: docs/results.md)
+# Roughly how long a stage takes on a 2-core EPYC, one thread, beside another job (`--jobs 2`); the sources are the
+# main job's log and docs/results.md's variant studies
 SECONDS = {"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "dpo": 115, "grpo_math": 110}
 STUDY_RUN_SECONDS = 180
 """an RL study run of the other families (512-1,024 episodes, an evaluation at every update)"""

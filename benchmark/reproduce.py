@@ -1,7 +1,7 @@
 """Does this install reproduce the library? `python -m benchmark.reproduce [RUNS_DIR]`, run after the main job.
 
-Different CPUs round differently, and RL turns a last-digit difference into another trajectory: the same commit gave
-PPO without a KL penalty a final gold reward of 0.283 on one host and 0.083 on another. So a run is not checked against
+Different CPUs round differently, and RL turns a last-digit difference into another trajectory (one seed of one commit
+ends far apart on two hosts: issue 57). So a run is not checked against
 our digits but against the spread of the library's own runs of the same command (benchmark/reference_runs/): seeds of
 the whole pipeline (each its own SFT and reward model) and, where shipped, both rounding regimes (`--rounding`).
 

@@ -51,14 +51,12 @@ r_k -> alpha * min(r_k - eta, 0), so no step earns a positive reward and more st
 last step's reward (the success reward judges the final answer), keeps r_{K-1} and gives every earlier step
 r_k - r_{k+1}, so the sum from step k telescopes to r_k. GRPO rewards whole sequences, so the refined step rewards
 enter as their sum, added to the success reward (our choice; DeepSeekMath's process-supervision variant is not
-implemented); under Delta that sum is alpha * r_1, the first step's score, for K >= 2 steps and 0 for one step
-(clip_delta: alpha * min(r_1 - eta, 0)).
+implemented); under Delta that sum is alpha * r_1 for K >= 2 steps, 0 for one (clip_delta: alpha * min(r_1 - eta, 0)).
 
 Details: prompts left-padded for sampling, completions truncated after their first EOS and right-padded; position
 ids follow the attention mask whenever a model scores padded sequences, so padding never changes a number; logprobs
-use the sampling temperature; dropout is off. With several processes (accelerate, DDP) each process samples its own
-questions and every group stays on one process, so group statistics need no communication; DAPO's token count is
-summed over processes so that its normalisation is global.
+use the sampling temperature; dropout is off. With several processes (DDP) each samples its own questions and every
+group stays on one process, so group statistics need no communication; DAPO's token count is summed over processes.
 
 The loop (`main`, numbered as here): 1. sample G completions for each question and score them (`Sampling`: the
 success, format, overlong and reward-model rewards; DAPO's dynamic sampling); 2. without gradients, the logprobs of
@@ -69,8 +67,7 @@ Speed (packing, the KV-cache sampler, vLLM), the `--async` thread and durable ru
 Usage:
     python -m benchmark.assets && python sft.py tiny-math      # the tiny world and the SFT starting policy
     python grpo_math.py tiny                                   # CPU, about 4 minutes with 2 threads
-    python grpo_math.py tiny --loss-type dapo
-    python grpo_math.py tiny --importance-sampling-level sequence   # GSPO; also --loss-type cispo,
+    python grpo_math.py tiny --loss-type dapo    # also cispo; GSPO: --importance-sampling-level sequence
     python grpo_math.py tiny --advantage-estimator reinforce_pp_baseline   # --advantage-estimator reinforce_pp
     python grpo_math.py tiny --prm-path runs/prm_tiny-math__1/model --prm-refine clip
     accelerate launch --multi_gpu --num_processes 8 grpo_math.py gsm8k-qwen2.5-0.5b
@@ -223,6 +220,9 @@ class Args(DataArgs, ModelArgs, RunArgs):
     dual_clip: float | None = None
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
     (verl: on at 3; OpenRLHF: off); None: off, as in every preset's paper; not with cispo (range: > 1)"""
+    log_ratio_clamp: float | None = 20.0
+    """bound log(pi / pi_old) and k3's log(pi_ref / pi) to [-c, c] before exp, as verl and OpenRLHF (20): past it a
+    token has no gradient, not a NaN one (exp overflows float32 past 88.7); None: off, as TRL (range: > 0)"""
     entropy_coef: float | None = None
     """entropy bonus: -coef * token entropy, aggregated as the loss (verl's `entropy_coeff`); None: off (range: >= 0)"""
     scale_rewards: bool | None = None
@@ -290,8 +290,7 @@ class Args(DataArgs, ModelArgs, RunArgs):
 
 
 # The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
-# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. They checkpoint ten times a run (`save_every`; their
-# step times are not measured here): a checkpoint is the policy and AdamW's two moments, 3 x the float32 weights.
+# compute, fp32 master weights; DDP: autocast), as N+ and TRL do; they checkpoint ten times a run (3 x the weights).
 PRESETS = {
     "gsm8k-qwen2.5-0.5b": (
         "GRPO on GSM8K, Qwen2.5-0.5B-Instruct (8 GPUs)",
@@ -334,8 +333,7 @@ PRESETS = {
             # Oat-Zero's qwen_math template. The base tokenizer sets PAD = EOS, hence add_pad_token ([PAD] fits a spare
             # embedding row). Lengths (that tokenizer and template): the longest rendered prompt is 1,083 tokens over
             # the MATH test set (1,000 rows; the next 735) and 819 over MATH-500; Qwen2.5-Math-1.5B has 4,096 positions,
-            # so prompts get 4096 - 3000 (completion budget) = 1096 tokens, and drop_overlong skips the rare longer
-            # training problem (a MATH-lighteval train row we could not measure offline) instead of stopping the run.
+            # so prompts get 4096 - 3000 = 1096 tokens; drop_overlong skips a longer training problem, not the run.
             model_name_or_path="Qwen/Qwen2.5-Math-1.5B",
             add_pad_token=True,
             dataset_name_or_path="DigitalLearningGmbH/MATH-lighteval",
@@ -423,9 +421,10 @@ def groups_to_keep(batch: dict, G: int, dynamic_sampling: bool) -> list[bool]:
     return groups_with_signal(batch["success"].view(-1, G)).tolist()
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token KL(policy || reference) estimate k3 = exp(ref - logp) - (ref - logp) - 1 (DeepSeekMath eq. 4)."""
-    delta = ref_logprobs - logprobs
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, bound: float | None = None) -> torch.Tensor:
+    """Per-token KL(policy || reference) estimate k3 = exp(d) - d - 1, d = ref - logp (DeepSeekMath eq. 4), d bounded
+    to [-bound, bound] first if given (verl's low_var_kl: 20)."""
+    delta = ref_logprobs - logprobs if bound is None else (ref_logprobs - logprobs).clamp(-bound, bound)
     return torch.exp(delta) - delta - 1
 
 
@@ -436,16 +435,18 @@ def k2_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def importance_log_ratio(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, level: str
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, level: str, bound: float | None = None
 ) -> torch.Tensor:
     """log(pi / pi_old) per token (B, T): each token's own (`token`: GRPO, PPO), or GSPO's sequence ratio
     s_i = (pi(o_i) / pi_old(o_i))^(1 / |o_i|) (Zheng et al. 2025, arXiv:2507.18071, eq. 7): the mean of the completion's
-    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi."""
+    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi.
+    `bound` b: clamped to [-b, b] (verl, OpenRLHF: 20), so exp never overflows; no gradient past it."""
     log_ratio = logprobs - old_logprobs
-    if level == "token":
-        return log_ratio
-    mask = mask.to(log_ratio.dtype)
-    return ((log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(log_ratio)
+    if level != "token":
+        mask = mask.to(log_ratio.dtype)
+        log_ratio = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
+        log_ratio = log_ratio.expand_as(logprobs)
+    return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
 
 
 def clipped_surrogate(
@@ -528,10 +529,9 @@ def reinforce_pp_advantages(
     """REINFORCE++ token advantages (B, T) (Hu 2025, arXiv:2501.03262). Without baseline (eq. 8-9): the return of
     token t, r - beta * sum_{s >= t} KL_s with KL_s = log pi_old(s) - log pi_ref(s) (k1, in the reward; `kl` None: no
     KL). With baseline (REINFORCE++-baseline): r - the mean reward of its group of G. Then both are normalised over
-    every token of the global batch (eq. 10), not per group: a group-normalised port is GRPO again. In the rewards'
-    dtype, as every estimator here, at least float32 (whitening integer or half-precision rewards would round)."""
-    r = rewards.view(-1, G) - rewards.view(-1, G).mean(1, keepdim=True) if baseline else rewards.view(-1, G)
-    returns = r.reshape(-1, 1).expand(mask.shape).to(torch.promote_types(rewards.dtype, torch.float32))
+    every token of the global batch (eq. 10), not per group (that is GRPO again). In at least float32."""
+    r = rewards.view(-1, G).to(torch.promote_types(rewards.dtype, torch.float32))  # cast first, then centre
+    returns = (r - r.mean(1, keepdim=True) if baseline else r).reshape(-1, 1).expand(mask.shape)
     if kl is not None and beta:
         kl = kl * mask
         returns = returns - beta * (kl.sum(1, keepdim=True) - kl.cumsum(1) + kl)  # sum over s >= t
@@ -610,14 +610,14 @@ def micro_batch_loss(
     detached pieces `main` logs: `surrogate` (the loss without those terms), `clipped`, `ratio`, `kl` and `entropy`."""
     logprobs, entropy = completion_logprobs(model, packed, args.temperature, entropy_grad=bool(args.entropy_coef))
     old = logprobs.detach() if old_logprobs is None else old_logprobs
-    log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level)
+    log_ratio = importance_log_ratio(logprobs, old, mask, args.importance_sampling_level, args.log_ratio_clamp)
     if args.loss_type == "cispo":
         per_token, clipped = cispo_surrogate(logprobs, log_ratio, advantages, 1 + args.epsilon_high)
     else:
         per_token, clipped = clipped_surrogate(
             log_ratio, advantages, args.epsilon_low, args.epsilon_high, args.dual_clip
         )
-    kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs)
+    kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs, args.log_ratio_clamp)
     kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
     kl_loss = kl_loss if args.kl_clamp is None else kl_loss.clamp(-args.kl_clamp, args.kl_clamp)  # zero grad past it
     kl_coef = 0.0 if args.advantage_estimator == "reinforce_pp" else args.beta  # REINFORCE++: the KL is in the reward

@@ -12,21 +12,18 @@ reference policy (the SFT model) and the reward model, all with dropout off. One
   1. Rollout. Left-padded queries; sample `response_length` tokens at `temperature`. Sampling stops at EOS and
      responses are truncated after it (`--stop-token none`: every response is `response_length` tokens, kept whole).
      `--use-vllm` samples the tokens with vLLM, whose weights are the policy's after every update (checked).
-  2. Logprobs and values. Logprobs are recomputed with a forward pass (not taken from `generate`), with the logits
-     divided by the same temperature, so that rollout and training logprobs agree (N+ detail); in float32, where our
-     sampling loop's logprobs equal the forward pass's to 1e-5 (tested), they are kept from the sampler
-     (`--sampler-logprobs`). The reference logprobs and the values come from forward passes on the same tokens.
+  2. Logprobs and values. Logprobs are recomputed with a forward pass (not taken from `generate`), the logits divided
+     by the same temperature, so that rollout and training logprobs agree (N+); in float32, where our sampler's equal
+     the forward pass's to 1e-5 (tested), they are kept (`--sampler-logprobs`). Reference logprobs and values likewise.
   3. Score. score = reward model (head + its normalisation bias) at the last non-pad token of query + truncated
      response; responses without EOS get `penalty_reward_value` instead (N+: -1).
   4. Rewards. Per-token reward: `-kl_coef * (logp - ref_logp)` on every response token, plus the score one position
-     after the EOS (N+; at the last token when there is no room: EOS at the last of `response_length` columns, or no
-     EOS). Values are trained up to and including that position and masked from two after EOS (N+'s
-     `padding_mask_p1`). The value there is read from the EOS token's hidden state, the state the reward model scored,
-     and the value model starts as the reward model with its bias, so it starts out predicting the score: delta at
-     EOS+1 = score - V(EOS+1).
+     after the EOS (N+; at the last token when there is no room: EOS in the last column, or no EOS). Values are
+     trained up to and including that position, masked from two after EOS (N+'s `padding_mask_p1`). The value there
+     is read from the EOS token's hidden state, the state the reward model scored, and the value model starts as the
+     reward model with its bias, so it starts out predicting the score: delta at EOS+1 = score - V(EOS+1).
   5. Whiten rewards (off in N+; `--whiten-rewards`).
-  6. Advantages and returns. GAE (gamma 1, lambda 0.95) on the per-token rewards; advantages whitened over the valid
-     tokens.
+  6. Advantages and returns: GAE (gamma 1, lambda 0.95); advantages whitened over the valid tokens.
   7. Optimise. `num_ppo_epochs` passes over shuffled minibatches: clipped policy loss and clipped value loss
      (`vf_coef` 0.1), one AdamW optimizer over policy and value, learning rate annealed linearly to 0.
   8. Log, evaluate, checkpoint.
@@ -108,8 +105,8 @@ class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
     prm_clip_eta: float = 0.5
     """(math) threshold eta of the Clip refinement, as the PRM's probability that a step is right (range: [0, 1])"""
     stop_token: Literal["eos", "none"] = "eos"
-    """`eos`: a response ends at its first EOS; `none`: every response is `response_length` tokens, kept whole, EOS
-    included (as N+ samples with min_new_tokens), scored on its last token. Evaluation stops at EOS either way"""
+    """`eos`: a response ends at its first EOS; `none`: every response is `response_length` tokens, EOS included (N+
+    samples with min_new_tokens), scored on its last token. Evaluation stops at EOS either way"""
 
     # ---- PPO ----
     response_length: int = 53
@@ -146,8 +143,8 @@ class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
     """decay the learning rate linearly to 0 over the updates (N+)"""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (N+: 0.05) (range: >= 0)"""
-    kl_estimator: Literal["k1", "k3"] = "k1"
-    """per-token KL estimate in the reward: k1 = logp - ref_logp (N+), k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimate in the reward, d = logp - ref: k1 = d (N+), k2 = d^2 / 2 (OpenRLHF), k3 = exp(-d) - 1 + d"""
     kl_clamp: float | None = None
     """bound each token's KL estimate to [-c, c] (OpenRLHF and verl: 10); None: off, as N+ (range: > 0)"""
     adaptive_kl: bool = False
@@ -162,6 +159,11 @@ class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
     """GAE lambda (N+: 0.95) (range: [0, 1])"""
     cliprange: float = 0.2
     """policy ratio clip (N+: 0.2) (range: > 0)"""
+    cliprange_high: float | None = None
+    """upper clip 1 + c ("clip-higher", DAPO; verl's `clip_ratio_high`); None: --cliprange, as N+ (range: > 0)"""
+    log_ratio_clamp: float | None = None
+    """bound log(pi / pi_old) and k3's log ratio to [-c, c] before exp (verl, OpenRLHF: 20): past it no gradient, not a
+    NaN one (exp overflows float32 past 88.7); None: off, as N+ and TRL (range: > 0)"""
     dual_clip: float | None = None
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
     (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off (the N+ recipe has none) (range: > 1)"""
@@ -175,9 +177,8 @@ class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
     """whiten the per-token rewards before GAE (off in N+)"""
 
 
-# The real presets load float32 weights and get bf16 from the accelerate config's mixed precision (DeepSpeed: bf16
-# compute, fp32 master weights; DDP: autocast), as N+ and TRL do. They checkpoint ten times a run (`save_every`):
-# TL;DR 1,000,000 episodes / 512 an update = 1,953 updates, GSM8K 29,892 / 256 = 116.
+# Real presets: float32 weights, bf16 from the accelerate config's mixed precision (as N+ and TRL); ten checkpoints a
+# run (`save_every`): TL;DR 1,000,000 episodes / 512 an update = 1,953 updates, GSM8K 29,892 / 256 = 116.
 PRESETS = {
     "tldr-pythia-1b": (
         "N+ PPO on TL;DR, Pythia 1B (8 GPUs, DeepSpeed ZeRO-2)",
@@ -337,13 +338,15 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
 
 def kl_penalty(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None, bound=None
 ) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
-    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k2 = (log r)^2 / 2 (biased, low variance;
+    OpenRLHF's k2), k3 = (r^-1 - 1) + log r (unbiased, >= 0), its log r bounded to [-bound, bound] first if given
+    (verl: 20); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
     log_ratio = logprobs - ref_logprobs
-    kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    d = log_ratio if bound is None or estimator != "k3" else log_ratio.clamp(-bound, bound)
+    kl = log_ratio if estimator == "k1" else 0.5 * log_ratio**2 if estimator == "k2" else torch.exp(-d) - 1 + d
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 
@@ -386,16 +389,17 @@ def compute_gae(
 
 
 def policy_loss(
-    new_logprobs, old_logprobs, advantages, mask, cliprange: float, count: float | None = None, dual_clip=None
+    new_logprobs, old_logprobs, advantages, mask, cliprange, count: float | None = None, dual_clip=None, bound=None
 ) -> tuple[torch.Tensor, dict]:
-    """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps, 1+eps)) summed over the valid tokens and
-    divided by `count` (default: their number, the mean; `ppo_micro_batch` passes 1, the sum, which its loss scale
-    divides by the valid tokens of the whole minibatch). `dual_clip` c: a token with A < 0 loses at most c * |A|, flat
-    past ratio c (counted as clipped). The statistics are means over these valid tokens."""
-    log_ratio = new_logprobs - old_logprobs
+    """PPO's clipped surrogate, as a loss: max(-A r, -A clip(r, 1-eps_low, 1+eps_high)) summed over the valid tokens,
+    divided by `count` (default: their number; `ppo_micro_batch` passes 1, the sum, which its loss scale divides by the
+    minibatch's valid tokens); `cliprange` eps or (eps_low, eps_high); `bound` b: log r bounded to [-b, b] first;
+    `dual_clip` c: a token with A < 0 loses at most c * |A|, flat past ratio c (counted as clipped). Means as stats."""
+    low, high = cliprange if isinstance(cliprange, tuple) else (cliprange, cliprange)
+    log_ratio = new_logprobs - old_logprobs if bound is None else (new_logprobs - old_logprobs).clamp(-bound, bound)
     ratio = torch.exp(log_ratio)
     losses = -advantages * ratio
-    losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    losses_clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     per_token, clipped = torch.max(losses, losses_clipped), losses_clipped > losses
     if dual_clip is not None:  # one runaway ratio of a bad token cannot dominate a later epoch's update
         per_token = torch.where(advantages < 0, torch.minimum(per_token, -dual_clip * advantages), per_token)
@@ -434,12 +438,11 @@ def ppo_micro_batch(
     """Forward and backward passes of one micro-batch of a PPO minibatch. `queries` / `responses`: its token lists (the
     responses truncated after EOS); `rollout`: its rows of the rollout's (n, W) tensors `logprobs`, `values`, `returns`,
     `advantages`, `padding_mask` (tokens past the last real one) and `padding_mask_p1` (values past EOS+1); `counts`:
-    the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). The policy
-    loss is the mean over the minibatch's valid tokens and the value loss the mean over its valid value positions: each
-    micro-batch adds its sum / count (its loss scale), so the gradient does not depend on how the minibatch is split
-    into micro-batches and processes (tests/test_invariance.py). N+ and TRL average per micro-batch; the two agree
-    when the micro-batches hold equal token counts. With `separate_backward`, the policy's forward and backward pass,
-    then the value model's, each with its own count. Returns the micro-batch's statistics (means over its positions)."""
+    the valid tokens and the valid value positions of the whole minibatch of every process (`global_count`). Each loss
+    is the mean over the minibatch's valid positions: a micro-batch adds its sum / count, so the gradient does not
+    depend on the split into micro-batches and processes (tests/test_invariance.py; N+ and TRL average per micro-batch,
+    equal when the micro-batches hold equal token counts). With `separate_backward`, the policy's forward and backward
+    pass, then the value model's. Returns the micro-batch's statistics (means over its positions)."""
     packed = {k: v.to(accelerator.device) for k, v in packing.pack_one_row(queries, responses, pad_id).items()}
     # the longest response of this micro-batch + 1 (the value one past EOS is trained); every later position is masked
     width = min(rollout["values"].shape[1], packed["targets"].shape[1])
@@ -449,7 +452,8 @@ def ppo_micro_batch(
     new_logprobs = response_logprobs(new_logits[:, :width], packed["targets"][:, :width], args.temperature)
     new_logprobs = new_logprobs.masked_fill(mask, INVALID_LOGPROB)
     old, adv = rollout["logprobs"][:, :width], rollout["advantages"][:, :width]
-    pg_sum, pg_stats = policy_loss(new_logprobs, old, adv, ~mask, args.cliprange, 1.0, args.dual_clip)
+    clip = (args.cliprange, args.cliprange if args.cliprange_high is None else args.cliprange_high)
+    pg_sum, pg_stats = policy_loss(new_logprobs, old, adv, ~mask, clip, 1.0, args.dual_clip, args.log_ratio_clamp)
     trained = pg_sum  # with --entropy-coef, minus coef * the entropy of the same tokens (logged apart: pg_loss)
     if args.entropy_coef:
         trained = pg_sum - args.entropy_coef * (logits_entropy(new_logits[:, :width], args.temperature) * ~mask).sum()
@@ -672,7 +676,8 @@ def main(args: Args) -> dict:
             logprobs = logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
             values = values.masked_fill(padding_mask_p1, 0)
-            kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator, args.kl_clamp).masked_fill(padding_mask, 0)
+            kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator, args.kl_clamp, args.log_ratio_clamp)
+            kl = kl.masked_fill(padding_mask, 0)
             rewards, non_score_reward = per_token_rewards(kl, scores, sequence_lengths, kl_coef)
             if step_rewards is not None:
                 rewards = rewards + F.pad(step_rewards, (0, W - R)).masked_fill(padding_mask, 0)
@@ -941,8 +946,7 @@ def process_rewards(
 
 
 # --------------------------------------------------------------------------------------------------
-# Plumbing: PPO's own setup, checks and bookkeeping; data and loading; the tiny world's judge (the loading, engines,
-# runs, evaluation and packing it shares live in clean_rlhf_utils/)
+# Plumbing: PPO's own setup and checks (what it shares with the other scripts lives in clean_rlhf_utils/)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -954,8 +958,7 @@ def keep_sampler_logprobs(args: Args, accelerator: Accelerator) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Data: the reference response; the answer parsers of the reward (copied verbatim from benchmark/tiny_world.py; tests
-# check they match)
+# Data: the answer parsers of the reward, copied verbatim from benchmark/tiny_world.py (tests check they match)
 # ----------------------------------------------------------------------------------------------------
 
 

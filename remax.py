@@ -139,8 +139,8 @@ class Args(DataArgs, ModelArgs, RunArgs):
     reward_clip: float = 5.0
     """clip the reward difference r(x, y) - r(x, y_bar) to [-c, c] (the official clip_reward_value, 5); 0: no clip
     (range: >= 0)"""
-    kl_estimator: Literal["k1", "k3"] = "k1"
-    """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimate per token in the reward, d = logp - ref: k1 = d, k2 = d^2 / 2 (OpenRLHF), k3 = exp(-d) - 1 + d"""
     kl_clamp: float | None = None
     """bound each token's KL estimate to [-c, c] (OpenRLHF clamps every estimator at 10, verl k3 at 10); None: off, as
     in N+ and every preset (range: > 0)"""
@@ -302,11 +302,16 @@ PRESETS = {
 
 
 def sequence_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str, clamp=None
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    padding_mask: torch.Tensor,
+    estimator: str,
+    clamp=None,
+    bound=None,
 ) -> torch.Tensor:
-    """Summed per-token KL estimate of each response (B,), each token's bounded by `clamp` (`kl_penalty`): padding
-    (after the EOS) contributes nothing."""
-    return kl_penalty(logprobs, ref_logprobs, estimator, clamp).masked_fill(padding_mask, 0).sum(1)
+    """Summed per-token KL estimate of each response (B,), each token's bounded by `clamp` (`kl_penalty`, k3's log
+    ratio by `bound`): padding (after the EOS) contributes nothing."""
+    return kl_penalty(logprobs, ref_logprobs, estimator, clamp, bound).masked_fill(padding_mask, 0).sum(1)
 
 
 def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
@@ -655,13 +660,15 @@ def packed_logprobs(model, packed: dict, temperature: float, entropy: bool = Fal
 
 
 def kl_penalty(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None, bound=None
 ) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
-    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k2 = (log r)^2 / 2 (biased, low variance;
+    OpenRLHF's k2), k3 = (r^-1 - 1) + log r (unbiased, >= 0), its log r bounded to [-bound, bound] first if given
+    (verl: 20); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
     log_ratio = logprobs - ref_logprobs
-    kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    d = log_ratio if bound is None or estimator != "k3" else log_ratio.clamp(-bound, bound)
+    kl = log_ratio if estimator == "k1" else 0.5 * log_ratio**2 if estimator == "k2" else torch.exp(-d) - 1 + d
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 

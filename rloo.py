@@ -144,13 +144,18 @@ class Args(DataArgs, ModelArgs, RunArgs):
     """sampling temperature, also applied to the logits when computing logprobs (N+: 0.7) (range: > 0)"""
     kl_coef: float = 0.05
     """beta of the KL penalty in the sequence reward (N+: 0.05) (range: >= 0)"""
-    kl_estimator: Literal["k1", "k3"] = "k1"
-    """per-token KL estimate: k1 = logp - ref_logp, k3 = exp(-d) - 1 + d with d = logp - ref_logp"""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """KL estimate per token in the reward, d = logp - ref: k1 = d, k2 = d^2 / 2 (OpenRLHF), k3 = exp(-d) - 1 + d"""
     kl_clamp: float | None = None
     """bound each token's KL estimate to [-c, c] (OpenRLHF clamps every estimator at 10, verl k3 at 10); None: off, as
     in N+ and every preset (range: > 0)"""
     cliprange: float = 0.2
     """clip of the sequence-level ratio when a batch is reused (PPO's epsilon) (range: > 0)"""
+    cliprange_high: float | None = None
+    """upper clip 1 + c ("clip-higher", DAPO; verl's `clip_ratio_high`); None: --cliprange (range: > 0)"""
+    log_ratio_clamp: float | None = None
+    """bound the log of the sequence ratio and k3's log ratio to [-c, c] before exp (verl, OpenRLHF: 20 on token
+    ratios): past it no gradient, not a NaN one (exp overflows float32 past 88.7); None: off, as TRL (range: > 0)"""
     dual_clip: float | None = None
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729) on the sequence ratio: a response with A < 0 loses at most
     c * |A|, flat past ratio c (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off, as the RLOO
@@ -321,11 +326,16 @@ PRESETS = {
 
 
 def sequence_kl(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, padding_mask: torch.Tensor, estimator: str, clamp=None
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    padding_mask: torch.Tensor,
+    estimator: str,
+    clamp=None,
+    bound=None,
 ) -> torch.Tensor:
-    """Summed per-token KL estimate of each response (B,), each token's bounded by `clamp` (`kl_penalty`): padding
-    (after the EOS) contributes nothing."""
-    return kl_penalty(logprobs, ref_logprobs, estimator, clamp).masked_fill(padding_mask, 0).sum(1)
+    """Summed per-token KL estimate of each response (B,), each token's bounded by `clamp` (`kl_penalty`, k3's log
+    ratio by `bound`): padding (after the EOS) contributes nothing."""
+    return kl_penalty(logprobs, ref_logprobs, estimator, clamp, bound).masked_fill(padding_mask, 0).sum(1)
 
 
 def sequence_rewards(scores: torch.Tensor, seq_kl: torch.Tensor, kl_coef: float) -> torch.Tensor:
@@ -352,16 +362,19 @@ def sequence_logprobs(logprobs: torch.Tensor, padding_mask: torch.Tensor) -> tor
 
 
 def reinforce_loss(
-    new_seq_logprobs, old_seq_logprobs, advantages, cliprange: float, dual_clip=None
+    new_seq_logprobs, old_seq_logprobs, advantages, cliprange, dual_clip=None, bound=None
 ) -> tuple[torch.Tensor, dict]:
     """REINFORCE on whole responses, as PPO's clipped surrogate on the sequence-level ratio r = pi(y|x) / pi_old(y|x):
-    mean over responses of max(-A r, -A clip(r, 1 - eps, 1 + eps)). On fresh samples r = 1 and the gradient is
-    exactly REINFORCE's -A grad log pi(y|x); the clip only matters when a batch is reused. `dual_clip` c: a response
-    with A < 0 loses at most c * |A|, flat past ratio c (counted as clipped)."""
+    mean over responses of max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), `cliprange` eps or (eps_low, eps_high).
+    On fresh samples r = 1 and the gradient is exactly REINFORCE's -A grad log pi(y|x); the clip only matters when a
+    batch is reused. `bound` b: log r bounded to [-b, b] first. `dual_clip` c: a response with A < 0 loses at most
+    c * |A|, flat past ratio c (counted as clipped)."""
+    low, high = cliprange if isinstance(cliprange, tuple) else (cliprange, cliprange)
     log_ratio = new_seq_logprobs - old_seq_logprobs
+    log_ratio = log_ratio if bound is None else log_ratio.clamp(-bound, bound)
     ratio = torch.exp(log_ratio)
     losses = -advantages * ratio
-    losses_clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    losses_clipped = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     per_response, clipped = torch.max(losses, losses_clipped), losses_clipped > losses
     if dual_clip is not None:  # one runaway ratio of a bad response cannot dominate a reused batch's update
         per_response = torch.where(advantages < 0, torch.minimum(per_response, -dual_clip * advantages), per_response)
@@ -380,9 +393,10 @@ def rloo_micro_batch_loss(
     pad_id: int,
     capacity: int,
     temperature: float,
-    cliprange: float,
+    cliprange,
     dual_clip: float | None = None,
     entropy_coef: float | None = None,
+    log_ratio_clamp: float | None = None,
 ) -> tuple[torch.Tensor, dict]:
     """One micro-batch's RLOO loss, a mean over its responses: log pi(y | x) of each response under the policy (one
     packed forward pass, summed over the response's own tokens), then `reinforce_loss`; with `entropy_coef`, minus
@@ -393,7 +407,7 @@ def rloo_micro_batch_loss(
     lengths = torch.tensor([len(r) for r in responses], device=new_logprobs.device)
     padding_mask = torch.arange(new_logprobs.shape[1], device=new_logprobs.device)[None] >= lengths[:, None]
     new_seq_logprobs = sequence_logprobs(new_logprobs, padding_mask)
-    loss, stats = reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange, dual_clip)
+    loss, stats = reinforce_loss(new_seq_logprobs, old_seq_logprobs, advantages, cliprange, dual_clip, log_ratio_clamp)
     stats["pg_loss"] = loss.detach()
     if entropy_coef:
         loss = loss - entropy_coef * (entropy.masked_fill(padding_mask, 0).sum(1) / lengths).mean()
@@ -560,7 +574,9 @@ def main(args: Args) -> dict:
             ref_logprobs = ref_logprobs.masked_fill(padding_mask, INVALID_LOGPROB)
 
             # ---- 3. sequence-level reward and leave-one-out advantages ----
-            seq_kl = sequence_kl(logprobs, ref_logprobs, padding_mask, args.kl_estimator, args.kl_clamp)
+            seq_kl = sequence_kl(
+                logprobs, ref_logprobs, padding_mask, args.kl_estimator, args.kl_clamp, args.log_ratio_clamp
+            )
             rlhf_reward = sequence_rewards(scores, seq_kl, args.kl_coef)
             advantages = rloo_advantages(rlhf_reward, args.rloo_k)
             if args.normalize_advantage:
@@ -587,9 +603,10 @@ def main(args: Args) -> dict:
                             pad_id,
                             capacity,
                             args.temperature,
-                            args.cliprange,
+                            (args.cliprange, args.cliprange if args.cliprange_high is None else args.cliprange_high),
                             args.dual_clip,
                             args.entropy_coef,
+                            args.log_ratio_clamp,
                         )
                         # a collective: every process checks every micro-batch
                         error = runs.non_finite_error("RLOO loss", update, args.learning_rate, " or check the rewards")
@@ -699,13 +716,15 @@ def packed_logprobs(model, packed: dict, temperature: float, entropy: bool = Fal
 
 
 def kl_penalty(
-    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str, clamp: float | None = None, bound=None
 ) -> torch.Tensor:
     """Per-token KL(policy || reference) estimates from samples of the policy (Schulman, "Approximating KL
-    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k3 = (r^-1 - 1) + log r (unbiased,
-    >= 0); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
+    divergence", 2020): k1 = log r with r = p/q (unbiased, can be negative), k2 = (log r)^2 / 2 (biased, low variance;
+    OpenRLHF's k2), k3 = (r^-1 - 1) + log r (unbiased, >= 0), its log r bounded to [-bound, bound] first if given
+    (verl: 20); `clamp` c bounds them to [-c, c], with no gradient past it (OpenRLHF: every estimator at 10)."""
     log_ratio = logprobs - ref_logprobs
-    kl = log_ratio if estimator == "k1" else torch.exp(-log_ratio) - 1 + log_ratio
+    d = log_ratio if bound is None or estimator != "k3" else log_ratio.clamp(-bound, bound)
+    kl = log_ratio if estimator == "k1" else 0.5 * log_ratio**2 if estimator == "k2" else torch.exp(-d) - 1 + d
     return kl if clamp is None else kl.clamp(-clamp, clamp)
 
 

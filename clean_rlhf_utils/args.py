@@ -167,6 +167,7 @@ NEEDS: dict[str, tuple] = {
     "cliprange": (ratio_moves, "a ratio that can leave 1 (more than one epoch or minibatch per batch)"),
     "cliprange_value": (ratio_moves, "values that can leave the rollout's (more than one epoch or minibatch)"),
     "dual_clip": (ratio_moves, "a ratio that can leave 1 (more than one epoch, iteration or minibatch, or --async)"),
+    "cliprange_high": (ratio_moves, "a ratio that can leave 1 (more than one epoch or minibatch per batch)"),
     "answer_format": (lambda a: getattr(a, "reward_source", "math") == "math", "--reward-source math"),
     "penalty_reward_value": (lambda a: a.non_eos_penalty, "--non-eos-penalty"),
     "prm_coef": (lambda a: a.prm_path is not None, "--prm-path (a process reward model)"),

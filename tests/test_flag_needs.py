@@ -39,6 +39,7 @@ EXAMPLES = {
     "cliprange": (0.1, ONE_PASS, TWO_PASSES),
     "cliprange_value": (0.1, ONE_PASS, TWO_PASSES),
     "dual_clip": (3.0, ONE_PASS, TWO_PASSES),
+    "cliprange_high": (0.28, ONE_PASS, TWO_PASSES),
     "answer_format": ("boxed", {"reward_source": "model"}, {"reward_source": "math"}),
     "penalty_reward_value": (-2.0, {"non_eos_penalty": False, **ONLINE}, {"non_eos_penalty": True, **ONLINE}),
     "prm_coef": (0.5, {"prm_path": None}, {"prm_path": "prm"}),
@@ -105,6 +106,8 @@ INDEPENDENT = {
     # under a rule of dpo.py's or reward_model.py's own `Args.NEEDS`, on their own in the other scripts
     *("async_generation", "chosen_field", "rejected_field", "pack_pairs", "non_eos_penalty", "num_train_epochs"),
     *("temperature", "total_episodes"),
+    # bounds k3's log ratio as well as the policy ratio's: acts with a KL term or a moving ratio, checked by neither
+    "log_ratio_clamp",
 }
 
 

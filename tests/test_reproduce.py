@@ -71,6 +71,21 @@ def test_a_band_needs_three_shipped_runs_of_the_same_command(tmp_path, capsys):
     assert out[-1] == "reproduces the library: unknown (no run has enough shipped runs of its command)"
 
 
+def test_each_seeds_own_start_is_the_same_command():
+    """The suites point seed s > 1 at its own SFT policy and reward model (`run.starts`); seed 1 names none (the
+    presets' paths) and a reward model names its seed's SFT policy: one command (seen on the shipped main job: every RL
+    group matched 2 of its 6 runs before). A seed pointed at another seed's start is another experiment."""
+    own = ["tiny-tldr", "--run-name", "rloo_tiny-tldr__2", "--seed", "2", "--total-episodes", "1024"]
+    own += ["--sft-model-path", "runs/sft_tiny-tldr__2/model", "--reward-model-path", "runs/rm_tiny-tldr__2/model"]
+    first = ["tiny-tldr", "--run-name", "rloo_tiny-tldr__1", "--seed", "1", "--total-episodes", "1024"]
+    assert reference.budget(own) == reference.budget(first) == ["tiny-tldr", "--total-episodes", "1024"]
+    shared = [*first[:2], "rloo_tiny-tldr__2", "--seed", "2", "--sft-model-path", "runs/sft_tiny-tldr__1/model"]
+    assert reference.budget(shared) != reference.budget(first)
+    rm = [["tiny-tldr", "--run-name", f"rm_tiny-tldr__{s}", "--sft-model-path", f"runs/sft_tiny-tldr__{s}/model"]
+          for s in (1, 3)]  # fmt: skip
+    assert reference.budget(rm[0]) == reference.budget(rm[1]) == ["tiny-tldr"]
+
+
 def test_the_prediction_band_covers_one_more_run_and_has_a_floor():
     low, high = reproduce.prediction_band([0.30, 0.31, 0.32])  # mean 0.31, sd 0.01, t(0.975, 2) 4.303
     assert high - 0.31 == pytest.approx(4.303 * 0.01 * (1 + 1 / 3) ** 0.5) and 0.31 - low == pytest.approx(high - 0.31)

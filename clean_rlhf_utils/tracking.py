@@ -5,11 +5,13 @@ calls them; nothing here changes a number."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import importlib.metadata
 import json
 import os
 import platform
+import re
 import secrets
 import subprocess
 import sys
@@ -135,7 +137,22 @@ def script_record(script: Path, repo: Path | None = None) -> dict:
             state = "tracked" if not code.strip() else "untracked" if code in ("??", "!!") else "modified"
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return {"path": str(path), "sha256": hashlib.sha256(script.read_bytes()).hexdigest(), "git": state}
+    record = {"path": str(path), "sha256": hashlib.sha256(script.read_bytes()).hexdigest(), "git": state}
+    parent = fork_parent(script, repo)
+    return {**record, "parent": parent} if parent else record
+
+
+def fork_parent(script: Path, repo: Path) -> dict | None:
+    """A fork's parent (its module-level `PARENT = "rloo"`, a script of this checkout): its name, its sha256 and the
+    lines the fork adds and removes against it, so that a curve names the code it came from; None otherwise."""
+    declared = re.search(r"""^PARENT\s*=\s*["'](\w+)["']""", script.read_text(errors="replace"), re.MULTILINE)
+    source = repo / f"{declared.group(1)}.py" if declared else None
+    if source is None or not source.is_file() or source.resolve() == script.resolve():
+        return None
+    diff = difflib.unified_diff(source.read_text().splitlines(), script.read_text().splitlines(), lineterm="", n=0)
+    changed = [line[0] for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    return {"name": source.stem, "sha256": sha, "added": changed.count("+"), "removed": changed.count("-")}
 
 
 def record_provenance(run_dir: Path, resumed: bool, script: Path | None = None) -> None:
@@ -158,12 +175,16 @@ def start_wandb(args, run_dir: Path):
     except ImportError:
         raise SystemExit("error: --track needs the wandb package: pip install 'wandb>=0.31,<0.32'") from None
     id_file = run_dir / "wandb_id"
+    script = script_path(args)
+    family = (fork_parent(script, Path(__file__).resolve().parent.parent) or {}).get("name", script.stem)
     run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)  # 8 characters, as wandb's
     try:
         run = wandb.init(
             project=args.wandb_project,
             entity=args.wandb_entity,
             name=args.run_name,
+            group=family,  # a fork's runs beside its parent's: filter variants in wandb as the local tools do
+            tags=[script.stem],
             id=run_id,
             resume="allow",
             config=dataclasses.asdict(args),

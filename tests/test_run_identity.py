@@ -248,3 +248,36 @@ def test_a_run_file_replaced_or_unreadable_is_one_line_before_anything_loads(
     assert str(e.value).startswith(f"error: --resume: {path} {says}") and "\n" not in str(e.value), str(e.value)
     assert str(e.value).endswith("restore the run's own, or move it away and start over with --overwrite")
     assert snapshot(tmp_path) == before
+
+
+def test_a_forks_record_names_its_parent_and_wandb_groups_it_with_the_parent(tmp_path, monkeypatch):
+    """Issue 58 item 6: a fork's script record holds its parent's name and sha256 and the lines it adds and removes;
+    --track puts its runs in the wandb group of its family, tagged with its own name."""
+    import hashlib
+    import sys
+    import types
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from clean_rlhf_utils import tracking
+
+    (tmp_path / "rloo.py").write_text("a\nb\nc\n")
+    fork = tmp_path / "rloo_x.py"
+    fork.write_text('PARENT = "rloo"\na\nx\nc\n')  # + the PARENT line and x, - b
+    parent = tracking.fork_parent(fork, tmp_path)
+    sha = hashlib.sha256(b"a\nb\nc\n").hexdigest()
+    assert parent == {"name": "rloo", "sha256": sha, "added": 2, "removed": 1}
+    assert tracking.script_record(fork, tmp_path)["parent"] == parent  # in done.json and provenance.json
+    assert tracking.fork_parent(tmp_path / "rloo.py", tmp_path) is None  # a library script has no parent
+    (tmp_path / "undeclared.py").write_text("a\nb\n")
+    assert tracking.fork_parent(tmp_path / "undeclared.py", tmp_path) is None
+    seen = {}
+    fake = types.SimpleNamespace(init=lambda **kw: seen.update(kw) or SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    repo = Path(tracking.__file__).resolve().parent.parent
+    args = SimpleNamespace(wandb_project="p", wandb_entity=None, run_name="r")
+    monkeypatch.setattr(tracking.dataclasses, "asdict", lambda a: {})
+    for script, group in ((repo / "grpo_clip_cov.py", "grpo_math"), (repo / "rloo.py", "rloo")):
+        monkeypatch.setattr(tracking, "script_path", lambda a, s=script: s)
+        tracking.start_wandb(args, tmp_path)
+        assert (seen["group"], seen["tags"]) == (group, [script.stem])

@@ -654,14 +654,17 @@ def track_of(group: str) -> str:
 
 def mixed_tracks(runs: list[Run]) -> str:
     """ "" when the runs are on one of the benchmark's tracks at most (their name's `_<track>`, results.TRACKS and
-    frontier.TRACKS: the same metric name measures another task on each, e.g. eval/accuracy of a reward model on
-    tiny-tldr and of a policy on tiny-math), else what each track holds; a run of another name is not judged."""
+    frontier.TRACKS, and a study's `<track>-study` at its own budget: the same metric name measures another task or
+    budget on each, e.g. eval/accuracy of a reward model on tiny-tldr and of a policy on tiny-math), else what each
+    track holds; a run of another name is not judged."""
     from benchmark.frontier import TRACKS as FRONTIER_TRACKS
     from benchmark.results import TRACKS
 
+    known = {*TRACKS, *FRONTIER_TRACKS}
+    known |= {f"{t}-study" for t in known}
     by_track: dict[str, list[str]] = defaultdict(list)
     for r in runs:
-        if track_of(r.group) in {*TRACKS, *FRONTIER_TRACKS}:
+        if track_of(r.group) in known:
             by_track[track_of(r.group)].append(r.name)
     if len(by_track) < 2:
         return ""

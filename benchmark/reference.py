@@ -254,13 +254,13 @@ def seeds_of(records: list[dict]) -> list[str]:
 
 def load(data_dir: Path | None = None) -> list[Run]:
     """Every shipped run (in `data_dir`, default DIR), as `benchmark.compare` reads a run directory (finished, with
-    its provenance)."""
+    its provenance); a run of the second rounding regime named `<name> (default)` beside its native namesake."""
     runs = []
     for path in sorted(Path(data_dir or DIR).glob("*.jsonl.gz")):
         for r in read_group(path):
             runs.append(
                 Run(
-                    name=r["name"],
+                    name=r["name"] if regime(r) == "native" else f"{r['name']} ({regime(r)})",
                     group=group_name(r["name"]),
                     rows=r["rows"],
                     provenance=r.get("provenance"),
@@ -294,10 +294,18 @@ def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | No
             if runs:
                 picked = [g for g in picked if track_of(g) in tracks]
                 if not picked:
+                    study = [t for t in tracks if t.endswith("-study")]
+                    hint = (
+                        f"a study's runs ({', '.join(sorted(study))}) have their own budget, which no reference "
+                        "holds: compare them with the library script's runs of the same study, which `benchmark.run "
+                        "study` makes beside the fork"
+                        if study
+                        else f"name a group and pass --across-tracks to compare across tracks, e.g. --reference "
+                        f"{name}_{on[0]} --across-tracks"
+                    )
                     raise ReferenceError(
                         f"--reference {name}: the reference has {name} on {', '.join(on)}; the runs given are on "
-                        f"{', '.join(sorted(tracks)) or 'no known track'}: no shared track (name a group, e.g. "
-                        f"--reference {name}_{on[0]})"
+                        f"{', '.join(sorted(tracks)) or 'no known track'}: no shared track ({hint})"
                     )
         else:
             raise ReferenceError(

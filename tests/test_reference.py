@@ -128,6 +128,35 @@ def test_compare_draws_a_users_runs_over_the_reference_band(shipped, tmp_path, c
     )
 
 
+def test_a_studys_runs_meet_no_reference_of_another_budget(shipped, tmp_path, capsys):
+    """Issue 58 item 5: a study's runs (`<track>-study`, the study's own budget) against the shipped runs of the track:
+    the hint does not lead to a silent comparison across budgets (it named `--reference grpo_tiny-math`, which then
+    compared 10 study steps with the main job's 20); a group named anyway is refused unless --across-tracks."""
+    assert reference.main(["build", str(shipped)]) == 0
+    study = [_run(tmp_path / "s", f"grpo_fork_tiny-math-study__{s}", [0.2, 0.3]) for s in (1, 2, 3)]
+    args = [*map(str, study), "--metric", "eval/accuracy", "--out", str(tmp_path / "cmp")]
+    capsys.readouterr()
+    assert compare.main([*args, "--reference", "grpo"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "the runs given are on tiny-math-study: no shared track (a study's runs (tiny-math-study) have" in err
+    assert "--reference grpo_tiny-math" not in err
+    with pytest.raises(SystemExit, match="the runs are of different tracks .*tiny-math-study"):
+        compare.main([*args, "--reference", "grpo_tiny-math"])
+    assert compare.main([*args, "--reference", "grpo_tiny-math", "--across-tracks"]) == 0
+
+
+def test_the_second_rounding_regime_ships_under_its_own_name(shipped, tmp_path, monkeypatch):
+    """A run of one name under both regimes: two records, two names when read back (one group)."""
+    assert reference.main(["build", str(shipped)]) == 0
+    path = tmp_path / "data" / "grpo_tiny-math.jsonl.gz"
+    records = reference.read_group(path)
+    second = {**records[0], "provenance": {"host": {"numerics_env": {"ATEN_CPU_CAPABILITY": "default"}}}}
+    reference.write_group(path, [*records, second])
+    names = sorted(r.name for r in reference.load() if r.group == "grpo_tiny-math")
+    assert names == [*sorted(["grpo_tiny-math__1", "grpo_tiny-math__1 (default)", "grpo_tiny-math__2"]),
+                     "grpo_tiny-math__3"]  # fmt: skip
+
+
 def test_runs_that_share_no_metric_are_one_error_line(tmp_path, capsys):
     run = _run(tmp_path, "rloo_tiny-math__1", [0.2, 0.3])
     assert compare.main([str(run), "--out", str(tmp_path / "cmp")]) == 1

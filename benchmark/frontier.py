@@ -5,7 +5,7 @@ Overoptimization", arXiv:2210.10760).
 `python -m benchmark.frontier RUN_DIR... [--metric eval/gold_reward] [--proxy eval/score] [--budgets 0.25 0.5 1]`
 draws it for any runs evaluated with `--eval-kl`: each group is the run name without its `__<seed>` (as
 `benchmark.compare` groups), whatever the name. `benchmark.results` draws it for the frontier suites
-(`benchmark/run.py` FRONTIER_TLDR: `<algo>-<kl|beta><value>_<track>__<seed>`), where one algorithm's settings are one
+(`benchmark/suites.py` FRONTIER_TLDR: `<algo>-<kl|beta><value>_<track>__<seed>`), where one algorithm's settings are one
 row. Finished runs only; from every evaluation row it takes `eval/kl` (the same estimator in every script:
 `sampled_kl`), the gold metric and the proxy (`eval/score`, the reward model the policy optimises). Writes:
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.compare import (
+from benchmark.curves import (
     MIN_SEEDS_FOR_CI,
     Colours,
     Run,

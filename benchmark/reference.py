@@ -35,7 +35,7 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
-from benchmark.compare import Run, algorithm_of, group_name, read_run, track_of
+from benchmark.curves import Run, algorithm_of, group_name, read_run, track_of
 
 DIR = Path(__file__).resolve().parent / "reference_runs"
 KEEP = ("objective/reward", "objective/kl", "objective/num_steps", "perf/episodes_per_sec", "perf/peak_mem_gb")

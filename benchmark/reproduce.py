@@ -10,7 +10,7 @@ same command (`benchmark.reference.budget`: seed, run name and threads aside), t
 (`eval/gold_reward`, else `eval/accuracy`) are checked against the band of the n shipped runs:
   final  the last evaluation;
   curve  the area under its evaluation curve over the shipped runs' common span of episodes, divided by that span
-         (`benchmark.compare.area_under_curve`: the curve's mean value, so that a run that learns later differs);
+         (`benchmark.curves.area_under_curve`: the curve's mean value, so that a run that learns later differs);
 and the band is a 95% prediction interval for one more run, mean +- t(0.975, n-1) * sd * sqrt(1 + 1/n), widened to at
 least +-TOLERANCE (a run whose seeds all reach the judge's ceiling has sd 0; one evaluation prompt of 200 is 0.005).
 A group with fewer than MIN_REFERENCE runs of the command is not judged (said so). One line per run, then one verdict:
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmark import reference
-from benchmark.compare import area_under_curve, group_name, read_run
+from benchmark.curves import area_under_curve, group_name, read_run
 
 MIN_REFERENCE = 3
 """shipped runs of a command below which no band is drawn: two points say nothing of a spread"""

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark.compare import (
+from benchmark.curves import (
     MIN_SEEDS_FOR_CI,
     Colours,
     algorithm_of,
@@ -53,7 +53,7 @@ TITLES = {
     "tiny-math": "tiny-math: greedy accuracy on the 200 test problems, and the training reward",
 }
 PERF = ["perf/episodes_per_sec", "perf/peak_mem_gb"]
-# grpo_math.py's variants (benchmark/run.py's tiny-math stages), plotted on their own beside GRPO
+# grpo_math.py's variants (benchmark/suites.py's tiny-math stages), plotted on their own beside GRPO
 GRPO_FAMILY = [
     "grpo",
     "dr-grpo",
@@ -99,7 +99,7 @@ def _with_metrics(runs: list) -> list:
 
 def track_table(source, track: str) -> tuple[str, list]:
     """The table of `track` and the runs of its curves; `source`: a runs directory or runs already read (the
-    reference data), as `compare.select_runs` takes."""
+    reference data), as `curves.select_runs` takes."""
     metrics = TRACKS[track]
     runs = _with_metrics(select_runs(source, f"*_{track}__*"))
     check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a final value of either

@@ -26,7 +26,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark import compare, frontier
+from benchmark import curves, frontier
+from benchmark.launch import decide, run_suite
+from benchmark.suites import Stage, frontier_tldr_stages, sft_stage, starts
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
@@ -195,6 +197,8 @@ def plan(scripts: list[str]) -> Plan:
         raise StudyError("the study needs --scripts: the scripts to compare, e.g. --scripts rloo_batchmean.py rloo.py")
     found, tracks, names = [], {}, {}
     for s in scripts:
+        if not Path(s).exists() and Path(s).name == s and Path(s).stem in LIBRARY:
+            s = str(REPO / s)  # `rloo.py` from a folder of forks (~/experiments): the library's script
         path = Path(s).resolve()
         family, how = family_of(Path(s))
         if family not in STUDY:
@@ -235,7 +239,6 @@ def start_seed(seed: int, shared_starts: bool) -> int:
 def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
     """The suite's stages: the SFT / reward models the tracks need (the quick suite's, of each start seed), then every
     script on each of its family's tracks for every seed."""
-    from benchmark.run import Stage, frontier_tldr_stages, sft_stage, starts
 
     out, models = [], {}
     for start in dict.fromkeys(start_seed(s, shared_starts) for s in seeds):
@@ -296,36 +299,36 @@ def report(
 ) -> list[Path]:
     """Per track: the table, ranking and separation (`benchmark.compare`) of the study's finished runs, and the
     figure, one colour per script in every figure; printed, and written to runs_dir/study_<name>_<track>.md|png."""
-    colours = compare.Colours({path.stem for path, _, _ in p.scripts})
+    colours = curves.Colours({path.stem for path, _, _ in p.scripts})
     wrote = []
     for track, t in p.tracks.items():
         dirs = [runs_dir / run_name(path, track, s) for path, family, _ in p.scripts for s in seeds]
-        runs = compare.finished_runs([compare.read_run(d) for d in dirs if (d / "metrics.jsonl").exists()])
+        runs = curves.finished_runs([curves.read_run(d) for d in dirs if (d / "metrics.jsonl").exists()])
         runs = [r for r in runs if any(t.metric in row for row in r.rows)]
         print(f"\n## {track}: {t.metric}\n")
         if not runs:
             print(f"no finished run of the study on {track}")
             continue
-        md = compare.markdown_table(compare.summarize(runs, t.metric), t.metric)
+        md = curves.markdown_table(curves.summarize(runs, t.metric), t.metric)
         md += f"\n{design(shared_starts)}.\n"
-        md += "".join(f"\n> warning: {line}\n" for line in compare.provenance_differences(runs))
+        md += "".join(f"\n> warning: {line}\n" for line in curves.provenance_differences(runs))
         out = runs_dir / f"study_{study_name(p, name)}_{track}"
         Path(f"{out}.md").write_text(md)
         title = f"study on {track}: {t.metric}, " + ", ".join(path.name for path, _, _ in p.scripts)
-        compare.plot(runs, t.metric, Path(f"{out}.png"), title, (), colours, compare.algorithm_of)
+        curves.plot(runs, t.metric, Path(f"{out}.png"), title, (), colours, curves.algorithm_of)
         print(md)
         wrote += [Path(f"{out}.md"), Path(f"{out}.png")]
-        curves = frontier.curves_of(runs, t.metric, "eval/score" if track == "tiny-tldr-noisy" else None)
-        if curves:  # evaluated with --eval-kl: what each variant buys per unit of KL
+        by_kl = frontier.curves_of(runs, t.metric, "eval/score" if track == "tiny-tldr-noisy" else None)
+        if by_kl:  # evaluated with --eval-kl: what each variant buys per unit of KL
             # a curve per script, named as its colour is keyed
-            curves = [
-                frontier.Curve(compare.algorithm_of(c.algo), c.penalty, c.seed, c.kl, c.gold, c.proxy) for c in curves
+            by_kl = [
+                frontier.Curve(curves.algorithm_of(c.algo), c.penalty, c.seed, c.kl, c.gold, c.proxy) for c in by_kl
             ]
             kl = runs_dir / f"study_{study_name(p, name)}_{track}_kl"
-            table = frontier.frontier_tables(curves, frontier.BUDGETS, t.metric)
+            table = frontier.frontier_tables(by_kl, frontier.BUDGETS, t.metric)
             Path(f"{kl}.md").write_text(table)
-            proxy = "eval/score" if all(c.proxy is not None for c in curves) else None
-            frontier.plot_frontier(curves, track, Path(f"{kl}.png"), colours, (t.metric, proxy, frontier.BUDGETS))
+            proxy = "eval/score" if all(c.proxy is not None for c in by_kl) else None
+            frontier.plot_frontier(by_kl, track, Path(f"{kl}.png"), colours, (t.metric, proxy, frontier.BUDGETS))
             print(f"\n### {track}: {t.metric} against KL\n\n{table}")
             wrote += [Path(f"{kl}.md"), Path(f"{kl}.png")]
     return wrote
@@ -342,7 +345,6 @@ def announce(p: Plan, todo: list, workdir: Path, jobs: int) -> list[str]:
     """The plan's first lines: the models the study builds first (those not finished with the same command and
     script), how many runs follow, and roughly how long, so that a fresh clone's hour of SFT and reward models is no
     surprise."""
-    from benchmark.run import decide
 
     runs_dir = Path(workdir) / "runs"
     models = [st for st in todo if "-study__" not in st.run_name]
@@ -371,9 +373,8 @@ def run_study(
     name: str | None = None,
 ) -> dict[str, str]:
     """`python -m benchmark.run study`: the plan (each script's family and tracks, printed), the suite
-    (`benchmark.run.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
+    (`benchmark.launch.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
     `error:` line (SystemExit)."""
-    from benchmark.run import run_suite
 
     try:
         p = plan(scripts)

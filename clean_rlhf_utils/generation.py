@@ -57,7 +57,7 @@ def sample_with_kv_cache(
     `model.generate`, for two reasons: a finished completion leaves the batch (its rows are dropped from the cache), so
     the batch shrinks instead of decoding padding until the longest completion ends; and the loop keeps each sampled
     token's logprob, which is the old policy's logprob the loss needs (no extra forward pass). Twice as fast as
-    `generate` on the tiny model (benchmark/speed.py); greedy output is the same token for token (tests).
+    `generate` on the tiny model (benchmark/tools/speed.py); greedy output is the same token for token (tests).
 
     `synced` (ZeRO-3, where every forward pass is a collective of all processes): every process makes the same number
     of forward calls. All run as many chunks as the process with the most prompts (a process out of prompts decodes one

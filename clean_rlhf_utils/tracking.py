@@ -121,12 +121,14 @@ def numerics(cpu_flags: list[str] | None) -> dict:
 
 
 def script_record(script: Path, repo: Path | None = None) -> dict:
-    """The script that ran: its path (relative to the checkout when inside it), the sha256 of its bytes, and what git
-    says of it: `tracked` (the committed file), `modified` (uncommitted changes), `untracked` (a copy git does not
-    know, ignored or outside the checkout), or None outside a git checkout."""
+    """The script that ran: its path relative to the checkout, or for a fork kept elsewhere (`~/experiments/x.py`) its
+    file name only with `outside: true` (a record names no folder of the user's machine), the sha256 of its bytes, and
+    what git says of it: `tracked` (the committed file), `modified` (uncommitted changes), `untracked` (a copy git
+    does not know, ignored or outside the checkout), or None outside a git checkout."""
     repo = repo or Path(__file__).resolve().parent.parent
     script = script.resolve()
-    path = script.relative_to(repo) if script.is_relative_to(repo) else script
+    in_checkout = script.is_relative_to(repo)
+    path = script.relative_to(repo) if in_checkout else Path(script.name)
     state = None
     try:
         ask = ["git", "status", "--porcelain", "--ignored", "--", str(script)]
@@ -138,6 +140,7 @@ def script_record(script: Path, repo: Path | None = None) -> dict:
     except (OSError, subprocess.TimeoutExpired):
         pass
     record = {"path": str(path), "sha256": hashlib.sha256(script.read_bytes()).hexdigest(), "git": state}
+    record = record if in_checkout else {**record, "outside": True}
     parent = fork_parent(script, repo)
     return {**record, "parent": parent} if parent else record
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmark import compare, results
+from benchmark import compare, curves, results
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -48,8 +48,8 @@ def _means(md: str) -> dict[str, float]:
 
 def test_known_curves_give_known_mean_and_band():
     x = np.array([0.0, 100.0, 200.0])
-    curves = [(x, np.array([0.0, 1.0, 2.0])), (x, np.array([2.0, 3.0, 4.0])), (x, np.array([1.0, 2.0, 3.0]))]
-    agg = compare.aggregate_curves(curves, n_points=3)
+    three = [(x, np.array([0.0, 1.0, 2.0])), (x, np.array([2.0, 3.0, 4.0])), (x, np.array([1.0, 2.0, 3.0]))]
+    agg = curves.aggregate_curves(three, n_points=3)
     np.testing.assert_allclose(agg["x"], x)
     np.testing.assert_allclose(agg["mean"], [1.0, 2.0, 3.0])
     assert (agg["low"] <= agg["mean"]).all() and (agg["mean"] <= agg["high"]).all()
@@ -57,7 +57,7 @@ def test_known_curves_give_known_mean_and_band():
     assert agg["low"][0] >= 0.0 and agg["high"][0] <= 2.0
     assert agg["mean"][0] - agg["low"][0] == pytest.approx(agg["high"][0] - agg["mean"][0], abs=0.15)
     # curves logged at different x are interpolated onto the common range
-    shifted = compare.aggregate_curves(
+    shifted = curves.aggregate_curves(
         [(np.array([0.0, 10.0]), np.array([0.0, 10.0])), (np.array([5.0, 20.0]), np.array([5.0, 20.0]))], 2
     )
     np.testing.assert_allclose(shifted["x"], [5.0, 10.0])
@@ -65,36 +65,36 @@ def test_known_curves_give_known_mean_and_band():
 
 
 def test_bootstrap_ci_and_iqm_by_hand():
-    assert compare.bootstrap_ci(np.array([0.5, 0.5, 0.5])) == (0.5, 0.5)  # no spread, no band
-    assert compare.bootstrap_ci(np.array([0.7])) == (0.7, 0.7)
-    lo, hi = compare.bootstrap_ci(np.array([0.0, 1.0] * 50))
+    assert curves.bootstrap_ci(np.array([0.5, 0.5, 0.5])) == (0.5, 0.5)  # no spread, no band
+    assert curves.bootstrap_ci(np.array([0.7])) == (0.7, 0.7)
+    lo, hi = curves.bootstrap_ci(np.array([0.0, 1.0] * 50))
     assert lo == pytest.approx(0.5 - 1.96 * 0.05, abs=0.03) and hi == pytest.approx(0.5 + 1.96 * 0.05, abs=0.03)
-    assert compare.iqm(np.array([100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -100.0])) == pytest.approx(
+    assert curves.iqm(np.array([100.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, -100.0])) == pytest.approx(
         3.5
     )  # drops 2 at each end
-    assert compare.iqm(np.array([1.0, 2.0, 9.0])) == pytest.approx(4.0)  # 3 runs: floor(0.75) = 0 dropped
+    assert curves.iqm(np.array([1.0, 2.0, 9.0])) == pytest.approx(4.0)  # 3 runs: floor(0.75) = 0 dropped
 
 
 def test_groups_by_algorithm_and_summarises_final_values(tmp_path):
     for seed, final in ((1, 0.6), (2, 0.8), (3, 0.7)):
         _write_run(tmp_path, f"ppo_tiny-tldr__{seed}", [0.5, final])
     _write_run(tmp_path, "rloo_tiny-tldr__1", [0.5, 0.9])
-    runs = [compare.read_run(p) for p in sorted(tmp_path.iterdir())]
-    table = {t["group"]: t for t in compare.summarize(runs, "eval/gold_reward")}
+    runs = [curves.read_run(p) for p in sorted(tmp_path.iterdir())]
+    table = {t["group"]: t for t in curves.summarize(runs, "eval/gold_reward")}
     assert table["ppo_tiny-tldr"]["seeds"] == 3 and table["ppo_tiny-tldr"]["mean"] == pytest.approx(0.7)
     assert (
         table["rloo_tiny-tldr"]["seeds"] == 1
         and table["rloo_tiny-tldr"]["low"] == table["rloo_tiny-tldr"]["high"] == 0.9
     )
-    assert "| ppo_tiny-tldr | 3 | 0.700 |" in compare.markdown_table(list(table.values()), "eval/gold_reward")
+    assert "| ppo_tiny-tldr | 3 | 0.700 |" in curves.markdown_table(list(table.values()), "eval/gold_reward")
 
 
 def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
     good = _write_run(tmp_path, "a__1", [0.1, 0.2], extra_lines=['{"step": 9, "episode": 900, "eval/gold_rew'])
     (tmp_path / "b__1").mkdir()
-    run = compare.read_run(good)
+    run = curves.read_run(good)
     assert len(run.rows) == 2 and len(run.problems) == 1 and "corrupt line" in run.problems[0]
-    assert compare.read_run(tmp_path / "b__1").problems == [f"{tmp_path / 'b__1'}: no metrics.jsonl"]
+    assert curves.read_run(tmp_path / "b__1").problems == [f"{tmp_path / 'b__1'}: no metrics.jsonl"]
     out = tmp_path / "cmp"
     assert compare.main([str(good), str(tmp_path / "b__1"), "--out", str(out)]) == 0
     err = capsys.readouterr().err
@@ -204,7 +204,7 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
     ppo.append(_write_run(tmp_path, "ppo_tiny-tldr__3", [0.3, 0.1], done=False))
     rloo = [_write_run(tmp_path, f"rloo_tiny-tldr__{s}", [0.3, 0.4, 0.5, 0.55, 0.6], every=80) for s in (1, 2, 3)]
     with_crash = _means(
-        compare.markdown_table(compare.summarize([compare.read_run(p) for p in ppo + rloo], "eval/gold_reward"), "")
+        curves.markdown_table(curves.summarize([curves.read_run(p) for p in ppo + rloo], "eval/gold_reward"), "")
     )
     assert with_crash["ppo_tiny-tldr"] < with_crash["rloo_tiny-tldr"], "the case this test is about"
 
@@ -212,10 +212,10 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
 
     def spy(runs, metric, out_png, *args):
         for x in ("episode", "time"):
-            drawn[x] = compare.group_curves(runs, metric, x)
+            drawn[x] = curves.group_curves(runs, metric, x)
         return plot(runs, metric, out_png, *args)
 
-    plot = compare.plot
+    plot = curves.plot
     monkeypatch.setattr(compare, "plot", spy)
     out = tmp_path / "cmp"
     (tmp_path / "ppo_tiny-tldr__1.log").write_text("the suite's log, which runs/ppo_tiny-tldr__* takes too\n")
@@ -233,15 +233,15 @@ def test_a_run_that_did_not_finish_its_budget_is_left_out_of_table_and_curves(tm
     # the curves: PPO from its 2 finished runs, over all of their episodes (the crashed run stopped at 100)
     agg = drawn["episode"]["ppo_tiny-tldr"]
     assert agg["seeds"] == 2 and agg["x"][0] == 0 and agg["x"][-1] == 300 and agg["mean"][-1] == pytest.approx(0.8)
-    assert compare.curve_label("ppo_tiny-tldr", agg) == "ppo_tiny-tldr (band: min-max of 2 seeds)"
+    assert curves.curve_label("ppo_tiny-tldr", agg) == "ppo_tiny-tldr (band: min-max of 2 seeds)"
     assert drawn["episode"]["rloo_tiny-tldr"]["x"][-1] == 320 and drawn["time"]["ppo_tiny-tldr"]["x"][-1] == 6.0
     assert (
-        compare.curve_label("rloo_tiny-tldr", drawn["episode"]["rloo_tiny-tldr"])
+        curves.curve_label("rloo_tiny-tldr", drawn["episode"]["rloo_tiny-tldr"])
         == "rloo_tiny-tldr (band: 95% bootstrap interval over 3 seeds)"
     )
     # an old suite's DONE marker does not make a run finished, and says why
     (ppo[2] / "DONE").write_text("{}")
-    compare.finished_runs([compare.read_run(ppo[2])])
+    curves.finished_runs([curves.read_run(ppo[2])])
     assert "its DONE is from an older benchmark.run" in capsys.readouterr().err
     # nothing finished: an error, not an empty table
     assert compare.main([str(ppo[2]), "--out", str(out)]) == 1
@@ -257,16 +257,16 @@ def test_one_or_two_seeds_show_the_values_not_a_95_ci(tmp_path):
     assert "95% CI" not in md and "| seed values |" in md.splitlines()[0]
     assert "| ppo_tiny-tldr | 2 | 0.465 | 0.410, 0.520 (2 seeds) |" in md
     assert "| dpo_tiny-tldr | 1 | 0.470 | 0.470 |" in md
-    runs = [compare.read_run(p) for p in sorted(tmp_path.glob("*__*"))]
-    curves = compare.group_curves(runs, "eval/gold_reward", "episode")
-    two, one = curves["ppo_tiny-tldr"], curves["dpo_tiny-tldr"]
+    runs = [curves.read_run(p) for p in sorted(tmp_path.glob("*__*"))]
+    grouped = curves.group_curves(runs, "eval/gold_reward", "episode")
+    two, one = grouped["ppo_tiny-tldr"], grouped["dpo_tiny-tldr"]
     assert two["band"] == "min-max" and two["low"][-1] == pytest.approx(0.41) and two["high"][-1] == pytest.approx(0.52)
-    assert one["band"] is None and compare.curve_label("dpo_tiny-tldr", one) == "dpo_tiny-tldr (1 seed)"
+    assert one["band"] is None and curves.curve_label("dpo_tiny-tldr", one) == "dpo_tiny-tldr (1 seed)"
     assert out.with_suffix(".png").stat().st_size > 1000
     # with 3 seeds in one group and fewer in another, each cell says what it is
     _write_run(tmp_path, "ppo_tiny-tldr__3", [0.3, 0.6])
-    table = compare.summarize([compare.read_run(p) for p in sorted(tmp_path.glob("*__*"))], "eval/gold_reward")
-    md = compare.markdown_table(table, "eval/gold_reward")
+    table = curves.summarize([curves.read_run(p) for p in sorted(tmp_path.glob("*__*"))], "eval/gold_reward")
+    md = curves.markdown_table(table, "eval/gold_reward")
     assert "| 95% CI (values below 3 seeds) |" in md.splitlines()[0]
     assert "| dpo_tiny-tldr | 1 | 0.470 | 0.470 |" in md and "| ppo_tiny-tldr | 3 | 0.510 | [0." in md
 
@@ -319,8 +319,8 @@ def test_provenance_tells_two_rounding_regimes_and_two_cpus_apart(tmp_path, caps
     for seed, started in enumerate([native, native, forced], start=1):
         run = _write_run(tmp_path, f"ppo_tiny-tldr__{seed}", [0.1, 0.5])
         (run / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
-        runs.append(compare.read_run(run))
-    lines = compare.provenance_differences(runs)
+        runs.append(curves.read_run(run))
+    lines = curves.provenance_differences(runs)
     capability = native["host"]["cpu_capability"]
     regimes = "; ".join(sorted(["DEFAULT: 1 run(s)", f"{capability}: 2 run(s)"]))
     assert f"the runs differ in torch CPU capability (rounding regime) ({regimes})" in lines, lines
@@ -335,7 +335,7 @@ def test_provenance_tells_two_rounding_regimes_and_two_cpus_apart(tmp_path, caps
         del old["host"][key]
     for run, started in zip(runs, [avx2, avx512, old]):
         (run.path / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
-    lines = compare.provenance_differences([compare.read_run(r.path) for r in runs])
+    lines = curves.provenance_differences([curves.read_run(r.path) for r in runs])
     assert "the runs differ in CPU vector flags (avx avx2 avx512f fma: 1 run(s); avx avx2 fma: 1 run(s))" in lines
     assert "the runs differ in torch CPU capability (rounding regime) (AVX2: 1 run(s); AVX512: 1 run(s))" in lines
     assert not [line for line in lines if "BLAS" in line or "threads" in line], "the older run is left out"
@@ -345,11 +345,11 @@ def test_a_curve_runs_through_its_evaluations_and_the_figure_has_its_training_pa
     """Issue 43: markers stand where the runs evaluated (the grid is their evaluation points, not an even grid), and
     the results figure adds the per-update training metrics under the evaluations."""
     one = [(np.array([0.0, 64.0, 192.0, 512.0]), np.array([0.6, 0.7, 0.9, 1.0]))]
-    agg = compare.aggregate_curves(one)
+    agg = curves.aggregate_curves(one)
     np.testing.assert_allclose(agg["x"], [0, 64, 192, 512])
     np.testing.assert_allclose(agg["mean"], [0.6, 0.7, 0.9, 1.0])
     # seeds evaluated at the same episodes: the same points, the mean of each
-    two = compare.aggregate_curves(one + [(one[0][0], one[0][1] - 0.2)])
+    two = curves.aggregate_curves(one + [(one[0][0], one[0][1] - 0.2)])
     np.testing.assert_allclose(two["x"], [0, 64, 192, 512]) and np.testing.assert_allclose(two["mean"][-1], 0.9)
     rows = [{"step": 0, "episode": 0, "time": 0.0, "eval/gold_reward": 0.6}]
     rows += [
@@ -357,11 +357,11 @@ def test_a_curve_runs_through_its_evaluations_and_the_figure_has_its_training_pa
     ]
     rows += [{"step": 3, "episode": 192, "time": 3.5, "eval/gold_reward": 0.9}]
     _write_rows(tmp_path, "ppo_tiny-tldr__1", rows)
-    run = compare.read_run(tmp_path / "ppo_tiny-tldr__1")
-    train = compare.group_curves([run], "objective/reward", "episode")["ppo_tiny-tldr"]
+    run = curves.read_run(tmp_path / "ppo_tiny-tldr__1")
+    train = curves.group_curves([run], "objective/reward", "episode")["ppo_tiny-tldr"]
     np.testing.assert_allclose(train["x"], [64, 128, 192])  # a point per update
     out = tmp_path / "fig.png"
-    compare.plot([run], "eval/gold_reward", out, "tiny-tldr: gold reward", ("objective/reward", "objective/kl"))
+    curves.plot([run], "eval/gold_reward", out, "tiny-tldr: gold reward", ("objective/reward", "objective/kl"))
     assert out.stat().st_size > 10_000
 
 
@@ -385,9 +385,9 @@ def test_a_seed_whose_final_value_is_nan_is_reported_as_diverged_never_with_an_e
     err = capsys.readouterr().err
     assert "warning: ppo_tiny-tldr__3: its final eval/gold_reward is not finite (diverged)" in err
     assert "warning: every seed of rloo_tiny-tldr diverged" in err
-    runs = [compare.read_run(p) for p in sorted(tmp_path.iterdir()) if p.is_dir()]
+    runs = [curves.read_run(p) for p in sorted(tmp_path.iterdir()) if p.is_dir()]
     assert runs[2].name == "ppo_tiny-tldr__3" and np.isnan(runs[2].final("eval/gold_reward"))  # NaN, not 0.9
-    table = {t["group"]: t for t in compare.summarize(runs, "eval/gold_reward")}
+    table = {t["group"]: t for t in curves.summarize(runs, "eval/gold_reward")}
     ppo = table["ppo_tiny-tldr"]
     assert ppo["seeds"] == 3 and ppo["diverged"] == ["ppo_tiny-tldr__3"] and ppo["mean"] == pytest.approx(0.6)
     assert table["rloo_tiny-tldr"]["seeds"] == 2 and table["rloo_tiny-tldr"]["values"] == []
@@ -438,14 +438,14 @@ def test_a_missing_path_or_a_folder_without_metrics_is_named_not_called_unfinish
 def test_area_under_the_curve_and_episodes_to_reach_by_hand():
     """Issue 49 item 5: the AUC is the trapezoid area over the span divided by its length (the mean value over it)."""
     x, y = np.array([0.0, 100.0, 200.0, 400.0]), np.array([0.0, 0.5, 1.0, 1.0])
-    assert compare.area_under_curve(x, y, 0, 400) == pytest.approx((25 + 75 + 200) / 400)  # 0.75
-    assert compare.area_under_curve(x, y, 0, 200) == pytest.approx(100 / 200)
+    assert curves.area_under_curve(x, y, 0, 400) == pytest.approx((25 + 75 + 200) / 400)  # 0.75
+    assert curves.area_under_curve(x, y, 0, 200) == pytest.approx(100 / 200)
     # a span inside the curve: interpolated at its ends, y(50) = 0.25 and y(300) = 1.0
-    assert compare.area_under_curve(x, y, 50, 300) == pytest.approx((0.375 * 50 + 0.75 * 100 + 1.0 * 100) / 250)
-    assert compare.area_under_curve(x, y, 100, 100) == 0.5
-    assert compare.episodes_to_reach(x, y, 0.9, 400) == 200  # the first evaluation at or above it
-    assert compare.episodes_to_reach(x, y, 0.9, 100) is None  # not within the span
-    assert compare.common_span([], "eval/gold_reward") is None
+    assert curves.area_under_curve(x, y, 50, 300) == pytest.approx((0.375 * 50 + 0.75 * 100 + 1.0 * 100) / 250)
+    assert curves.area_under_curve(x, y, 100, 100) == 0.5
+    assert curves.episodes_to_reach(x, y, 0.9, 400) == 200  # the first evaluation at or above it
+    assert curves.episodes_to_reach(x, y, 0.9, 100) is None  # not within the span
+    assert curves.common_span([], "eval/gold_reward") is None
 
 
 def _three_groups(root: Path) -> list[Path]:
@@ -469,8 +469,8 @@ def test_the_table_ranks_by_sample_efficiency_and_says_what_separates(tmp_path):
     out = tmp_path / "cmp"
     assert compare.main([str(p) for p in _three_groups(tmp_path / "runs")] + ["--out", str(out)]) == 0
     md = out.with_suffix(".md").read_text()
-    runs = [compare.read_run(p) for p in sorted((tmp_path / "runs").iterdir())]
-    table = {t["group"]: t for t in compare.summarize(runs, "eval/gold_reward")}
+    runs = [curves.read_run(p) for p in sorted((tmp_path / "runs").iterdir())]
+    table = {t["group"]: t for t in curves.summarize(runs, "eval/gold_reward")}
     # by hand: trapezoids of 100 episodes over 0-400, e.g. fast seed 2: (0.7 + 0.95 + 1 + 1) / 4
     assert table["fast_tiny-tldr"]["auc"] == pytest.approx([0.9375, 0.9125, 0.9375])
     assert table["slow_tiny-tldr"]["auc"] == pytest.approx([0.7625, 0.7875, 0.7375])
@@ -494,9 +494,9 @@ def test_fewer_than_3_seeds_are_not_tested_and_a_seed_that_never_reaches_is_coun
     _write_run(tmp_path, "a_tiny-tldr__1", [0.5, 1.0, 1.0])
     _write_run(tmp_path, "a_tiny-tldr__2", [0.5, 0.6, 0.7])
     _write_run(tmp_path, "b_tiny-tldr__1", [0.5, 0.5, 0.5])
-    runs = [compare.read_run(p) for p in sorted(tmp_path.iterdir())]
-    table = compare.summarize(runs, "eval/gold_reward", threshold=0.9)
-    md = compare.markdown_table(table, "eval/gold_reward")
+    runs = [curves.read_run(p) for p in sorted(tmp_path.iterdir())]
+    table = curves.summarize(runs, "eval/gold_reward", threshold=0.9)
+    md = curves.markdown_table(table, "eval/gold_reward")
     assert "| 1 of 2 seeds reached it (mean 100) |" in md and "| 0 of 1 seeds reached it |" in md
     assert "Separated (non-overlapping 95% intervals over 3 or more seeds): none." in md
     assert "Not tested (fewer than 3 seeds, so no 95% interval): a_tiny-tldr (2 seeds), b_tiny-tldr (1 seed)." in md
@@ -504,14 +504,14 @@ def test_fewer_than_3_seeds_are_not_tested_and_a_seed_that_never_reaches_is_coun
 
 def test_the_bootstrap_is_determined_by_its_seed():
     values = np.array([0.1, 0.4, 0.35, 0.9, 0.6])
-    assert compare.bootstrap_ci(values) == compare.bootstrap_ci(values, seed=0) == compare.bootstrap_ci(values.copy())
-    assert compare.bootstrap_ci(values, seed=1) != compare.bootstrap_ci(values, seed=0)
-    lo, hi = compare.bootstrap_ci(values)
+    assert curves.bootstrap_ci(values) == curves.bootstrap_ci(values, seed=0) == curves.bootstrap_ci(values.copy())
+    assert curves.bootstrap_ci(values, seed=1) != curves.bootstrap_ci(values, seed=0)
+    lo, hi = curves.bootstrap_ci(values)
     assert values.min() < lo < values.mean() < hi < values.max()
     # the table's intervals too: two runs of the comparison print the same numbers
     table = [{"group": "a", "values": [0.1, 0.4, 0.35], "auc": [], "reach": []}]
     table.append({"group": "b", "values": [0.9, 0.6, 0.7], "auc": [], "reach": []})
-    assert compare.separation_lines(table, "m") == compare.separation_lines(table, "m")
+    assert curves.separation_lines(table, "m") == curves.separation_lines(table, "m")
 
 
 def test_one_colour_per_group_in_every_figure_of_a_command(tmp_path, monkeypatch):
@@ -534,8 +534,8 @@ def test_one_colour_per_group_in_every_figure_of_a_command(tmp_path, monkeypatch
             assert colour.setdefault(key(r.group), colours[key(r.group)]) == colours[key(r.group)]
     assert len(drawn) == 2 and drawn[0][1] is drawn[1][1]
     assert len(set(colour.values())) == 3 == len(colour)  # rloo, rloo_batchmean, ppo: three colours, each everywhere
-    assert compare.algorithm_of("rloo_batchmean_tiny-tldr") == "rloo_batchmean"
-    assert compare.algorithm_of("ppo_tiny-tldr (runs/my_dir)") == "ppo (runs/my_dir)"
+    assert curves.algorithm_of("rloo_batchmean_tiny-tldr") == "rloo_batchmean"
+    assert curves.algorithm_of("ppo_tiny-tldr (runs/my_dir)") == "ppo (runs/my_dir)"
 
 
 def test_results_of_a_runs_dir_that_does_not_exist_is_one_error_line(tmp_path, capsys):
@@ -572,14 +572,14 @@ def test_warnings_name_only_what_changes_a_number_and_a_dotted_out_keeps_its_nam
     assert compare.main([str(a), str(b), "--out", str(out)]) == 0
     err = capsys.readouterr().err
     assert "the runs differ in torch (2.12.0: 1 run(s); 2.13.0: 1 run(s))" in err and "trl" not in err
-    assert compare.outputs(Path("x/y.md")) == (Path("x/y.png"), Path("x/y.md"))
+    assert curves.outputs(Path("x/y.md")) == (Path("x/y.png"), Path("x/y.md"))
     # the wall-clock panel says when its seconds come from two machines
-    runs = [compare.read_run(a), compare.read_run(b)]
-    assert compare.hosts_of(runs) == 1
+    runs = [curves.read_run(a), curves.read_run(b)]
+    assert curves.hosts_of(runs) == 1
     started = json.loads((b / "provenance.json").read_text())
     started["started"]["host"]["cpu"] = "Intel Xeon"
     (b / "provenance.json").write_text(json.dumps(started))
-    assert compare.hosts_of([compare.read_run(a), compare.read_run(b)]) == 2
+    assert curves.hosts_of([curves.read_run(a), curves.read_run(b)]) == 2
 
 
 def test_an_exact_tie_prints_as_a_tie():
@@ -588,7 +588,7 @@ def test_an_exact_tie_prints_as_a_tie():
         for g, auc in (("a", [0.4, 0.5, 0.6]), ("b", [0.4, 0.5, 0.6]), ("c", [0.1, 0.2, 0.3]))
     ]
     assert (
-        compare.separation_lines(table, "eval/x")[0] == "Ranking by AUC (mean over seeds): a 0.500 = b 0.500 > c 0.200."
+        curves.separation_lines(table, "eval/x")[0] == "Ranking by AUC (mean over seeds): a 0.500 = b 0.500 > c 0.200."
     )
 
 
@@ -598,11 +598,11 @@ def test_no_threshold_is_printed_when_no_group_rises_above_its_start(tmp_path):
     for g in ("ppo", "ppo_fork"):
         for seed in (1, 2, 3):
             runs.append(
-                compare.read_run(_write_run(tmp_path, f"{g}_tiny-math__{seed}", [0.175, 0.16, 0.15 + seed / 100]))
+                curves.read_run(_write_run(tmp_path, f"{g}_tiny-math__{seed}", [0.175, 0.16, 0.15 + seed / 100]))
             )
-    table = compare.summarize(runs, "eval/gold_reward")
+    table = curves.summarize(runs, "eval/gold_reward")
     assert all(t["threshold"] is None and t["reach"] == [] and len(t["auc"]) == 3 for t in table)
-    md = compare.markdown_table(table, "eval/gold_reward")
+    md = curves.markdown_table(table, "eval/gold_reward")
     assert "episodes to" not in md.splitlines()[0] and "| AUC |" in md.splitlines()[0]
     assert "No group rises above the runs' mean start, so there is no threshold to reach" in md
     assert not [line for line in md.splitlines() if "episodes to threshold" in line and ">" in line]
@@ -616,9 +616,9 @@ def test_the_table_states_the_smallest_difference_its_seeds_can_separate():
         {"group": "c", "values": [0.6], "auc": [0.4], "reach": [None]},  # one seed: no interval, left out
     ]
     widths = {
-        k: [np.subtract(*compare.bootstrap_ci(np.array(t[k]))[::-1]) for t in table[:2]] for k in ("values", "auc")
+        k: [np.subtract(*curves.bootstrap_ci(np.array(t[k]))[::-1]) for t in table[:2]] for k in ("values", "auc")
     }
-    line = compare.separation_lines(table, "eval/x")[3]
+    line = curves.separation_lines(table, "eval/x")[3]
     assert line == (
         "Smallest difference these seeds can separate (half the sum of two groups' 95% interval widths, the widest "
         f"pair): final eval/x {sum(widths['values']) / 2:.3f}, AUC {sum(widths['auc']) / 2:.3f}."

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -14,26 +15,39 @@ PACKAGE = REPO / "clean_rlhf_utils"  # the one plumbing package a script may imp
 ALL = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]  # the library's scripts: these checks'
 
 
-def declared_forks() -> dict[str, str]:
-    """A top-level file that declares `PARENT = "rloo"` (a library script) is a fork that asks for these checks: the
-    conventions, its parent's drift checks, docs page (its own if it has one) and line budget. Any other file beside
-    the scripts (a copy being tried) is left alone."""
+FORKS_ENV = "CLEAN_RLHF_FORKS"  # forks kept outside the checkout: files or folders, separated by os.pathsep
+
+
+def fork_candidates() -> list[Path]:
+    """The files beside the library's scripts, and those named by CLEAN_RLHF_FORKS (a folder stands for its *.py)."""
+    found = [path for path in sorted(REPO.glob("*.py")) if path.stem not in ALL]
+    for entry in filter(None, os.environ.get(FORKS_ENV, "").split(os.pathsep)):
+        where = Path(entry).expanduser().resolve()
+        found += sorted(where.glob("*.py")) if where.is_dir() else [where]
+    return found
+
+
+def declared_forks() -> dict[str, tuple[Path, str | None]]:
+    """A file that declares `PARENT = "rloo"` (a library script) is a fork that asks for these checks: the conventions,
+    its parent's drift checks, docs page (its own if it has one) and line budget. Any other file beside the scripts (a
+    copy being tried) is left alone. A fork kept elsewhere is checked when CLEAN_RLHF_FORKS names it or its folder."""
     forks = {}
-    for path in sorted(REPO.glob("*.py")):
-        if path.stem in ALL:
-            continue
+    for path in fork_candidates():
         try:
             tree = ast.parse(path.read_text())
-        except (SyntaxError, UnicodeDecodeError):  # a file being edited: not a declared fork
+        except (SyntaxError, UnicodeDecodeError, OSError):  # a file being edited, or a name that is not there
             continue
         for node in tree.body:
             if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["PARENT"]:
-                forks[path.stem] = ast.literal_eval(node.value) if isinstance(node.value, ast.Constant) else None
+                parent = ast.literal_eval(node.value) if isinstance(node.value, ast.Constant) else None
+                forks[path.stem] = (path, parent)
     return forks
 
 
-PARENT = declared_forks()  # fork -> its parent
-SCRIPTS = [REPO / f"{name}.py" for name in [*ALL, *PARENT]]
+DECLARED = declared_forks()
+PARENT = {fork: parent for fork, (_, parent) in DECLARED.items()}  # fork -> its parent
+FILE = {**{name: REPO / f"{name}.py" for name in ALL}, **{fork: path for fork, (path, _) in DECLARED.items()}}
+SCRIPTS = list(FILE.values())
 LOCAL = {*ALL, *PARENT, "benchmark", "tests"}
 COPIED = [
     "gold_judge",
@@ -126,6 +140,14 @@ def test_there_are_scripts():
     assert {"sft", "reward_model"} <= {p.stem for p in SCRIPTS} and all((REPO / f"{name}.py").exists() for name in ALL)
 
 
+def test_the_forks_named_outside_the_checkout_are_there():
+    """CLEAN_RLHF_FORKS=~/experiments (or a file): a name that is not there is an error, not a fork left unchecked."""
+    missing = [
+        e for e in filter(None, os.environ.get(FORKS_ENV, "").split(os.pathsep)) if not Path(e).expanduser().exists()
+    ]
+    assert not missing, f"{FORKS_ENV} names {missing}, which are not there"
+
+
 @pytest.mark.parametrize("fork", sorted(PARENT) or [None])
 def test_a_declared_fork_names_a_library_script(fork):
     """`PARENT = "rloo"`: the script the fork was copied from, one of the library's."""
@@ -188,7 +210,7 @@ def test_copied_helpers_match_the_canonical_ones(script):
 @pytest.mark.parametrize("name", sorted(BETWEEN_SCRIPTS))
 def test_helpers_copied_between_scripts_agree(name):
     scripts = [*BETWEEN_SCRIPTS[name], *(fork for fork, parent in PARENT.items() if parent in BETWEEN_SCRIPTS[name])]
-    copies = {script: _definitions(REPO / f"{script}.py").get(name) for script in scripts}
+    copies = {script: _definitions(FILE[script]).get(name) for script in scripts}
     assert all(copies.values()), f"{name} missing from {[k for k, v in copies.items() if not v]}"
     assert len(set(copies.values())) == 1, f"the copies of {name} differ between {list(copies)}"
 
@@ -253,7 +275,7 @@ def test_ruff_format_and_lint_pass(command):
     import subprocess
 
     ruff = shutil.which("ruff") or pytest.fail("ruff is not installed: pip install -e '.[dev]'")
-    paths = [*(p.name for p in SCRIPTS), "clean_rlhf_utils", "benchmark", "tests"]  # not a user's file beside them
+    paths = [*map(str, SCRIPTS), "clean_rlhf_utils", "benchmark", "tests"]  # not a user's file beside them
     out = subprocess.run([ruff, *command, *paths], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"ruff {' '.join(command)} failed:\n{out.stdout[-3000:]}{out.stderr[-2000:]}"
 
@@ -344,10 +366,16 @@ def test_declared_ranges_are_readable_and_every_preset_is_inside_them(script):
     """Every `(range: ...)` in the docstrings of `Args` and its bases (clean_rlhf_utils/args.py `check_ranges`) parses,
     the shared flags whose wrong values trained silently or ended in a traceback have one, and every preset holds."""
     import importlib
+    import importlib.util
 
     from clean_rlhf_utils.args import check_ranges, field_ranges, in_range
 
-    module = importlib.import_module(script.stem)
+    if script.parent == REPO:
+        module = importlib.import_module(script.stem)
+    else:  # a fork outside the checkout (CLEAN_RLHF_FORKS), imported from its file as `python x.py` would run it
+        spec = importlib.util.spec_from_file_location(script.stem, script)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     ranges = field_ranges(module.Args)
     assert {"max_grad_norm", "adam_eps", "seed", "num_threads", "learning_rate"} <= set(ranges), sorted(ranges)
     for spec, _ in ranges.values():

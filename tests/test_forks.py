@@ -113,6 +113,41 @@ def test_the_record_says_whether_git_knows_the_script(tmp_path):
         assert made["script"]["git"] == "untracked" and made["git"]["dirty"] is True
 
 
+def test_a_fork_outside_the_checkout_runs_from_its_folder_and_records_no_folder(tmp_path):
+    """Issue 58 item 6: a fork in ~/experiments runs from there (the library an installed package), and its records
+    name its file, not the folders of the user's machine; its parent is found in the library."""
+    experiments = tmp_path / "experiments"
+    experiments.mkdir()
+    fork = experiments / "rloo_x.py"
+    fork.write_text((REPO / "rloo.py").read_text().replace("\nimport ", '\nPARENT = "rloo"\nimport ', 1))
+    record = script_record(fork)
+    assert (record["path"], record["outside"], record["git"]) == ("rloo_x.py", True, "untracked")
+    assert record["parent"]["name"] == "rloo" and record["parent"]["added"] == 1
+    assert str(tmp_path) not in json.dumps(provenance(fork)), "a folder of this machine in the record"
+    assert "outside" not in script_record(REPO / "rloo.py")
+    out = subprocess.run([sys.executable, "rloo_x.py", "--help"], cwd=experiments, capture_output=True, text=True)
+    assert out.returncode == 0 and "tiny-tldr" in out.stdout, out.stderr[-2000:]
+
+
+def test_the_conventions_check_a_fork_outside_the_checkout_when_asked(tmp_path):
+    """CLEAN_RLHF_FORKS=~/experiments gives a fork kept there the convention checks of tests/test_conventions.py."""
+    fork = tmp_path / "rloo_x.py"
+    text = (REPO / "rloo.py").read_text().replace("\nimport ", '\nPARENT = "rloo"\nimport ', 1)
+    checks = ["-m", "pytest", "-q", "-p", "no:cacheprovider", str(REPO / "tests" / "test_conventions.py")]
+    env = {**os.environ, "CLEAN_RLHF_FORKS": str(tmp_path)}
+    for source, code in ((text, 0), (text.replace("\nimport ", "\nimport benchmark\nimport ", 1), 1)):
+        fork.write_text(source)
+        out = subprocess.run(
+            [sys.executable, *checks, "-k", "stands_alone and rloo_x"], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == code and ("1 passed" if code == 0 else "1 failed") in out.stdout, out.stdout[-2000:]
+    env["CLEAN_RLHF_FORKS"] = str(tmp_path / "nothing_here")
+    out = subprocess.run(
+        [sys.executable, *checks, "-k", "outside_the_checkout"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "which are not there" in out.stdout, out.stdout[-2000:]
+
+
 def test_a_copys_run_is_its_own_and_says_what_ran(assets, tmp_path):
     """The acceptance run of issue 49: a copy with one algorithmic line changed (RLOO's leave-one-out baseline becomes
     the batch mean), run from its preset: runs/<copy>_<preset>__1, and its record names the copy."""
@@ -131,7 +166,8 @@ def test_a_copys_run_is_its_own_and_says_what_ran(assets, tmp_path):
     run = tmp_path / "runs" / "rloo_batchmean_tiny-math__1"
     import hashlib
 
-    mine = {"path": str(copy.resolve()), "sha256": hashlib.sha256(copy.read_bytes()).hexdigest(), "git": "untracked"}
+    mine = {"path": copy.name, "sha256": hashlib.sha256(copy.read_bytes()).hexdigest(), "git": "untracked"}
+    mine["outside"] = True  # a copy outside the checkout: its file name, no folder of this machine
     record = json.loads((run / "provenance.json").read_text())["started"]
     assert record["script"] == mine and record["git"]["dirty"] in (True, None)  # None: the library is no checkout
     assert json.loads((run / "done.json").read_text())["script"] == mine
@@ -139,7 +175,7 @@ def test_a_copys_run_is_its_own_and_says_what_ran(assets, tmp_path):
 
 
 def test_compare_warns_when_one_label_groups_different_scripts(tmp_path, capsys):
-    from benchmark import compare
+    from benchmark import compare, curves
 
     for seed, sha in ((1, "a" * 64), (2, "b" * 64), (3, "a" * 64)):
         run = tmp_path / f"mine_tiny-tldr__{seed}"
@@ -148,11 +184,11 @@ def test_compare_warns_when_one_label_groups_different_scripts(tmp_path, capsys)
         (run / "done.json").write_text("{}")
         script = {"path": "mine.py", "sha256": sha, "git": "untracked"}
         (run / "provenance.json").write_text(json.dumps({"started": {"script": script}}))
-    runs = [compare.read_run(p) for p in sorted(tmp_path.glob("mine_*"))]
-    assert compare.mixed_scripts(runs) == [
+    runs = [curves.read_run(p) for p in sorted(tmp_path.glob("mine_*"))]
+    assert curves.mixed_scripts(runs) == [
         "mine_tiny-tldr groups runs of different scripts (sha256 aaaaaaaaaaaa: mine_tiny-tldr__1, mine_tiny-tldr__3; "
         "bbbbbbbbbbbb: mine_tiny-tldr__2)"
     ]
-    assert compare.mixed_scripts([runs[0], runs[2]]) == []
+    assert curves.mixed_scripts([runs[0], runs[2]]) == []
     assert compare.main([str(p) for p in sorted(tmp_path.glob("mine_*"))] + ["--out", str(tmp_path / "c")]) == 0
     assert "warning: mine_tiny-tldr groups runs of different scripts" in capsys.readouterr().err

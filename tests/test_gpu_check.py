@@ -1,10 +1,11 @@
 """The GPU check's own arithmetic, on the CPU: its hand attention is the reference the CUDA branch is judged by, so it
-must be right; and its report renders a complete result (benchmark/gpu_check.py; the GPU run: docs/gpu_check.md)."""
+must be right; and its report renders a complete result (benchmark/tools/gpu_check.py; the GPU run:
+docs/gpu_check.md)."""
 
 import torch
 import torch.nn.functional as F
 
-from benchmark import gpu_check
+from benchmark.tools import gpu_check
 
 
 def test_hand_causal_attention_equals_sdpa_run_on_each_sequence_alone():

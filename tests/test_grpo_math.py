@@ -465,7 +465,7 @@ def test_beta_defaults_to_0_for_dapo_and_0_04_otherwise():
         args = grpo.Args(loss_type=loss_type, beta=beta)
         grpo.resolve_variant(args)
         assert args.beta == beta, loss_type
-    # the presets, with `--loss-type dapo` as benchmark/run.py passes it: only the MATH preset pins beta (Oat-Zero's 0)
+    # the presets, with `--loss-type dapo` as benchmark/suites.py passes it: only the MATH preset pins beta (Oat-Zero's 0)
     import tyro
 
     dapo = ["--loss-type", "dapo"]
@@ -1506,7 +1506,7 @@ def test_synced_sampler_makes_the_same_forward_calls_on_every_process(assets, tm
 
 
 def _real_assets() -> Path | None:
-    from benchmark.real_check import default_assets
+    from benchmark.tools.real_check import default_assets
 
     path = default_assets()
     return path if path is not None and path.is_dir() else None  # a CLEAN_RLHF_REAL_ASSETS that is not there: skip

@@ -1,4 +1,4 @@
-"""benchmark/identical.py: the check that a refactor changed no number (issue 40)."""
+"""benchmark/tools/identical.py: the check that a refactor changed no number (issue 40)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from benchmark import identical
+from benchmark.tools import identical
 
 
 def make_run(root, name, rows, weight, config=None):

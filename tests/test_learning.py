@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmark.compare import read_run
-from benchmark.run import LEARNING_FRONTIER_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES, final_metrics
+from benchmark.curves import read_run
+from benchmark.launch import final_metrics
+from benchmark.suites import LEARNING_FRONTIER_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 # minimal improvement over the starting SFT policy (seed 1), in gold reward and in win rate. Over 3 seeds of the

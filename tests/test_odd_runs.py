@@ -1,5 +1,5 @@
-"""Issue 59, classes 2 (reference half) and 3: benchmark.compare, benchmark.reference and benchmark.identical on odd
-runs and odd data. Each bad input is one `error:` line before any output is written, and nothing good is lost."""
+"""Issue 59, classes 2 (reference half) and 3: benchmark.compare, benchmark.reference and benchmark.tools.identical
+on odd runs and odd data. Each bad input is one `error:` line before any output is written, and nothing good is lost."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from benchmark import compare, frontier, identical, reference, results
+from benchmark import compare, frontier, reference, results
+from benchmark.tools import identical
 
 
 def _run(root: Path, name: str, rows: list[dict], argv=None, sha: str | None = None) -> Path:
@@ -282,7 +283,7 @@ def test_a_record_is_replaced_only_by_the_same_command_and_script_unless_replace
     assert reference.main(["build", str(tmp_path / "new")]) == 0
 
 
-# ---- class 3: benchmark.identical ----
+# ---- class 3: benchmark.tools.identical ----
 
 
 def _identical_run(root: Path, config: dict, rows=None) -> Path:

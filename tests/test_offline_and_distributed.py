@@ -68,7 +68,7 @@ def _launch(
 def test_two_process_data_parallel_step_gives_identical_weights(assets, tmp_path):
     out = tmp_path / "ddp"
     # a script path, not `-m module`: accelerate's module mode does not set up the process group here
-    proc = _launch([str(REPO / "benchmark" / "ddp_check.py"), str(out), str(assets)], REPO, tmp_path / "hf")
+    proc = _launch([str(REPO / "benchmark" / "tools" / "ddp_check.py"), str(out), str(assets)], REPO, tmp_path / "hf")
     assert "2 process(es), backend gloo" in proc.stdout + proc.stderr
     r0, r1 = load_file(out / "rank0_of2.safetensors"), load_file(out / "rank1_of2.safetensors")
     initial = load_file(assets / "models" / "tiny-neox" / "model.safetensors")
@@ -78,7 +78,7 @@ def test_two_process_data_parallel_step_gives_identical_weights(assets, tmp_path
     assert any(not torch.allclose(r0[k], initial[k]) for k in r0 if k in initial), "the weights did not move"
     # the same three steps in one process on the union batch give the same weights
     subprocess.run(
-        [sys.executable, str(REPO / "benchmark" / "ddp_check.py"), str(out), str(assets)],
+        [sys.executable, str(REPO / "benchmark" / "tools" / "ddp_check.py"), str(out), str(assets)],
         cwd=REPO,
         env=_env(hf_home=str(tmp_path / "hf")),
         check=True,

@@ -1,7 +1,7 @@
-"""The real-shape check (benchmark/real_check.py): every stage of `benchmark.run tldr` and `benchmark.run math`, as the
-suite launches it, on small random-weight models of the real architectures and the real tokenizers and data, under one
-process, two DDP processes, DeepSpeed ZeRO-2 and ZeRO-3 (two processes each; DeepSpeed's CPU accelerator here) and FSDP2
-(two processes over gloo)."""
+"""The real-shape check (benchmark/tools/real_check.py): every stage of `benchmark.run tldr` and `benchmark.run math`,
+as the suite launches it, on small random-weight models of the real architectures and the real tokenizers and data,
+under one process, two DDP processes, DeepSpeed ZeRO-2 and ZeRO-3 (two processes each; DeepSpeed's CPU accelerator
+here) and FSDP2 (two processes over gloo)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmark.real_check import PYTHIA, Sources, build_model, default_assets, env_for, run_check, table
+from benchmark.tools.real_check import PYTHIA, Sources, build_model, default_assets, env_for, run_check, table
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = default_assets()

@@ -18,7 +18,7 @@ import remax
 import reward_model
 import rloo
 import sft
-from benchmark.real_check import PYTHIA, build_model, default_assets
+from benchmark.tools.real_check import PYTHIA, build_model, default_assets
 
 REPO = Path(__file__).resolve().parent.parent
 ASSETS = default_assets()

@@ -72,7 +72,7 @@ def test_a_band_needs_three_shipped_runs_of_the_same_command(tmp_path, capsys):
 
 
 def test_each_seeds_own_start_is_the_same_command():
-    """The suites point seed s > 1 at its own SFT policy and reward model (`run.starts`); seed 1 names none (the
+    """The suites point seed s > 1 at its own SFT policy and reward model (`suites.starts`); seed 1 names none (the
     presets' paths) and a reward model names its seed's SFT policy: one command (seen on the shipped main job: every RL
     group matched 2 of its 6 runs before). A seed pointed at another seed's start is another experiment."""
     own = ["tiny-tldr", "--run-name", "rloo_tiny-tldr__2", "--seed", "2", "--total-episodes", "1024"]

@@ -13,7 +13,7 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
 import reward_model as rm
-from benchmark.real_check import default_assets
+from benchmark.tools.real_check import default_assets
 from clean_rlhf_utils import engines
 
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import run
+from benchmark import launch, run, suites
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -26,9 +26,9 @@ def _presets(script: Path) -> set[str]:
     return set()
 
 
-@pytest.mark.parametrize("suite", sorted(run.SUITES))
+@pytest.mark.parametrize("suite", sorted(suites.SUITES))
 def test_every_stage_names_an_existing_script_and_preset(suite):
-    stages = run.SUITES[suite]([1, 2, 3])
+    stages = suites.SUITES[suite]([1, 2, 3])
     names = [st.run_name for st in stages]
     assert len(names) == len(set(names)), "run names are unique"
     for st in stages:
@@ -40,7 +40,7 @@ def test_every_stage_names_an_existing_script_and_preset(suite):
 
 def test_real_suites_print_accelerate_commands(capsys, tmp_path):
     shutil.copytree(REPO / "benchmark" / "accelerate_configs", tmp_path / "benchmark" / "accelerate_configs")
-    status = run.run_suite("tldr", [1], workdir=tmp_path, dry_run=True)  # launched from a checkout: its configs
+    status = launch.run_suite("tldr", [1], workdir=tmp_path, dry_run=True)  # launched from a checkout: its configs
     out = capsys.readouterr().out.splitlines()
     assert len(out) == len(status) and all(v == "dry-run" for v in status.values())
     assert all(line.startswith("accelerate launch --config_file benchmark/accelerate_configs/") for line in out)
@@ -54,7 +54,8 @@ def test_real_suites_print_accelerate_commands(capsys, tmp_path):
 FAKE_SCRIPT = """
 import hashlib, json, os, pathlib, shutil, sys
 me = pathlib.Path(__file__).resolve()
-script = {"path": str(me), "sha256": hashlib.sha256(me.read_bytes()).hexdigest()}  # the record `Run` writes
+from clean_rlhf_utils.tracking import script_record
+script = script_record(me)  # the record `Run` writes: outside the checkout, the file's name only
 argv = sys.argv[1:]
 name = argv[argv.index("--run-name") + 1]
 run = pathlib.Path("runs", name)
@@ -93,26 +94,26 @@ def _fake_suite(tmp_path: Path, monkeypatch):
     ok.write_text(FAKE_SCRIPT)
     (tmp_path / "bad.py").write_text("raise SystemExit('boom')\n")
     stages = [
-        run.Stage("a__1", str(ok), "p"),
-        run.Stage("b__1", str(tmp_path / "bad.py"), "p"),
-        run.Stage("c__1", str(ok), "p", needs=["b__1"]),
-        run.Stage("d__1", str(ok), "p", needs=["a__1"]),
-        run.Stage("q__1", str(ok), "p", ["--seed", "1"], quick=["--total-episodes", "8"]),
-        run.Stage("r__1", str(ok), "p", needs=["q__1"]),
+        suites.Stage("a__1", str(ok), "p"),
+        suites.Stage("b__1", str(tmp_path / "bad.py"), "p"),
+        suites.Stage("c__1", str(ok), "p", needs=["b__1"]),
+        suites.Stage("d__1", str(ok), "p", needs=["a__1"]),
+        suites.Stage("q__1", str(ok), "p", ["--seed", "1"], quick=["--total-episodes", "8"]),
+        suites.Stage("r__1", str(ok), "p", needs=["q__1"]),
     ]
-    monkeypatch.setitem(run.SUITES, "fake", lambda seeds: stages)
+    monkeypatch.setitem(suites.SUITES, "fake", lambda seeds: stages)
 
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_failed_stage_is_reported_dependents_skipped_and_finished_stages_not_rerun(tmp_path, monkeypatch, capsys, jobs):
     _fake_suite(tmp_path, monkeypatch)
-    status = run.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
+    status = launch.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
     assert status == {"a__1": "ok", "b__1": "failed", "c__1": "blocked", "d__1": "ok", "q__1": "ok", "r__1": "ok"}
     out = capsys.readouterr().out
     assert "[FAILED] b__1" in out and "boom" in out
     assert not (tmp_path / "runs" / "a__1" / "DONE").exists(), "the suite leaves the end-of-run marker to the script"
     assert "eval/x 1.500" in (tmp_path / "runs" / "fake_summary.md").read_text()
-    status = run.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
+    status = launch.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
     assert status["a__1"] == status["d__1"] == status["q__1"] == "skipped" and status["b__1"] == "failed"
     assert "[skip] a__1: finished earlier with the same command and script (done.json)" in capsys.readouterr().out
     assert sorted(c[1] for c in _calls(tmp_path)) == ["a__1", "d__1", "q__1", "r__1"], "finished stages ran once"
@@ -120,10 +121,10 @@ def test_failed_stage_is_reported_dependents_skipped_and_finished_stages_not_rer
 
 def test_a_quick_run_is_rerun_by_the_full_suite_and_what_it_feeds_too(tmp_path, monkeypatch, capsys):
     _fake_suite(tmp_path, monkeypatch)
-    run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True)
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True)
     assert _calls(tmp_path) == [["--run-name", "q__1", "--seed", "1", "--total-episodes", "8"], ["--run-name", "r__1"]]
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], dry_run=True) == {
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], dry_run=True) == {
         "q__1": "dry-run",
         "r__1": "dry-run",
     }
@@ -135,7 +136,7 @@ def test_a_quick_run_is_rerun_by_the_full_suite_and_what_it_feeds_too(tmp_path, 
     assert out.splitlines()[1].endswith("q__1 --seed 1 --overwrite") and len(_calls(tmp_path)) == 2, (
         "a dry run runs nothing"
     )
-    status = run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
+    status = launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
     assert status == {"q__1": "ok", "r__1": "ok"}
     out = capsys.readouterr().out
     assert "[rerun] q__1: its done.json is from another command" in out
@@ -155,7 +156,7 @@ def test_a_quick_run_is_rerun_by_the_full_suite_and_what_it_feeds_too(tmp_path, 
         "--overwrite",
     ]
     # the full budget is done: a third invocation, with other threads per job, skips both
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], jobs=2) == {
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], jobs=2) == {
         "q__1": "skipped",
         "r__1": "skipped",
     }
@@ -165,13 +166,13 @@ def test_a_quick_run_is_rerun_by_the_full_suite_and_what_it_feeds_too(tmp_path, 
 def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, monkeypatch, capsys):
     _fake_suite(tmp_path, monkeypatch)
     monkeypatch.setenv("CRASH", "q__1")
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"])["q__1"] == "failed"
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q"])["q__1"] == "failed"
     assert (tmp_path / "runs" / "q__1" / "checkpoint").exists() and not (
         tmp_path / "runs" / "q__1" / "done.json"
     ).exists()
     monkeypatch.delenv("CRASH")
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
     assert (
         "[resume] q__1: it stopped part way (a checkpoint, no done.json); same command and script"
         in capsys.readouterr().out
@@ -183,15 +184,15 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     assert "resumed" in (tmp_path / "runs" / "_suite" / "q__1.log").read_text()
     # the suite's files live in runs/_suite/: a glob of run directories takes run directories only (issue 43)
     assert [p.name for p in (tmp_path / "runs").glob("q__*")] == ["q__1"]
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}, (
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}, (
         "done.json holds the same command"
     )
     # stopped part way under the quick budget: the full suite starts it over rather than continue the quick run
     monkeypatch.setenv("CRASH", "q__1")
-    run.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)
     monkeypatch.delenv("CRASH")
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
     out = capsys.readouterr().out
     assert (
         "[rerun] q__1: it did not finish, and was started by another command: was '--total-episodes 8', now (none)"
@@ -202,8 +203,8 @@ def test_a_stage_stopped_part_way_is_resumed_by_the_same_command_only(tmp_path, 
     (tmp_path / "runs" / "q__1" / "done.json").unlink()
     (tmp_path / "runs" / "q__1" / "checkpoint").mkdir()
     (tmp_path / "runs" / "q__1" / "checkpoint" / "state.json").write_text('{"step": 1}')
-    run.stage_record(tmp_path / "runs", "q__1").unlink()
-    assert run.decide(
+    launch.stage_record(tmp_path / "runs", "q__1").unlink()
+    assert launch.decide(
         tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"], (), tmp_path / "ok.py"
     ) == ("rerun", "it did not finish and there is no record of the command that started it")
 
@@ -212,11 +213,11 @@ def test_an_edited_script_or_another_file_of_the_same_name_runs_again(tmp_path, 
     """Issue 59 class 2: the cache is keyed by the code. A stage whose done.json holds the same command is skipped only
     when the file that would run now is the one that made it, with the same bytes."""
     _fake_suite(tmp_path, monkeypatch)
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"]) == {"q__1": "ok", "r__1": "ok"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"]) == {"q__1": "ok", "r__1": "ok"}
     ok = tmp_path / "ok.py"
     ok.write_text(ok.read_text() + "# a fork edited after its first study\n")
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"]) == {"q__1": "ok", "r__1": "ok"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"]) == {"q__1": "ok", "r__1": "ok"}
     out = capsys.readouterr().out
     assert "[rerun] q__1: ok.py changed since it ran (sha256 " in out
     assert "[rerun] r__1: it needs q__1, run again now" in out
@@ -225,13 +226,13 @@ def test_an_edited_script_or_another_file_of_the_same_name_runs_again(tmp_path, 
     other = tmp_path / "elsewhere" / "ok.py"
     other.parent.mkdir()
     other.write_text(ok.read_text())
-    stage = run.Stage("q__1", str(other), "p", ["--seed", "1"])
-    action, why = run.decide(tmp_path / "runs", "q__1", stage.args(), (), stage.file(tmp_path))
+    stage = suites.Stage("q__1", str(other), "p", ["--seed", "1"])
+    action, why = launch.decide(tmp_path / "runs", "q__1", stage.args(), (), stage.file(tmp_path))
     assert (action, why) == ("rerun", f"it was made by {ok}, and this stage runs {other}")
     # a done.json that does not say which script made it (a record of older code) is not taken as this script's
     done = tmp_path / "runs" / "q__1" / "done.json"
     done.write_text(json.dumps({k: v for k, v in json.loads(done.read_text()).items() if k != "script"}))
-    assert run.decide(tmp_path / "runs", "q__1", stage.args(), (), ok)[1] == (
+    assert launch.decide(tmp_path / "runs", "q__1", stage.args(), (), ok)[1] == (
         "its record does not say which script made it (no path and sha256)"
     )
 
@@ -240,15 +241,15 @@ def test_a_stage_built_on_a_model_rebuilt_by_another_invocation_runs_again(tmp_p
     """What a stage reads is part of what produced it: r__1 was built on q__1; q__1 rebuilt by a later invocation
     that did not run r__1 makes r__1 stale for the next one."""
     _fake_suite(tmp_path, monkeypatch)
-    run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
-    run.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)  # q__1 alone, at another budget
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"])
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["q"], quick=True)  # q__1 alone, at another budget
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True) == {
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True) == {
         "q__1": "skipped",
         "r__1": "ok",
     }
     assert "[rerun] r__1: it was built on an earlier q__1, which was run again since" in capsys.readouterr().out
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True) == {
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q", "r"], quick=True) == {
         "q__1": "skipped",
         "r__1": "skipped",
     }
@@ -257,12 +258,12 @@ def test_a_stage_built_on_a_model_rebuilt_by_another_invocation_runs_again(tmp_p
 def test_a_run_stopped_part_way_is_not_resumed_with_an_edited_script(tmp_path, monkeypatch, capsys):
     _fake_suite(tmp_path, monkeypatch)
     monkeypatch.setenv("CRASH", "q__1")
-    run.run_suite("fake", [1], workdir=tmp_path, only=["q"])
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["q"])
     monkeypatch.delenv("CRASH")
     ok = tmp_path / "ok.py"
     ok.write_text(ok.read_text() + "x = 1\n")
     capsys.readouterr()
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "ok"}
     assert "[rerun] q__1: it did not finish, and not with this script: ok.py changed since it ran" in (
         capsys.readouterr().out
     )
@@ -270,18 +271,18 @@ def test_a_run_stopped_part_way_is_not_resumed_with_an_edited_script(tmp_path, m
 
 
 def test_launch_flags_do_not_count_as_another_command():
-    assert run.same_run_args(["p", "--run-name", "x", "--num-threads", "1", "--resume", "--seed", "2"]) == [
+    assert launch.same_run_args(["p", "--run-name", "x", "--num-threads", "1", "--resume", "--seed", "2"]) == [
         "p",
         "--run-name",
         "x",
         "--seed",
         "2",
     ]
-    assert run.same_run_args(["p", "--num-threads=4", "--overwrite"]) == ["p"]
+    assert launch.same_run_args(["p", "--num-threads=4", "--overwrite"]) == ["p"]
 
 
 def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(capsys, tmp_path):
-    status = run.run_suite(
+    status = launch.run_suite(
         "tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo_tiny-tldr", "grpo_tiny-math"], quick=True
     )
     # the two stages and what they need, not PPO on tiny-math nor the other GRPO variants
@@ -298,7 +299,7 @@ def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(c
     assert "--total-steps 20" in out
     assert "sft.py tiny-tldr --run-name sft_tiny-tldr__1 --num-train-epochs 3\n" in out  # the quick SFT: 3 epochs of 6
     assert "--run-name rm_tiny-tldr__1 --sft-model-path runs/sft_tiny-tldr__1/model --max-train-samples 2048\n" in out
-    run.run_suite(
+    launch.run_suite(
         "tiny", [1], workdir=tmp_path, dry_run=True, only=["ppo"]
     )  # an algorithm name keeps it on both tracks, full budgets
     out = capsys.readouterr().out
@@ -308,12 +309,12 @@ def test_only_takes_algorithm_track_names_and_quick_appends_the_shorter_budget(c
 def test_the_quick_suite_builds_the_tiny_world_then_runs_its_stages_at_quick_budgets(tmp_path, monkeypatch, capsys):
     """The README's main job on a clean clone: `benchmark.run quick` builds runs/assets before its first stage."""
     built = []
-    monkeypatch.setattr(run, "ensure_assets", lambda path: built.append(path))
-    status = run.run_suite("quick", [1], workdir=tmp_path, launcher=[sys.executable, "-c", "pass"])
+    monkeypatch.setattr(launch, "ensure_assets", lambda path: built.append(path))
+    status = launch.run_suite("quick", [1], workdir=tmp_path, launcher=[sys.executable, "-c", "pass"])
     assert built == [tmp_path / "runs" / "assets"]
-    frontier = list(run.MAIN_FRONTIER_STAGES)  # the tiny-tldr-noisy runs only, not tiny-math's of the same name
+    frontier = list(suites.MAIN_FRONTIER_STAGES)  # the tiny-tldr-noisy runs only, not tiny-math's of the same name
     assert sorted(name.rsplit("__", 1)[0] for name in status) == sorted(
-        [*run.QUICK_STAGES, *frontier, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math", "rm_tiny-tldr-noisy"]
+        [*suites.QUICK_STAGES, *frontier, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math", "rm_tiny-tldr-noisy"]
     )
     out = capsys.readouterr().out
     assert "--total-episodes 512 --eval-every 1" in out  # PPO's quick budget
@@ -328,7 +329,7 @@ def test_the_quick_suite_builds_the_tiny_world_then_runs_its_stages_at_quick_bud
 
 
 def test_real_check_only_entries_with_a_caret_select_by_run_name_prefix():
-    from benchmark.real_check import matches, stages
+    from benchmark.tools.real_check import matches, stages
     from tests.test_real_check import ONLY
 
     assert matches("grpo_gsm8k", "dr-grpo_gsm8k-qwen2.5-0.5b__1")  # a part of the name, as before
@@ -345,14 +346,14 @@ def test_real_check_only_entries_with_a_caret_select_by_run_name_prefix():
 def test_a_bad_jobs_count_or_a_misspelt_only_is_an_error_not_a_silent_exit(tmp_path):
     """`--jobs 0` waited forever at full CPU and a misspelt `--only` ran nothing and exited 0 (issue 42)."""
     with pytest.raises(SystemExit, match="^error: --jobs is 0; it must be at least 1"):
-        run.run_suite("quick", [1], tmp_path, dry_run=True, jobs=0)
+        launch.run_suite("quick", [1], tmp_path, dry_run=True, jobs=0)
     with pytest.raises(SystemExit, match="^error: --only pppo names no stage of suite tiny-tldr; its names are"):
-        run.run_suite("tiny-tldr", [1], tmp_path, dry_run=True, only=["ppo", "pppo"])
+        launch.run_suite("tiny-tldr", [1], tmp_path, dry_run=True, only=["ppo", "pppo"])
 
 
 def test_the_docstring_lists_every_suite():
     listed = {line.split()[0] for line in run.__doc__.split("Suites:")[1].split("\n\n")[0].strip().splitlines()}
-    assert set(run.SUITES) <= listed, sorted(set(run.SUITES) - listed)
+    assert set(suites.SUITES) <= listed, sorted(set(suites.SUITES) - listed)
 
 
 def test_a_second_suite_in_one_runs_directory_prints_its_refusal_only(tmp_path, capsys):
@@ -369,9 +370,9 @@ def test_a_second_suite_in_one_runs_directory_prints_its_refusal_only(tmp_path, 
         [
             sys.executable,
             "-c",
-            "import sys; from pathlib import Path; from benchmark import run; "
-            "run.run_suite('fake', [1], workdir=Path(sys.argv[1]), live=False, "
-            "stages=[run.Stage('w__1', str(Path(sys.argv[1]) / 'wait.py'), 'p')])",
+            "import sys; from pathlib import Path; from benchmark import launch, run, suites; "
+            "launch.run_suite('fake', [1], workdir=Path(sys.argv[1]), live=False, "
+            "stages=[suites.Stage('w__1', str(Path(sys.argv[1]) / 'wait.py'), 'p')])",
             str(tmp_path),
         ],
         cwd=REPO,
@@ -383,9 +384,9 @@ def test_a_second_suite_in_one_runs_directory_prints_its_refusal_only(tmp_path, 
         while "line of the first suite" not in (log.read_text() if log.exists() else ""):
             assert time.time() < deadline and first.poll() is None, "the first suite did not start its stage"
             time.sleep(0.05)
-        stages = [run.Stage("w__1", str(tmp_path / "wait.py"), "p")]
+        stages = [suites.Stage("w__1", str(tmp_path / "wait.py"), "p")]
         with pytest.raises(SystemExit) as e:
-            run.run_suite("fake", [1], workdir=tmp_path, live=False, stages=stages)
+            launch.run_suite("fake", [1], workdir=tmp_path, live=False, stages=stages)
         assert str(e.value.code).startswith(f"error: another suite runs in {tmp_path / 'runs'} (process ")
         assert "\n" not in str(e.value.code)
         assert capsys.readouterr().out == "", "the refused suite prints nothing but its refusal"
@@ -418,7 +419,7 @@ def test_bad_seeds_are_refused_when_the_suite_or_study_starts(tmp_path, monkeypa
     assert message.startswith(expect) and "\n" not in message
     assert not (tmp_path / "runs").exists(), "refused before anything was planned or built"
     with pytest.raises(SystemExit, match="give each seed once"):  # and for a caller of run_suite
-        run.run_suite("quick", [3, 3], workdir=tmp_path, dry_run=True)
+        launch.run_suite("quick", [3, 3], workdir=tmp_path, dry_run=True)
 
 
 @pytest.mark.parametrize("flags, named", [(["--only", "ppo"], "--only"), (["--quick"], "--quick")])
@@ -435,8 +436,8 @@ def test_a_missing_or_malformed_accelerate_config_is_one_line_before_any_stage(t
     with accelerate's reader. A real suite's configs are read from the working directory, as its stages are launched."""
     configs = tmp_path / "benchmark" / "accelerate_configs"
     configs.mkdir(parents=True)
-    stages = [run.Stage("s__1", "sft.py", "p", accelerate_config="multi_gpu")]
-    monkeypatch.setitem(run.SUITES, "fake", lambda seeds: stages)
+    stages = [suites.Stage("s__1", "sft.py", "p", accelerate_config="multi_gpu")]
+    monkeypatch.setitem(suites.SUITES, "fake", lambda seeds: stages)
     cases = {
         None: "the accelerate config {} does not exist",
         "distributed_type: [MULTI_GPU\n": "is not one accelerate can read (ParserError: while parsing a flow sequence)",
@@ -448,21 +449,21 @@ def test_a_missing_or_malformed_accelerate_config_is_one_line_before_any_stage(t
         if text is not None:
             path.write_text(text)
         with pytest.raises(SystemExit) as e:
-            run.run_suite("fake", [1], workdir=tmp_path)
+            launch.run_suite("fake", [1], workdir=tmp_path)
         message = str(e.value.code)
         assert message.startswith("error: the accelerate config ") and expect.format(path) in message, message
         assert "git checkout -- benchmark/accelerate_configs" in message and "\n" not in message
         capsys.readouterr()
-        run.run_suite("fake", [1], workdir=tmp_path, dry_run=True)  # a dry run launches nothing: it says so
+        launch.run_suite("fake", [1], workdir=tmp_path, dry_run=True)  # a dry run launches nothing: it says so
         assert capsys.readouterr().out.startswith(f"# [warning] {message[len('error: ') :]}\n")
     assert not (tmp_path / "runs").exists(), "nothing launched"
     # the library's own configs load
     for path in sorted((REPO / "benchmark" / "accelerate_configs").glob("*.yaml")):
-        assert run.accelerate_config_problem(path) is None, path
+        assert launch.accelerate_config_problem(path) is None, path
 
 
 def test_real_check_checks_its_accelerate_configs_first(tmp_path, monkeypatch):
-    from benchmark import real_check
+    from benchmark.tools import real_check
 
     monkeypatch.setattr(real_check, "CONFIGS", tmp_path)  # a checkout whose configs are gone
     monkeypatch.setattr(real_check, "REPO", tmp_path.parent)
@@ -475,7 +476,7 @@ def test_real_check_checks_its_accelerate_configs_first(tmp_path, monkeypatch):
 def test_a_seed_is_the_whole_pipeline_and_seed_1_keeps_its_commands(capsys, tmp_path):
     """Issue 57 item 1: seed s's RL runs start from seed s's SFT policy and reward model, trained with --seed s; seed
     1's commands are the presets' (their model paths are seed 1's), so its finished runs stay valid."""
-    stages = {st.run_name: st for st in run.SUITES["tiny"]([1, 2])}
+    stages = {st.run_name: st for st in suites.SUITES["tiny"]([1, 2])}
     assert stages["sft_tiny-math__1"].args() == ["tiny-math", "--run-name", "sft_tiny-math__1"]
     assert stages["sft_tiny-math__2"].args() == ["tiny-math", "--run-name", "sft_tiny-math__2", "--seed", "2"]
     assert stages["rloo_tiny-tldr__1"].args() == ["tiny-tldr", "--run-name", "rloo_tiny-tldr__1", "--seed", "1"]
@@ -490,7 +491,7 @@ def test_a_seed_is_the_whole_pipeline_and_seed_1_keeps_its_commands(capsys, tmp_
     assert "--prm-path runs/prm_tiny-math__2/model" in " ".join(stages["ppo-prm-raw_tiny-math__2"].args())
     assert stages["prm_tiny-math__2"].needs == ["sft_tiny-math__2"]
     assert stages["distill_tiny-math__2"].needs == ["sft_tiny-math__2", "grpo_tiny-math__2"]
-    frontier = {st.run_name: st for st in run.SUITES["frontier"]([3])}
+    frontier = {st.run_name: st for st in suites.SUITES["frontier"]([3])}
     assert frontier["rm_tiny-tldr-noisy__3"].args()[3:] == [
         "--sft-model-path",
         "runs/sft_tiny-tldr__3/model",
@@ -506,15 +507,15 @@ def test_a_second_rounding_regime_runs_apart_and_the_cache_knows_the_regime(tmp_
     WORKDIR/rounding-default; a finished run made under another regime (provenance.json) is not taken as this one's."""
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     _fake_suite(tmp_path, monkeypatch)
-    run.run_suite("fake", [1], workdir=tmp_path, only=["q"])
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["q"])
     provenance = tmp_path / "runs" / "q__1" / "provenance.json"
     record = json.loads(provenance.read_text())
     record["started"]["host"] = {"numerics_env": {}}  # as a script records it (clean_rlhf_utils.tracking.numerics)
     provenance.write_text(json.dumps(record))
-    assert run.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, only=["q"]) == {"q__1": "skipped"}
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     capsys.readouterr()
-    action, why = run.decide(
+    action, why = launch.decide(
         tmp_path / "runs", "q__1", ["p", "--run-name", "q__1", "--seed", "1"], (), tmp_path / "ok.py"
     )
     assert (action, why) == (
@@ -540,10 +541,10 @@ def test_the_suite_never_deletes_a_directory_that_is_not_a_run(tmp_path, monkeyp
     mine = tmp_path / "runs" / "a__1"
     mine.mkdir(parents=True)
     (mine / "thesis.tex").write_text("mine")
-    status = run.run_suite("fake", [1], workdir=tmp_path, only=["a", "q"])
+    status = launch.run_suite("fake", [1], workdir=tmp_path, only=["a", "q"])
     assert status == {"a__1": "failed", "q__1": "ok"}
     out = capsys.readouterr().out
     assert f"[FAILED] a__1: rerunning it (--overwrite) would delete {mine}, which is not a run of this library" in out
     assert (mine / "thesis.tex").read_text() == "mine" and not (mine / "done.json").exists()
-    run.run_suite("fake", [1], workdir=tmp_path, only=["a"], dry_run=True)
+    launch.run_suite("fake", [1], workdir=tmp_path, only=["a"], dry_run=True)
     assert "# [refused] a__1: rerunning it (--overwrite) would delete" in capsys.readouterr().out

@@ -73,10 +73,10 @@ time.sleep(120)
 SUITE_DRIVER = """
 import sys
 from pathlib import Path
-from benchmark import run
+from benchmark import launch, run, suites
 tmp = Path({tmp!r})
-run.SUITES["fake"] = lambda seeds: [run.Stage("a__1", str(tmp / "stage.py"), "p"),
-                                    run.Stage("b__1", str(tmp / "stage.py"), "p")]
+suites.SUITES["fake"] = lambda seeds: [suites.Stage("a__1", str(tmp / "stage.py"), "p"),
+                                    suites.Stage("b__1", str(tmp / "stage.py"), "p")]
 sys.argv = ["benchmark.run", "fake", "--workdir", str(tmp), "--plain"]
 run.main()
 """

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import results, run, status
+from benchmark import launch, results, status, suites
 from benchmark.status import Progress, StageStatus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -209,28 +209,28 @@ sys.stderr.write(f"\\rfake: 100%|####| {steps}/{steps} [00:04<00:00,  2.00it/s]\
 """
 
 
-def _fake_suite(tmp_path: Path) -> list[run.Stage]:
+def _fake_suite(tmp_path: Path) -> list[suites.Stage]:
     """A passing stage, one that fails after printing progress, one blocked by it, one that needs the first."""
     (tmp_path / "stage.py").write_text(FAKE_STAGE)
     (tmp_path / "bad.py").write_text(
         "import sys\nsys.stderr.write('\\rfake: 1/4 [00:01<00:03, 1.00it/s]')\nsys.exit(3)\n"
     )
     return [
-        run.Stage("a__1", str(tmp_path / "stage.py"), "p"),
-        run.Stage("b__1", str(tmp_path / "bad.py"), "p"),
-        run.Stage("c__1", str(tmp_path / "stage.py"), "p", needs=["b__1"]),
-        run.Stage("d__1", str(tmp_path / "stage.py"), "p", needs=["a__1"]),
+        suites.Stage("a__1", str(tmp_path / "stage.py"), "p"),
+        suites.Stage("b__1", str(tmp_path / "bad.py"), "p"),
+        suites.Stage("c__1", str(tmp_path / "stage.py"), "p", needs=["b__1"]),
+        suites.Stage("d__1", str(tmp_path / "stage.py"), "p", needs=["a__1"]),
     ]
 
 
 DRIVER = """
 import sys
 from pathlib import Path
-from benchmark import run
+from benchmark import launch, run, suites
 sys.path.insert(0, {tests!r})
 from test_run_status import _fake_suite
-run.SUITES["fake"] = lambda seeds: _fake_suite(Path({tmp!r}))
-status = run.run_suite("fake", [1], workdir=Path({tmp!r}), jobs={jobs})
+suites.SUITES["fake"] = lambda seeds: _fake_suite(Path({tmp!r}))
+status = launch.run_suite("fake", [1], workdir=Path({tmp!r}), jobs={jobs})
 """
 
 
@@ -278,9 +278,9 @@ def test_under_a_pipe_the_suite_prints_one_line_per_event_and_no_ansi(tmp_path, 
 def test_plain_output_has_a_periodic_progress_line_read_from_the_logs(tmp_path, monkeypatch, capsys):
     stages = _fake_suite(tmp_path)[:1]
     stages[0].extra = ["--pause", "2"]  # stays at 3/4 for 2 s
-    monkeypatch.setitem(run.SUITES, "fake", lambda seeds: stages)
+    monkeypatch.setitem(suites.SUITES, "fake", lambda seeds: stages)
     monkeypatch.setattr(status, "PLAIN_PROGRESS_EVERY", 0.4)
-    assert run.run_suite("fake", [1], workdir=tmp_path, live=False) == {"a__1": "ok"}
+    assert launch.run_suite("fake", [1], workdir=tmp_path, live=False) == {"a__1": "ok"}
     out = capsys.readouterr().out
     progress = [line for line in out.splitlines() if line.startswith("[progress]")]
     assert any(re.search(r"; a__1 \ds  3/4 steps  2\.00 it/s  1s left$", line) for line in progress), out

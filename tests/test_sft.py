@@ -14,7 +14,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 import sft
-from benchmark.real_check import default_assets
+from benchmark.tools.real_check import default_assets
 from clean_rlhf_utils import data, engines, loading
 
 REAL = default_assets() or Path("no-real-assets")  # $CLEAN_RLHF_REAL_ASSETS, else ../shared/real-assets

@@ -1,8 +1,9 @@
-"""The speed harness's bookkeeping (no timing is asserted here: speed is measured by `python -m benchmark.speed`)."""
+"""The speed harness's bookkeeping (no timing is asserted here: speed is measured by
+`python -m benchmark.tools.speed`)."""
 
 import pytest
 
-from benchmark import speed
+from benchmark.tools import speed
 
 
 def flag(cmd: list[str], name: str) -> str:

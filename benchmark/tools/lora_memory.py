@@ -1,7 +1,7 @@
 """Peak memory, speed and final quality of LoRA against full fine-tuning, in one run on one preset.
 
-    python -m benchmark.lora_memory                                  # grpo_math.py tiny, CPU
-    python -m benchmark.lora_memory --full-size qwen2.5-0.5b-instruct --preset gsm8k-qwen2.5-0.5b \
+    python -m benchmark.tools.lora_memory                                  # grpo_math.py tiny, CPU
+    python -m benchmark.tools.lora_memory --full-size qwen2.5-0.5b-instruct --preset gsm8k-qwen2.5-0.5b \
         -- --dataset-name-or-path ../shared/real-assets/gsm8k --questions-per-device 2 --num-generations 4 \
            --max-completion-length 32 --micro-batch-size 8 --total-steps 2 --num-eval-examples 4 --pass-k 0
 
@@ -28,10 +28,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmark.compare import read_run
-from benchmark.real_check import QWEN2, QWEN_MODELS, default_assets
+from benchmark.curves import read_run
+from benchmark.tools.real_check import QWEN2, QWEN_MODELS, default_assets
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FULL_SIZES = {  # the published config.json sizes (Qwen/Qwen2.5-0.5B-Instruct)
     "qwen2.5-0.5b-instruct": {
         "hidden_size": 896,

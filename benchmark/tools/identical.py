@@ -1,4 +1,4 @@
-"""Whether two sets of runs computed the same numbers: `python -m benchmark.identical RUNS_A RUNS_B`.
+"""Whether two sets of runs computed the same numbers: `python -m benchmark.tools.identical RUNS_A RUNS_B`.
 
 For a change that should change no number (a refactor, a speed-up): run the same suite before and after it on one
 machine, then compare the two `runs/` folders. Every run directory present in both (one holding `metrics.jsonl`) must

@@ -1,6 +1,6 @@
-"""Time the generation calls of one side of `benchmark.speed`, to split a step into generation and the rest.
+"""Time the generation calls of one side of `benchmark.tools.speed`, to split a step into generation and the rest.
 
-    python -m benchmark.gen_timer OUT.json SCRIPT [ARGS...]    # our script, as `python SCRIPT ARGS...` would run it
+    python -m benchmark.tools.gen_timer OUT.json SCRIPT [ARGS...]   # our script, as `python SCRIPT ARGS...` runs it
 
 Ours: wraps clean_rlhf_utils.generation's samplers (`sample_with_kv_cache`: grpo_math.py; `sample_responses`:
 ppo_rlhf.py, rloo.py, remax.py) before the script imports them. TRL: `install_trl(OUT)` wraps GRPOTrainer._generate
@@ -81,14 +81,17 @@ def install_trl(out: str) -> None:
 
 def generation_seconds(path: Path, min_prompts: int) -> tuple[float, int]:
     """(seconds, calls) of the calls with more than `min_prompts` prompts: the training loop's sampling, not the
-    evaluation's (benchmark.speed evaluates 8 prompts)."""
+    evaluation's (benchmark.tools.speed evaluates 8 prompts)."""
     calls = [c for c in json.loads(path.read_text())["calls"] if c["prompts"] > min_prompts]
     return sum(c["seconds"] for c in calls), len(calls)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(f"usage: python -m benchmark.tools.gen_timer OUT.json SCRIPT [ARGS...]\n\n{__doc__}")
+        sys.exit(0)
     if len(sys.argv) < 3:
-        raise SystemExit("usage: python -m benchmark.gen_timer OUT.json SCRIPT [ARGS...]")
+        raise SystemExit("usage: python -m benchmark.tools.gen_timer OUT.json SCRIPT [ARGS...]")
     out, script = sys.argv[1], sys.argv[2]
     sys.argv = sys.argv[2:]
     sys.path.insert(0, str(Path(script).resolve().parent))

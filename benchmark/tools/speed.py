@@ -1,9 +1,9 @@
 """Speed and peak memory of clean-rlhf's scripts side by side with Hugging Face TRL, on the same work.
 
-    python -m benchmark.speed --algos rm ppo grpo rloo dpo --steps 8      # table + runs/speed/speed.md
-    python -m benchmark.speed --algos ppo --steps 4 --batch-size 32       # one algorithm, smaller work
-    python -m benchmark.speed --algos ppo --steps 8 --repeats 3           # median of 3 alternating rounds
-    python -m benchmark.speed --side trl --algo rm --steps 8 --out r.json  # one TRL side alone (the driver's runner)
+    python -m benchmark.tools.speed --algos rm ppo grpo rloo dpo --steps 8      # table + runs/speed/speed.md
+    python -m benchmark.tools.speed --algos ppo --steps 4 --batch-size 32       # one algorithm, smaller work
+    python -m benchmark.tools.speed --algos ppo --steps 8 --repeats 3            # median of 3 alternating rounds
+    python -m benchmark.tools.speed --side trl --algo rm --steps 8 --out r.json  # one TRL side alone (the driver's)
 
 Pairs (ours / TRL):
   rm    reward_model.py (Bradley-Terry)    / trl.RewardTrainer
@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ASSETS = REPO / "runs" / "assets"
 SCRIPTS = {"rm": "reward_model.py", "ppo": "ppo_rlhf.py", "grpo": "grpo_math.py", "rloo": "rloo.py", "dpo": "dpo.py"}
 TRL_NAMES = {
@@ -415,9 +415,9 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
     # ---- ours ----
     run_name = f"scratch_speed_{algo}"
     cmd = ours_command(w, run_name)
-    gen_dir = os.environ.get("CLEAN_RLHF_GEN_TIMES")  # benchmark.gpu_check: split each side's loop (gen_timer.py)
+    gen_dir = os.environ.get("CLEAN_RLHF_GEN_TIMES")  # benchmark.tools.gpu_check: split each side's loop (gen_timer.py)
     if gen_dir:
-        cmd = [cmd[0], "-m", "benchmark.gen_timer", f"{gen_dir}/{algo}_ours.json", *cmd[1:]]
+        cmd = [cmd[0], "-m", "benchmark.tools.gen_timer", f"{gen_dir}/{algo}_ours.json", *cmd[1:]]
     rc, rss, wall = run_child(cmd, out_dir / f"{algo}_ours.log", child_env(), a.timeout)
     if rc != 0:
         result["skipped"] = f"our script failed (exit {rc}); see {out_dir / f'{algo}_ours.log'}"
@@ -437,7 +437,7 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
     cmd = [
         sys.executable,
         "-m",
-        "benchmark.speed",
+        "benchmark.tools.speed",
         "--side",
         "trl",
         "--algo",
@@ -460,7 +460,7 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
     t = json.loads(trl_json.read_text())
     result["trl"] = {**t, "episodes_per_sec": t["episodes"] / t["train_s"], "peak_rss_gb": rss, "wall_s": wall}
     if gen_dir:  # generation seconds of the training loop's sampling calls (more than the 8 evaluation prompts)
-        from benchmark.gen_timer import generation_seconds
+        from benchmark.tools.gen_timer import generation_seconds
 
         for side in ("ours", "trl"):
             path = Path(gen_dir) / f"{algo}_{side}.json"
@@ -532,7 +532,7 @@ def driver(a: argparse.Namespace) -> None:
         results.append(r)
     md = table(results)
     print(md)
-    command = "python -m benchmark.speed " + " ".join(sys.argv[1:])
+    command = "python -m benchmark.tools.speed " + " ".join(sys.argv[1:])
     notes = "\n".join(f"- {k}: {v}" for k, v in NOTES.items() if k in a.algos)
     details = "\n".join(f"- {r['algo']} ours: `{r['ours']['command']}`" for r in results if "ours" in r)
     repeats = ""
@@ -567,7 +567,7 @@ def trl_side(a: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     if os.environ.get("CLEAN_RLHF_GEN_TIMES"):
-        from benchmark.gen_timer import install_trl
+        from benchmark.tools.gen_timer import install_trl
 
         install_trl(f"{os.environ['CLEAN_RLHF_GEN_TIMES']}/{a.algo}_trl.json")
     w = work(a.algo, a)
@@ -607,7 +607,7 @@ def _common_trainer_args(w: dict, tmp: str) -> dict:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        use_cpu=not _cuda(),  # a GPU when there is one (benchmark.gpu_check), as our scripts do through accelerate
+        use_cpu=not _cuda(),  # a GPU when there is one (tools.gpu_check), as our scripts do through accelerate
         disable_tqdm=True,
         dataloader_drop_last=True,
         bf16=False,

@@ -1,7 +1,7 @@
 """The GPU check: one prepared command for a lent GPU (one H100/H200, no network), about 8 minutes.
 
-    python -m benchmark.gpu_check --out runs/gpu_check            # on the GPU; figures in OUT/gpu_check.{md,json}
-    python -m benchmark.gpu_check --small --out runs/gpu_check    # the dry run on a CPU: every section, tiny shapes
+    python -m benchmark.tools.gpu_check --out runs/gpu_check          # on the GPU; figures in OUT/gpu_check.{md,json}
+    python -m benchmark.tools.gpu_check --small --out runs/gpu_check  # the dry run on a CPU: every section, tiny shapes
 
 Sections, in order (each is skipped, and says so, when the time left is too short for it):
   1. env        torch / CUDA / device / library versions.
@@ -12,12 +12,12 @@ Sections, in order (each is skipped, and says so, when the time left is too shor
   3. mismatch   the sampler-trainer mismatch of the in-house KV-cache sampler: the logprobs it sampled with against
                 the trainer's forward pass over the same tokens, in float32 and bf16, on a Qwen2.5-0.5B-shaped and a
                 Pythia-1B-shaped random model (full size): the `mismatch/*` figures grpo_math.py logs.
-  4. real       the real-shape check's one-process cells for every script (`benchmark.real_check --engines single`:
+  4. real       the real-shape check's one-process cells for every script (`tools.real_check --engines single`:
                 the TL;DR Pythia-1B chain SFT -> RM -> PPO, RLOO, ReMax, DPO, and GRPO on GSM8K with Qwen2.5-0.5B),
                 on CUDA.
   5. split      GRPO (Qwen2.5-0.5B-shaped) and PPO (Pythia-1B-shaped) against TRL (GRPOTrainer of TRL 1.16, the
-                experimental PPOTrainer of TRL 1.12) on the same work (`benchmark.speed`), each side's loop split into
-                generation (benchmark.gen_timer) and the rest, plus process time outside the loop.
+                experimental PPOTrainer of TRL 1.12) on the same work (`tools.speed`), each side's loop split into
+                generation (tools.gen_timer) and the rest, plus process time outside the loop.
 
 What the machine needs: torch with CUDA, transformers, accelerate, peft; tyro, datasets, math-verify and TRL travel
 as wheels (docs/gpus.md "The GPU check"). Real assets: `--assets` (or $CLEAN_RLHF_REAL_ASSETS). Random-weight models:
@@ -36,9 +36,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmark.real_check import PYTHIA, QWEN2, QWEN_MODELS, SMALL
+from benchmark.tools.real_check import PYTHIA, QWEN2, QWEN_MODELS, SMALL
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # the models the real presets start from, at full size: the real-shape check's architectures (the published config.json
 # values) with EleutherAI/pythia-1b-deduped's and Qwen/Qwen2.5-0.5B-Instruct's sizes; `--small` takes its small sizes
@@ -58,7 +58,7 @@ QWEN_05B = {
     "num_key_value_heads": 2,
     "intermediate_size": 4864,
 }
-# real-shape cells of one process covering every script (benchmark.real_check --only)
+# real-shape cells of one process covering every script (benchmark.tools.real_check --only)
 REAL_CELLS = [
     "^sft_tldr-pythia-1b",
     "^rm_tldr-pythia-1b",
@@ -259,7 +259,7 @@ def run(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> i
 
 def real_section(out_dir: Path, assets: str | None, timeout: float) -> dict:
     workdir = out_dir / "real_check"
-    cmd = [sys.executable, "-m", "benchmark.real_check", "--engines", "single", "--workdir", str(workdir)]
+    cmd = [sys.executable, "-m", "benchmark.tools.real_check", "--engines", "single", "--workdir", str(workdir)]
     cmd += ["--timeout", "150", "--only", *REAL_CELLS] + (["--assets", assets] if assets else [])
     rc = run(cmd, out_dir / "real_check.log", timeout)
     table = workdir / "real_check.md"
@@ -271,7 +271,7 @@ def save_models_for_split(models: Path, small: bool, assets: str | None) -> dict
     import torch
     from transformers import AutoTokenizer
 
-    from benchmark.real_check import default_assets
+    from benchmark.tools.real_check import default_assets
 
     root = Path(assets) if assets else default_assets()
     specs = {
@@ -318,7 +318,7 @@ def split_section(out_dir: Path, small: bool, assets: str | None, trl_ppo_path: 
             out[algo] = {"skipped": f"{remaining:.0f}s left"}
             continue
         steps = "2"
-        cmd = [sys.executable, "-m", "benchmark.speed", "--algos", algo, "--steps", steps, *flags]
+        cmd = [sys.executable, "-m", "benchmark.tools.speed", "--algos", algo, "--steps", steps, *flags]
         cmd += ["--timeout", str(int(remaining / 2))] + (
             ["--batch-size", "16", "--response-length", "8"] if small else []
         )
@@ -340,7 +340,8 @@ def markdown(results: dict) -> str:
     lines = [
         "# The GPU check",
         "",
-        f"`python -m benchmark.gpu_check`, {results['date']}, {e.get('device')} ({e.get('memory_gib', '-')} GiB), "
+        f"`python -m benchmark.tools.gpu_check`, {results['date']}, {e.get('device')} "
+        f"({e.get('memory_gib', '-')} GiB), "
         f"torch {e.get('torch')} (CUDA {e.get('cuda')}), transformers {e.get('transformers')}, accelerate "
         f"{e.get('accelerate')}, trl {e.get('trl')}; {results['seconds']:.0f} s in all.",
         "",

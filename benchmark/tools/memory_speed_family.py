@@ -1,8 +1,8 @@
 """Peak memory and speed of ReMax and RLOO relative to PPO, in one run on one preset.
 
-    python -m benchmark.memory_speed_family                       # tiny-tldr, CPU
-    python -m benchmark.memory_speed_family --preset tiny-math --episodes 1024
-    python -m benchmark.memory_speed_family --preset tldr-pythia-1b --episodes 4096 -- --per-device-batch-size 16
+    python -m benchmark.tools.memory_speed_family                       # tiny-tldr, CPU
+    python -m benchmark.tools.memory_speed_family --preset tiny-math --episodes 1024
+    python -m benchmark.tools.memory_speed_family --preset tldr-pythia-1b --episodes 4096 -- --per-device-batch-size 16
 
 ppo_rlhf.py, rloo.py and remax.py are run one after the other as subprocesses, on the same preset, for the same
 number of sampled responses (`--total-episodes`; the greedy baselines of ReMax are extra work it pays for and are not
@@ -28,9 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmark.compare import read_run
+from benchmark.curves import read_run
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"ppo": "ppo_rlhf.py", "rloo": "rloo.py", "remax": "remax.py"}
 
 

@@ -19,9 +19,9 @@ machines of one process each: two launchers with `--num_machines 2 --machine_ran
 127.0.0.1`). `zero3` runs the stages the suites launch with ZeRO-3. Each engine runs the suite's chain in order
 (SFT -> reward model -> RL), each stage reading the models its predecessors wrote under that engine.
 
-    python -m benchmark.real_check                        # every stage x engine; table in runs/real_check/real_check.md
-    python -m benchmark.real_check --only tldr-pythia-1b --engines single zero2
-    python -m benchmark.real_check --dry-run              # the commands only
+    python -m benchmark.tools.real_check              # every stage x engine; table in runs/real_check/real_check.md
+    python -m benchmark.tools.real_check --only tldr-pythia-1b --engines single zero2
+    python -m benchmark.tools.real_check --dry-run              # the commands only
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark.run import REPO, Stage, accelerate_config_problem, math_stages, tldr_stages
+from benchmark.launch import accelerate_config_problem
+from benchmark.suites import REPO, Stage, math_stages, tldr_stages
 from clean_rlhf_utils import storage
 
 CONFIGS = REPO / "benchmark" / "accelerate_configs"

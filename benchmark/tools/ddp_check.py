@@ -1,4 +1,4 @@
-"""Data-parallel sanity check: `accelerate launch --multi_gpu --num_processes 2 benchmark/ddp_check.py OUT_DIR
+"""Data-parallel sanity check: `accelerate launch --multi_gpu --num_processes 2 benchmark/tools/ddp_check.py OUT_DIR
 [ASSETS_DIR]`.
 
 Every process takes a different shard of a fixed batch of tiny-tldr sequences, runs a few SGD steps of
@@ -62,4 +62,7 @@ def main(out_dir: str, assets_dir: str = "runs/assets") -> None:
 
 
 if __name__ == "__main__":
+    if not sys.argv[1:] or sys.argv[1] in ("-h", "--help"):  # not an OUT_DIR named --help
+        print(f"usage: python -m benchmark.tools.ddp_check OUT_DIR [ASSETS_DIR]\n\n{__doc__}")
+        sys.exit(0 if sys.argv[1:] else 2)
     main(*sys.argv[1:])

@@ -16,7 +16,7 @@ low). The loss is -sum_t A_t log pi(y_t | x, y_<t) over every valid response tok
 (the official token mean, `actor_loss_fn`), counted over all micro-batches and processes, and every batch is used for
 ONE gradient step (on-policy, no ratio, no clipping of the ratio). Compared with PPO there is no value model to
 hold, train or keep optimizer state for (the paper: about 46% less GPU memory than PPO at 7B, 1.6x faster); the
-price is one extra greedy generation per prompt. `benchmark/memory_speed_family.py` measures both against
+price is one extra greedy generation per prompt. `benchmark/tools/memory_speed_family.py` measures both against
 ppo_rlhf.py. `--lora-r` trains LoRA adapters (Hu et al. 2021, arXiv:2106.09685) through peft; the reference is then the
 policy with its adapters disabled (the greedy baseline is decoded with them, by the current policy).
 

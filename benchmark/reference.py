@@ -270,12 +270,38 @@ def load(data_dir: Path | None = None) -> list[Run]:
     return runs
 
 
+def script_of(run: Run) -> str | None:
+    """The script that made a shipped run, by its provenance (`rloo` for `rloo.py`), or None for a record without it."""
+    path = ((run.provenance or {}).get("script") or {}).get("path")
+    return Path(str(path)).stem if path else None
+
+
+def no_track_hint(name: str, on: list[str], tracks: set[str], groups: list[str], family: dict) -> str:
+    """What to pass instead when `--reference name` has no group on the runs' tracks: a shipped group of the same
+    script on those tracks (a study's track included), else that no reference holds a study's budget, else a group
+    across tracks."""
+    mine = {family.get(g) for g in groups if name in (g, algorithm_of(g))} | {name.removesuffix(".py")}
+    there = sorted(g for g in groups if track_of(g) in tracks and family.get(g) in mine)
+    if there:
+        return f"on those tracks it has {', '.join(there)}: --reference {family[there[0]]}"
+    study = sorted(t for t in tracks if t.endswith("-study"))
+    if study:
+        return (
+            f"a study's runs ({', '.join(study)}) have their own budget, which no reference of {name} holds: "
+            "compare them with the library script's runs of the same study, which `benchmark.run study` makes "
+            "beside the fork"
+        )
+    example = f"--reference {name}_{on[0]} --across-tracks"
+    return f"name a group and pass --across-tracks to compare across tracks, e.g. {example}"
+
+
 def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | None = None) -> list[Run]:
     """The shipped runs that `--reference NAME...` asks for, to compare with `runs` on `metric`. A NAME is an
-    algorithm (`rloo`: its groups on the tracks of `runs`, or, with no runs, those that log `metric`) or one group
-    (`rloo_tiny-tldr`). Their group is renamed `<group> (reference)`, their names `reference/<name>`, so that they
-    never merge with the user's runs of the same name. Raises ReferenceError: a NAME that names nothing shipped (the
-    message lists what is), or a reference that shares no track or no metric with the runs."""
+    algorithm (`rloo`: its groups on the tracks of `runs`, or, with no runs, those that log `metric`), a script
+    (`grpo_math` or `grpo_math.py`: the groups its runs made, `grpo` and a study's `grpo_math`; a fork's family) or
+    one group (`rloo_tiny-tldr`). Their group is renamed `<group> (reference)`, their names `reference/<name>`, so
+    that they never merge with the user's runs of the same name. Raises ReferenceError: a NAME that names nothing
+    shipped (the message lists what is), or a reference that shares no track or no metric with the runs."""
     shipped = load(data_dir)
     if not shipped:
         raise ReferenceError(
@@ -283,34 +309,29 @@ def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | No
         )
     groups = sorted({r.group for r in shipped})
     algorithms = sorted({algorithm_of(g) for g in groups})
+    family = {r.group: script_of(r) for r in shipped}  # the script that made each group: rloo.py's `rloo-kl0.005`
     tracks = {track_of(r.group) for r in runs}
     chosen: list[str] = []
     for name in names:
         if name in groups:
             picked = [name]
-        elif name in algorithms:
-            picked = [g for g in groups if algorithm_of(g) == name]
+        elif name in algorithms or name.removesuffix(".py") in family.values():
+            picked = [g for g in groups if name in (algorithm_of(g), f"{family[g]}.py", family[g])]
             on = sorted(track_of(g) for g in picked)
             if runs:
                 picked = [g for g in picked if track_of(g) in tracks]
                 if not picked:
-                    study = [t for t in tracks if t.endswith("-study")]
-                    hint = (
-                        f"a study's runs ({', '.join(sorted(study))}) have their own budget, which no reference "
-                        "holds: compare them with the library script's runs of the same study, which `benchmark.run "
-                        "study` makes beside the fork"
-                        if study
-                        else f"name a group and pass --across-tracks to compare across tracks, e.g. --reference "
-                        f"{name}_{on[0]} --across-tracks"
-                    )
                     raise ReferenceError(
                         f"--reference {name}: the reference has {name} on {', '.join(on)}; the runs given are on "
-                        f"{', '.join(sorted(tracks)) or 'no known track'}: no shared track ({hint})"
+                        f"{', '.join(sorted(tracks)) or 'no known track'}: no shared track "
+                        f"({no_track_hint(name, on, tracks, groups, family)})"
                     )
         else:
+            scripts = sorted(set(filter(None, family.values())))
             raise ReferenceError(
-                f"--reference {name} names no shipped algorithm; shipped: {', '.join(algorithms)} (or one group: "
-                f"{', '.join(groups[:3])}, ...; python -m benchmark.reference list)"
+                f"--reference {name} names no shipped algorithm or script; shipped: {', '.join(algorithms)}"
+                f"{', by script ' + ', '.join(scripts) if scripts else ''} (or one group: {', '.join(groups[:3])}, "
+                "...; python -m benchmark.reference list)"
             )
         for g in picked:
             logged = sorted(

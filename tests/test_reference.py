@@ -106,7 +106,7 @@ def test_compare_draws_a_users_runs_over_the_reference_band(shipped, tmp_path, c
     # bad inputs: one error line each
     assert compare.main([*args, "--reference", "rlooo"]) == 1
     assert capsys.readouterr().err.strip() == (
-        "error: --reference rlooo names no shipped algorithm; shipped: grpo, rloo, sft (or one group: "
+        "error: --reference rlooo names no shipped algorithm or script; shipped: grpo, rloo, sft (or one group: "
         "grpo_tiny-math, rloo_tiny-math, sft_tiny-math, ...; python -m benchmark.reference list)"
     )
     assert compare.main([*map(str, mine), "--out", str(out), "--reference", "rloo_tiny-math"]) == 1
@@ -143,6 +143,29 @@ def test_a_studys_runs_meet_no_reference_of_another_budget(shipped, tmp_path, ca
     with pytest.raises(SystemExit, match="the runs are of different tracks .*tiny-math-study"):
         compare.main([*args, "--reference", "grpo_tiny-math"])
     assert compare.main([*args, "--reference", "grpo_tiny-math", "--across-tracks"]) == 0
+
+
+def test_a_studys_references_are_found_by_the_script_family_and_the_hint_names_them(shipped, tmp_path, capsys):
+    """Issue 58 item 5: shipped groups are named by the run (`grpo`, `ppo-kl0`), a study's by the script
+    (`grpo_math`): `--reference grpo_math` (or grpo_math.py) takes every group grpo_math.py made on the runs' tracks,
+    and `--reference grpo` for a study's runs names the group of the same script on that track."""
+    provenance = {"script": {"path": "grpo_math.py", "sha256": "0" * 64, "git": "tracked"}}
+    for seed in (1, 2, 3):
+        _run(shipped, f"grpo_math_tiny-math-study__{seed}", [0.2, 0.25, 0.3])
+    for run in shipped.glob("grpo*__*"):
+        (run / "provenance.json").write_text(json.dumps({"started": provenance}))
+    assert reference.main(["build", str(shipped)]) == 0
+    fork = [_run(tmp_path / "s", f"grpo_fork_tiny-math-study__{s}", [0.2, 0.3]) for s in (1, 2, 3)]
+    args = [*map(str, fork), "--metric", "eval/accuracy", "--out", str(tmp_path / "cmp")]
+    capsys.readouterr()
+    for name in ("grpo_math", "grpo_math.py"):
+        assert compare.main([*args, "--reference", name]) == 0
+        assert "| grpo_math_tiny-math-study (reference) | 3 |" in capsys.readouterr().out
+    assert compare.main([*args, "--reference", "grpo"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("no shared track (on those tracks it has grpo_math_tiny-math-study: --reference grpo_math)")
+    picked = reference.runs_for(["grpo_math"], [], "eval/accuracy")  # no runs: every group of the script
+    assert sorted({r.group for r in picked}) == ["grpo_math_tiny-math-study (reference)", "grpo_tiny-math (reference)"]
 
 
 def test_the_second_rounding_regime_ships_under_its_own_name(shipped, tmp_path, monkeypatch):

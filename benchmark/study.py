@@ -286,7 +286,7 @@ def past_studies(runs_dir: Path) -> list[str]:
     found: dict[str, list[str]] = {}
     for md in sorted(runs_dir.glob("study_*.md")):
         stem = md.name.removesuffix(".md")
-        if stem.endswith("_kl"):
+        if stem.endswith(("_kl", "_summary")):  # a track's KL table, a study's status table
             continue
         name, _, track = stem.removeprefix("study_").rpartition("_")
         if name:  # `study_<track>.md` of older versions has no name
@@ -387,7 +387,8 @@ def run_study(
     print(f"# {design(shared_starts)}")
     todo = stages(p, seeds, shared_starts)
     print("\n".join(announce(p, todo, workdir, jobs)), flush=True)
-    status = run_suite("study", seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=todo)
+    title = f"study_{study_name(p, name)}"  # its status table too: runs/study_<name>_summary.md, one per study
+    status = run_suite(title, seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=todo)
     if not dry_run:
         wrote = report(p, Path(workdir) / "runs", seeds, shared_starts, name)
         print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]))

@@ -229,6 +229,8 @@ def test_two_studies_keep_both_outputs_and_the_end_lists_them(tmp_path, monkeypa
     runs = tmp_path / "runs"
     assert "slow_tiny-math-study" in (runs / "study_fast-vs-slow_tiny-math.md").read_text()
     assert "slow" not in (runs / "study_copy.only_tiny-math.md").read_text()
+    assert "slow_tiny-math-study__1" in (runs / "study_fast-vs-slow_summary.md").read_text()  # each its status table
+    assert "slow" not in (runs / "study_copy.only_summary.md").read_text()
     out = capsys.readouterr().out
     assert out.rstrip().endswith(
         f"studies in {runs}:\n  copy.only: tiny-math, tiny-tldr-noisy\n  fast-vs-slow: tiny-math, tiny-tldr-noisy"

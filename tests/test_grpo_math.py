@@ -465,7 +465,8 @@ def test_beta_defaults_to_0_for_dapo_and_0_04_otherwise():
         args = grpo.Args(loss_type=loss_type, beta=beta)
         grpo.resolve_variant(args)
         assert args.beta == beta, loss_type
-    # the presets, with `--loss-type dapo` as benchmark/suites.py passes it: only the MATH preset pins beta (Oat-Zero's 0)
+    # the presets, with `--loss-type dapo` as benchmark/suites.py passes it: only the MATH preset pins beta
+    # (Oat-Zero's 0)
     import tyro
 
     dapo = ["--loss-type", "dapo"]

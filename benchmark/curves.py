@@ -37,6 +37,8 @@ class Run:
     """a run of the shipped reference data (benchmark/reference.py): drawn dashed, under the runs compared"""
     disorder: str = ""
     """why its metrics.jsonl cannot be one run's rows (`read_run`): a counter that goes back or is not a number"""
+    argv: list | None = None
+    """a shipped reference run's command (its done.json's `argv`), by which `--reference` matches budgets"""
 
     def x_axis(self) -> str:
         return "episode" if any("episode" in r for r in self.rows) else "step"

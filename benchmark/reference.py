@@ -25,6 +25,7 @@ episode counter goes back: two runs appended to one file) is refused, not shippe
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import io
 import json
@@ -36,6 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmark.curves import Run, algorithm_of, group_name, read_run, track_of
+from benchmark.suites import SUITES
 
 DIR = Path(__file__).resolve().parent / "reference_runs"
 KEEP = ("objective/reward", "objective/kl", "objective/num_steps", "perf/episodes_per_sec", "perf/peak_mem_gb")
@@ -70,6 +72,7 @@ def record(run_dir: Path) -> dict:
     return {
         "name": run.name,
         "argv": done.get("argv") if isinstance(done, dict) else None,
+        "budget": sorted(run_budgets(run_dir)),
         "provenance": run.provenance,
         "rows": compact(run.rows),
     }
@@ -100,6 +103,60 @@ def budget(argv: list | None) -> list[str]:
             out.append(args[i])
         i += 1
     return out
+
+
+FULL = " (full)"
+"""what a run at a preset's full budget (`benchmark.run tiny`) is shown with beside its namesake of the main job"""
+
+
+@functools.cache
+def suite_budgets() -> dict[str, dict[tuple[str, ...], set[str]]]:
+    """Each suite stage's group -> each of its commands (`budget`) -> `quick` (`--quick`: the README's main job),
+    `full` (the preset's budget: `benchmark.run tiny`), or both where the stage has no shorter budget."""
+    out: dict[str, dict[tuple[str, ...], set[str]]] = defaultdict(lambda: defaultdict(set))
+    for stages in SUITES.values():
+        for st in stages([1]):  # another seed's command differs in what `budget` leaves out
+            for label, quick in (("full", False), ("quick", True)):
+                out[group_name(st.run_name)][tuple(budget(st.args(quick)))].add(label)
+    return out
+
+
+@functools.cache
+def suite_needs() -> dict[str, list[str]]:
+    """Each suite stage's group -> the groups of the runs whose models it starts from (`Stage.needs`)."""
+    return {group_name(st.run_name): [group_name(n) for n in st.needs] for s in SUITES.values() for st in s([1])}
+
+
+def budgets_of(r: dict, known: dict | None = None) -> set[str]:
+    """The budgets a record was made at: those `run_budgets` found when it was built, else (an older record) those its
+    command is a suite's command of (`suite_budgets`): {"quick"}, {"full"}, both, or none (a study's, or a command
+    no suite runs)."""
+    if isinstance(r.get("budget"), list):
+        return set(r["budget"])
+    known = suite_budgets() if known is None else known
+    return set(known.get(group_name(r["name"]), {}).get(tuple(budget(r.get("argv"))), ()))
+
+
+def run_budgets(run_dir: Path) -> set[str]:
+    """The budgets a finished run was made at: those its command is a suite's command of, narrowed by the runs of
+    its seed whose models it started from, where the folder holds them (`suite_needs`): RLOO's tiny-math command is
+    the same at both budgets, but RLOO from the full budget's SFT policy is a run of the full budget."""
+    try:
+        argv = json.loads((run_dir / "done.json").read_text()).get("argv")
+    except (OSError, ValueError, AttributeError):
+        argv = None
+    out = budgets_of({"name": run_dir.name, "argv": argv})
+    seed = run_dir.name.rsplit("__", 1)[-1]
+    for need in suite_needs().get(group_name(run_dir.name), []):
+        if (run_dir.parent / f"{need}__{seed}" / "done.json").is_file():
+            out &= run_budgets(run_dir.parent / f"{need}__{seed}")
+    return out
+
+
+def full_only(r: dict, known: dict | None = None) -> bool:
+    """A run at a preset's full budget whose group the main job also runs at its shorter one: shown and keyed apart
+    (`<name> (full)`), so that the two budgets are never pooled as seeds of one experiment."""
+    return budgets_of(r, known) == {"full"}
 
 
 def write_group(path: Path, records: list[dict]) -> None:
@@ -162,9 +219,10 @@ def regime(r: dict) -> str:
     return env.get("ATEN_CPU_CAPABILITY") or "native"
 
 
-def key(r: dict) -> tuple[str, str]:
-    """What identifies a record in a group: its run name and its rounding regime."""
-    return r["name"], regime(r)
+def key(r: dict) -> tuple[str, str, bool]:
+    """What identifies a record in a group: its run name, its rounding regime, and whether it is a run at a preset's
+    full budget (`full_only`: seed 1 at the full budget ships beside seed 1 of the main job)."""
+    return r["name"], regime(r), full_only(r)
 
 
 def script_sha(r: dict) -> str | None:
@@ -230,12 +288,14 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
             new = {key(r) for r in records}  # a run of the same name under another rounding regime is kept beside it
             kept = [r for r in there.get(path, []) if key(r) not in new] if not fresh else []
             write_group(path, kept + records)
-            commands = {" ".join(budget(r.get("argv"))) for r in kept + records}
-            if len(commands) > 1:  # e.g. seed 1 of the quick suite beside seeds 2 and 3 of the full presets
-                print(
-                    f"warning: {group} now holds runs of different commands (budgets): {' | '.join(sorted(commands))}",
-                    file=sys.stderr,
-                )
+            for full in (False, True):  # the main job's and the full budget's runs are kept apart (`full_only`)
+                commands = {" ".join(budget(r.get("argv"))) for r in kept + records if full_only(r) == full}
+                if len(commands) > 1:  # e.g. a command no suite runs beside the main job's: pooled as seeds
+                    print(
+                        f"warning: {group}{FULL if full else ''} now holds runs of different commands (budgets): "
+                        f"{' | '.join(sorted(commands))}",
+                        file=sys.stderr,
+                    )
             seeds = sorted(seeds_of(kept + records))
             lines.append(
                 f"{path.name}: {len(records)} run(s) from {runs_dir}"
@@ -252,19 +312,27 @@ def seeds_of(records: list[dict]) -> list[str]:
     return [r["name"].rsplit("__", 1)[-1] + ("" if regime(r) == "native" else f" ({regime(r)})") for r in records]
 
 
-def load(data_dir: Path | None = None) -> list[Run]:
+def load(data_dir: Path | None = None, budget_name: str | None = None, rounding: str | None = None) -> list[Run]:
     """Every shipped run (in `data_dir`, default DIR), as `benchmark.compare` reads a run directory (finished, with
-    its provenance); a run of the second rounding regime named `<name> (default)` beside its native namesake."""
-    runs = []
+    its provenance); a run of the second rounding regime named `<name> (default)` beside its native namesake, and a
+    run at a preset's full budget `<name> (full)` in the group `<group> (full)` (`full_only`), beside the main job's.
+    `budget_name` "quick" leaves out the full budget's runs, "full" the main job's (a command both run stays);
+    `rounding` ("native", "default") keeps the runs of that rounding regime alone."""
+    runs, known = [], suite_budgets()
     for path in sorted(Path(data_dir or DIR).glob("*.jsonl.gz")):
         for r in read_group(path):
+            budgets = budgets_of(r, known)
+            if (budget_name and budgets and budget_name not in budgets) or (rounding and regime(r) != rounding):
+                continue
+            tags = [t for t in ("full" if budgets == {"full"} else "", regime(r) if regime(r) != "native" else "") if t]
             runs.append(
                 Run(
-                    name=r["name"] if regime(r) == "native" else f"{r['name']} ({regime(r)})",
-                    group=group_name(r["name"]),
+                    name=r["name"] + (f" ({', '.join(tags)})" if tags else ""),
+                    group=group_name(r["name"]) + (FULL if budgets == {"full"} else ""),
                     rows=r["rows"],
                     provenance=r.get("provenance"),
                     reference=True,
+                    argv=r.get("argv"),
                 )
             )
     return runs
@@ -308,7 +376,7 @@ def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | No
             f"no reference data in {data_dir or DIR} (python -m benchmark.reference build RUNS_DIR writes it)"
         )
     groups = sorted({r.group for r in shipped})
-    algorithms = sorted({algorithm_of(g) for g in groups})
+    algorithms = sorted({algorithm_of(g.removesuffix(FULL)) for g in groups})
     family = {r.group: script_of(r) for r in shipped}  # the script that made each group: rloo.py's `rloo-kl0.005`
     tracks = {track_of(r.group) for r in runs}
     chosen: list[str] = []
@@ -316,7 +384,7 @@ def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | No
         if name in groups:
             picked = [name]
         elif name in algorithms or name.removesuffix(".py") in family.values():
-            picked = [g for g in groups if name in (algorithm_of(g), f"{family[g]}.py", family[g])]
+            picked = [g for g in groups if name in (algorithm_of(g.removesuffix(FULL)), f"{family[g]}.py", family[g])]
             on = sorted(track_of(g) for g in picked)
             if runs:
                 picked = [g for g in picked if track_of(g) in tracks]
@@ -347,11 +415,39 @@ def runs_for(names: list[str], runs: list[Run], metric: str, data_dir: Path | No
             chosen.append(g)
     if not chosen:
         raise ReferenceError(f"--reference {' '.join(names)}: no shipped run logs {metric}")
+    named = [g for g in chosen if g in names]  # a group named in full is drawn whatever its budget
+    chosen = [g for g in chosen if g in named or g in same_budget(chosen, shipped, runs)]
     out = []
     for r in shipped:
         if r.group in chosen:
-            r.name, r.group = f"reference/{r.name}", f"{r.group} (reference)"
+            tag = ", full" if r.group.endswith(FULL) else ""
+            r.name, r.group = f"reference/{r.name}", f"{r.group.removesuffix(FULL)} (reference{tag})"
             out.append(r)
+    return out
+
+
+def command_of(run: Run) -> tuple[tuple[str, ...], bool] | None:
+    """A run's command as `budget` reads it (a shipped run's recorded one, a run directory's done.json `argv`) and
+    whether it is a run of the full budget (`full_only`, `run_budgets`)."""
+    if run.reference:
+        return tuple(budget(run.argv)), run.group.endswith(FULL)
+    try:
+        argv = json.loads((run.path / "done.json").read_text()).get("argv")  # type: ignore[operator]
+    except (OSError, TypeError, ValueError, AttributeError):
+        return None
+    return tuple(budget(argv)), run_budgets(run.path) == {"full"}  # type: ignore[arg-type]
+
+
+def same_budget(chosen: list[str], shipped: list[Run], runs: list[Run]) -> list[str]:
+    """Of a group shipped at both budgets (`grpo_tiny-math` and `grpo_tiny-math (full)`), the one whose command the
+    runs on its track were made with; both, each its own band, when the runs match neither (or none is given)."""
+    out = []
+    for g in chosen:
+        twins = [h for h in chosen if h.removesuffix(FULL) == g.removesuffix(FULL)]
+        mine = {command_of(r) for r in runs if track_of(r.group) == track_of(g)} - {None}
+        matched = [h for h in twins if mine & {command_of(r) for r in shipped if r.group == h}]
+        if len(twins) == 1 or not matched or g in matched:
+            out.append(g)
     return out
 
 
@@ -385,15 +481,21 @@ def main(argv: list[str] | None = None) -> int:
             raise ReferenceError(f"no reference data in {a.data or DIR}")
         groups = [read_group(path) for path in paths]  # a damaged file is one line, before any of the table
         print(
-            "| algorithm | track | seeds | its first run's flags (after the preset and run name) |\n"
-            "| --- | --- | --- | --- |"
+            "| algorithm | track | seeds | budget | its first run's flags (after the preset and run name) |\n"
+            "| --- | --- | --- | --- | --- |"
         )
         for records in groups:
-            group = group_name(records[0]["name"])
-            seeds = ", ".join(sorted(seeds_of(records)))
-            argv = records[0].get("argv") or []
-            shown = argv[3:] if len(argv) >= 3 and argv[1] == "--run-name" else argv
-            print(f"| {algorithm_of(group)} | {track_of(group)} | {seeds} | {' '.join(map(str, shown))} |")
+            for full in (False, True):  # the main job's runs, then the full budget's (`full_only`), a row each
+                mine = [r for r in records if full_only(r) == full]
+                if not mine:
+                    continue
+                group = group_name(mine[0]["name"])
+                seeds = ", ".join(sorted(seeds_of(mine)))
+                kind = {"quick": "main job", "full": "full"}
+                kind = " and ".join(kind[b] for b in sorted(budgets_of(mine[0]), reverse=True)) or "its own"
+                argv = mine[0].get("argv") or []
+                shown = argv[3:] if len(argv) >= 3 and argv[1] == "--run-name" else argv
+                print(f"| {algorithm_of(group)} | {track_of(group)} | {seeds} | {kind} | {' '.join(map(str, shown))} |")
         return 0
     except ReferenceError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -6,8 +6,9 @@ our digits but against the spread of the library's own runs of the same command 
 the whole pipeline (each its own SFT and reward model) and, where shipped, both rounding regimes (`--rounding`).
 
 For each finished run of RUNS_DIR (default `runs`) whose group (its name without `__<seed>`) has shipped runs of the
-same command (`benchmark.reference.budget`: seed, run name and threads aside), two numbers of its headline metric
-(`eval/gold_reward`, else `eval/accuracy`) are checked against the band of the n shipped runs:
+same command (`benchmark.reference.budget`: seed, run name and threads aside) and budget (the main job's, or the
+full presets' where it started from full-budget models: `reference.run_budgets`), two numbers of its headline
+metric (`eval/gold_reward`, else `eval/accuracy`) are checked against the band of the n shipped runs:
   final  the last evaluation;
   curve  the area under its evaluation curve over the shipped runs' common span of episodes, divided by that span
          (`benchmark.curves.area_under_curve`: the curve's mean value, so that a run that learns later differs);
@@ -76,7 +77,12 @@ def judge(run_dir: Path, shipped: dict[str, list[dict]]) -> Verdict:
     run = read_run(run_dir)
     name, group = run.name, group_name(run.name)
     argv = json.loads((run_dir / "done.json").read_text()).get("argv")
-    same = [r for r in shipped.get(group, []) if reference.budget(r.get("argv")) == reference.budget(argv)]
+    full = reference.run_budgets(run_dir) == {"full"}  # RLOO from a full-budget SFT policy is not the main job's
+    same = [
+        r
+        for r in shipped.get(group, [])
+        if reference.budget(r.get("argv")) == reference.budget(argv) and reference.full_only(r) == full
+    ]
     if len(same) < MIN_REFERENCE:
         other = len(shipped.get(group, [])) - len(same)
         why = f"{len(same)} shipped run(s) of its command" + (f" ({other} of another command)" if other else "")

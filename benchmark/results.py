@@ -104,7 +104,8 @@ def track_table(source, track: str) -> tuple[str, list]:
     runs = _with_metrics(select_runs(source, f"*_{track}__*"))
     check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a final value of either
     # SFT / reward-model stages are not RL algorithms
-    runs = finished_runs([r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm")])
+    # (a shipped run of the full budget is `sft_tiny-math (full)`: reference.load)
+    runs = finished_runs([r for r in runs if algorithm_of(r.group).split(" (")[0] not in ("sft", "rm", "prm")])
     start: dict[str, list[float]] = defaultdict(list)
     final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[str, list[str]] = defaultdict(list)
@@ -189,6 +190,7 @@ def prm_table(source) -> str:
 def colour_key(run_name: str) -> str:
     """The algorithm a run's curves are coloured by: `ppo` for `ppo_tiny-tldr__1` and for the frontier's
     `ppo-kl0_tiny-tldr-noisy__1` (one algorithm, one colour, in the results figures and the frontier's)."""
+    run_name = run_name.split(" (")[0]  # a shipped run's `(default)`, `(full)`
     m = NAME.match(run_name)
     return m["algo"] if m else algorithm_of(group_name(run_name))
 
@@ -201,10 +203,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="read the shipped reference runs (benchmark/reference_runs/) instead of --runs-dir",
     )
+    parser.add_argument(
+        "--budget",
+        choices=["quick", "full"],
+        default="quick",
+        help="with --reference: the main job's shipped runs (quick, the default) or those at the presets' full budgets",
+    )
+    parser.add_argument(
+        "--rounding",
+        choices=["native", "default"],
+        default=None,
+        help="with --reference: only the runs of one rounding regime (benchmark.run --rounding); default: both, pooled",
+    )
     parser.add_argument("--out-dir", default=None, help="where to write the tables and figures (default: --runs-dir)")
     parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))
     a = parser.parse_args(argv)
     runs_dir = Path(a.runs_dir)
+    if not a.reference and (a.rounding or a.budget != "quick"):  # they choose among shipped runs, not a folder's
+        raise SystemExit("error: --budget and --rounding choose among the shipped runs: pass them with --reference")
     if not a.reference and not runs_dir.is_dir():  # a misspelt directory would tabulate nothing and exit 0
         what = "is not a directory" if runs_dir.exists() else "does not exist"
         raise SystemExit(f"error: --runs-dir {runs_dir} {what}; pass the directory that holds the runs")
@@ -213,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmark import reference
 
         try:
-            source, where = reference.load(), f"the reference data ({reference.DIR})"
+            source = reference.load(budget_name=a.budget, rounding=a.rounding)
+            where = f"the reference data ({reference.DIR}, {a.budget}{', ' + a.rounding if a.rounding else ''})"
         except reference.ReferenceError as e:  # a damaged data file: named, with how to restore it
             raise SystemExit(f"error: {e}") from None
     else:
@@ -234,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             plot(runs, TRACKS[track][0], png, TITLES[track], TRAIN_METRICS, colours, algorithm_of)
             wrote.append(png)
         print(f"## {track}\n\n{md}")
-        if track == "tiny-math" and (family := [r for r in runs if algorithm_of(r.group) in GRPO_FAMILY]):
+        family = [r for r in runs if algorithm_of(r.group).split(" (")[0] in GRPO_FAMILY]  # `grpo (full)` too
+        if track == "tiny-math" and family:
             title = "tiny-math: GRPO's variants, greedy accuracy and the training reward"
             png = out_dir / "results_tiny-math_grpo.png"
             plot(family, TRACKS[track][0], png, title, TRAIN_METRICS, colours, algorithm_of)

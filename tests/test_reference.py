@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import compare, reference, results
+from benchmark import compare, reference, reproduce, results
+from benchmark.suites import SUITES
 
 
 def _run(root: Path, name: str, accuracy: list[float], done: bool = True) -> Path:
@@ -23,7 +24,8 @@ def _run(root: Path, name: str, accuracy: list[float], done: bool = True) -> Pat
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     (run / "samples.jsonl").write_text("{}\n")
     if done:
-        (run / "done.json").write_text(json.dumps({"argv": ["tiny-math", "--seed", name[-1]]}))
+        # a command no suite runs (`reference.suite_budgets`): these runs are of no budget of the library's
+        (run / "done.json").write_text(json.dumps({"argv": ["tiny-math", "--seed", name[-1], "--eval-every", "1"]}))
     return run
 
 
@@ -52,7 +54,7 @@ def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_by
         "sft_tiny-math.jsonl.gz",
     ]
     (first, *_) = reference.read_group(data / "rloo_tiny-math.jsonl.gz")
-    assert first["name"] == "rloo_tiny-math__1" and first["argv"] == ["tiny-math", "--seed", "1"]
+    assert first["name"] == "rloo_tiny-math__1" and first["argv"] == ["tiny-math", "--seed", "1", "--eval-every", "1"]
     # evaluations and kept training metrics with step/episode/time; the loss dropped; the last row kept for its time
     assert first["rows"][:2] == [
         {"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": 0.2},
@@ -72,12 +74,12 @@ def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_by
     (other / "done.json").write_text(json.dumps({"argv": ["tiny-math", "--seed", "5", "--total-episodes", "64"]}))
     assert reference.main(["build", str(tmp_path / "other")]) == 0
     assert (
-        "warning: rloo_tiny-math now holds runs of different commands (budgets): tiny-math | tiny-math "
-        "--total-episodes 64" in capsys.readouterr().err
+        "warning: rloo_tiny-math now holds runs of different commands (budgets): tiny-math --eval-every 1 | "
+        "tiny-math --total-episodes 64" in capsys.readouterr().err
     )
     assert [r["name"][-1] for r in reference.read_group(data / "rloo_tiny-math.jsonl.gz")] == ["1", "2", "3", "4", "5"]
     assert reference.main(["list"]) == 0
-    assert "| rloo | tiny-math | 1, 2, 3, 4, 5 |" in capsys.readouterr().out
+    assert "| rloo | tiny-math | 1, 2, 3, 4, 5 | its own |" in capsys.readouterr().out
 
 
 def test_results_from_the_reference_data_equal_results_from_the_runs(shipped, tmp_path):
@@ -195,3 +197,94 @@ def test_runs_that_share_no_metric_are_one_error_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "error: no finished run has the metric eval/score; they share no evaluation metric"
     )
+
+
+def _suite_run(root: Path, name: str, accuracy: list[float], quick: bool) -> Path:
+    """A run of the tiny-math suite with the command `benchmark.run` gives it: `--quick` (the main job) or full."""
+    seed = int(name.rsplit("__", 1)[1])
+    (stage,) = [st for st in SUITES["tiny-math"]([seed]) if st.run_name == name]
+    run = _run(root, name, accuracy)
+    (run / "done.json").write_text(json.dumps({"argv": [*stage.args(quick), "--num-threads", "1"]}))
+    return run
+
+
+@pytest.fixture
+def two_budgets(tmp_path, monkeypatch) -> tuple[Path, Path]:
+    """GRPO and RLOO on tiny-math, 3 seeds each, at the main job's budget (from the main job's SFT policy) and at the
+    full presets' (from the full budget's SFT policy): the same run names, two folders. RLOO's command is the same at
+    both budgets; only its start tells them apart."""
+    monkeypatch.setattr(reference, "DIR", tmp_path / "data")
+    folders = []
+    for quick, end in ((True, 0.3), (False, 0.6)):
+        runs = tmp_path / ("main" if quick else "full")
+        for seed in (1, 2, 3):
+            _suite_run(runs, f"sft_tiny-math__{seed}", [0.1, 0.15 + 0.01 * seed], quick)
+            for algo in ("grpo", "rloo"):
+                _suite_run(runs, f"{algo}_tiny-math__{seed}", [0.15, 0.2, end + 0.01 * seed], quick)
+        folders.append(runs)
+    return folders[0], folders[1]
+
+
+def test_the_full_budget_ships_beside_the_main_job_and_is_never_pooled_with_it(two_budgets, tmp_path, capsys):
+    """Issue 57 item 4: the 3-seed full-budget runs share the main job's run names (`grpo_tiny-math__1`): they ship
+    beside them without --replace, as their own group (`grpo_tiny-math (full)`), and every reader keeps them apart:
+    `list` a row each, `results --reference` one budget (`--budget`), `compare --reference` the band of the budget
+    the runs were made at, `reproduce` the band of the same command from the same start."""
+    main, full = two_budgets
+    assert reference.main(["build", str(main)]) == 0
+    assert reference.main(["build", str(full)]) == 0  # not refused: another budget, not a changed run
+    out = capsys.readouterr()
+    assert "different commands" not in out.err and "grpo_tiny-math.jsonl.gz: 3 run(s)" in out.out
+    assert len(reference.read_group(tmp_path / "data" / "rloo_tiny-math.jsonl.gz")) == 6
+    assert reference.main(["list"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| rloo |")]
+    assert [row.split(" | ")[3] for row in rows] == ["main job", "full"]  # one command: its start tells them apart
+    groups = {r.group for r in reference.load()}
+    assert {"grpo_tiny-math", "grpo_tiny-math (full)", "rloo_tiny-math", "rloo_tiny-math (full)"} <= groups
+    assert "rloo_tiny-math__1 (full)" in {r.name for r in reference.load()}
+    # results --reference: one budget's table, the same as the table of that budget's folder
+    for budget, folder in (("quick", main), ("full", full)):
+        assert results.main(["--reference", "--budget", budget, "--out-dir", str(tmp_path / budget)]) == 0
+        table = (tmp_path / budget / "results_tiny-math.md").read_text()
+        assert table.replace(" (full)", "") == results.track_table(folder, "tiny-math")[0]
+        assert ("(full)" in table) == (budget == "full") and "| sft" not in table
+        mean = "0.620" if budget == "full" else "0.320"
+        assert f"| {'grpo (full)' if budget == 'full' else 'grpo'} | 3 | {mean} [" in table
+    capsys.readouterr()
+    # compare --reference: the user's runs at one budget meet that budget's band alone
+    for folder, band in ((main, "grpo_tiny-math (reference)"), (full, "grpo_tiny-math (reference, full)")):
+        mine = [str(p) for p in sorted(folder.glob("grpo_tiny-math__*"))]
+        args = [*mine, "--metric", "eval/accuracy", "--out", str(tmp_path / "cmp")]
+        assert compare.main([*args, "--reference", "grpo"]) == 0
+        table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| grpo_tiny-math (")]
+        assert len(table) == 1 and table[0].startswith(f"| {band} | 3 |")
+    # a fork's runs match neither budget's command: both bands, each its own
+    fork = [_run(tmp_path / "fork", f"grpo_x_tiny-math__{s}", [0.2, 0.3]) for s in (1, 2, 3)]
+    assert compare.main([*map(str, fork), "--metric", "eval/accuracy", "--out", str(tmp_path / "c")]) == 0
+    capsys.readouterr()
+    assert compare.main([*map(str, fork), "--metric", "eval/accuracy", "--out", str(tmp_path / "c"),
+                         "--reference", "grpo"]) == 0  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    bands = [line.split(" | ")[0] for line in out if line.startswith("| grpo_tiny-math (")]
+    assert bands == ["| grpo_tiny-math (reference)", "| grpo_tiny-math (reference, full)"]
+
+
+def test_reproduce_judges_a_run_against_its_own_budget(two_budgets, tmp_path, capsys):
+    """A run of the full suite is judged against the full budget's runs, the main job's against the main job's;
+    RLOO's runs, of one command at both budgets, by the SFT policy they started from."""
+    main, full = two_budgets
+    assert reference.main(["build", str(main)]) == 0 and reference.main(["build", str(full)]) == 0
+    capsys.readouterr()
+    for folder, band in ((main, "[0.2"), (full, "[0.5")):
+        assert reproduce.main([str(folder)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[-1] == "reproduces the library: yes (9 runs inside the shipped bands)"
+        rloo = next(line for line in out if line.startswith("rloo_tiny-math__1"))
+        assert f"final {0.31 if folder == main else 0.61:.3f} in {band}" in rloo and "(3 shipped runs)" in rloo
+    # the main job's final RLOO values in the full budget's folder: outside its band
+    (full / "rloo_tiny-math__2" / "metrics.jsonl").write_text(
+        (main / "rloo_tiny-math__2" / "metrics.jsonl").read_text()
+    )
+    assert reproduce.main([str(full)]) == 1
+    verdict = capsys.readouterr().out.splitlines()[-1]
+    assert verdict == "reproduces the library: no, these runs differ: rloo_tiny-math__2"

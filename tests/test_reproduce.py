@@ -153,7 +153,7 @@ def test_the_two_rounding_regimes_ship_side_by_side_and_make_one_band(tmp_path, 
         reference.build(built, data)
     records = reference.read_group(data / "grpo_tiny-math.jsonl.gz")
     assert sorted(reference.key(r) for r in records) == sorted(
-        (f"grpo_tiny-math__{s}", g) for s in (1, 2, 3) for g in ("native", "default")
+        (f"grpo_tiny-math__{s}", g, False) for s in (1, 2, 3) for g in ("native", "default")
     )
     assert reference.main(["list", "--data", str(data)]) == 0
     assert "| grpo | tiny-math | 1, 1 (default), 2, 2 (default), 3, 3 (default) |" in capsys.readouterr().out

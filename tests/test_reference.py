@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from benchmark import compare, reference, reproduce, results
-from benchmark.suites import SUITES
+from benchmark.study import STUDY
+from benchmark.suites import MAIN_FRONTIER_STAGES, QUICK_STAGES, SUITES
 
 
 def _run(root: Path, name: str, accuracy: list[float], done: bool = True) -> Path:
@@ -288,3 +289,35 @@ def test_reproduce_judges_a_run_against_its_own_budget(two_budgets, tmp_path, ca
     assert reproduce.main([str(full)]) == 1
     verdict = capsys.readouterr().out.splitlines()[-1]
     assert verdict == "reproduces the library: no, these runs differ: rloo_tiny-math__2"
+
+
+def test_the_shipped_data_holds_the_main_job_every_study_and_full_tiny_math_as_they_run_today():
+    """What `reproduce` and `compare --reference` judge against is today's commands: every group the README's main job
+    makes, every family's study track and tiny-math's full-budget groups have 3 or more seeds under each rounding
+    regime, made by the command the suite (or the study) runs now. A changed budget fails here, naming the group whose
+    runs to rebuild (benchmark.reference build) before its shipped band says anything of the new command."""
+    records = [r for path in sorted(reference.DIR.glob("*.jsonl.gz")) for r in reference.read_group(path)]
+    wanted: dict[tuple[str, bool], list[str]] = {}  # (group, full budget) -> its command today
+    quick = {st.run_name.rsplit("__", 1)[0]: st for st in SUITES["quick"]([1])}
+    main = [*QUICK_STAGES, *MAIN_FRONTIER_STAGES]
+    main += sorted({need.rsplit("__", 1)[0] for g in main for need in quick[g].needs})
+    for group in main:
+        wanted[group, False] = reference.budget(quick[group].args(True))
+    full = {st.run_name.rsplit("__", 1)[0]: st for st in SUITES["tiny-math"]([1])}
+    for group in ("sft_tiny-math", "grpo_tiny-math", "rloo_tiny-math", "ppo_tiny-math", "remax_tiny-math"):
+        wanted[group, True] = reference.budget(full[group].args(False))
+    for family, tracks in STUDY.items():
+        for t in tracks:
+            wanted[f"{family}_{t.track}-study", False] = [t.preset, *t.flags]
+    missing = []
+    for (group, is_full), command in wanted.items():
+        have = [
+            reference.regime(r)
+            for r in records
+            if r["name"].rsplit("__", 1)[0] == group
+            and reference.full_only(r) == is_full
+            and reference.budget(r.get("argv")) == command
+        ]
+        if min(have.count("native"), have.count("default")) < 3:
+            missing.append(f"{group}{reference.FULL if is_full else ''}: `{' '.join(command)}`")
+    assert not missing, f"shipped runs of today's commands, 3 seeds under each regime, are missing for: {missing}"

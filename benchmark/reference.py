@@ -316,19 +316,21 @@ def load(data_dir: Path | None = None, budget_name: str | None = None, rounding:
     """Every shipped run (in `data_dir`, default DIR), as `benchmark.compare` reads a run directory (finished, with
     its provenance); a run of the second rounding regime named `<name> (default)` beside its native namesake, and a
     run at a preset's full budget `<name> (full)` in the group `<group> (full)` (`full_only`), beside the main job's.
-    `budget_name` "quick" leaves out the full budget's runs, "full" the main job's (a command both run stays);
-    `rounding` ("native", "default") keeps the runs of that rounding regime alone."""
+    `budget_name` "quick" leaves out the full budget's runs, "full" the main job's (a command both run stays), and
+    then names none `(full)`: one budget's runs read as the runs of its folder; `rounding` ("native", "default")
+    keeps the runs of that rounding regime alone."""
     runs, known = [], suite_budgets()
     for path in sorted(Path(data_dir or DIR).glob("*.jsonl.gz")):
         for r in read_group(path):
             budgets = budgets_of(r, known)
             if (budget_name and budgets and budget_name not in budgets) or (rounding and regime(r) != rounding):
                 continue
-            tags = [t for t in ("full" if budgets == {"full"} else "", regime(r) if regime(r) != "native" else "") if t]
+            full = budgets == {"full"} and not budget_name  # both budgets read together: the full one named apart
+            tags = [t for t in ("full" if full else "", regime(r) if regime(r) != "native" else "") if t]
             runs.append(
                 Run(
                     name=r["name"] + (f" ({', '.join(tags)})" if tags else ""),
-                    group=group_name(r["name"]) + (FULL if budgets == {"full"} else ""),
+                    group=group_name(r["name"]) + (FULL if full else ""),
                     rows=r["rows"],
                     provenance=r.get("provenance"),
                     reference=True,
@@ -491,8 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 group = group_name(mine[0]["name"])
                 seeds = ", ".join(sorted(seeds_of(mine)))
-                kind = {"quick": "main job", "full": "full"}
-                kind = " and ".join(kind[b] for b in sorted(budgets_of(mine[0]), reverse=True)) or "its own"
+                names = {"quick": "main job", "full": "full"}
+                kind = " and ".join(names[b] for b in sorted(budgets_of(mine[0]), reverse=True)) or "its own"
                 argv = mine[0].get("argv") or []
                 shown = argv[3:] if len(argv) >= 3 and argv[1] == "--run-name" else argv
                 print(f"| {algorithm_of(group)} | {track_of(group)} | {seeds} | {kind} | {' '.join(map(str, shown))} |")

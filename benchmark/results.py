@@ -104,8 +104,7 @@ def track_table(source, track: str) -> tuple[str, list]:
     runs = _with_metrics(select_runs(source, f"*_{track}__*"))
     check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a final value of either
     # SFT / reward-model stages are not RL algorithms
-    # (a shipped run of the full budget is `sft_tiny-math (full)`: reference.load)
-    runs = finished_runs([r for r in runs if algorithm_of(r.group).split(" (")[0] not in ("sft", "rm", "prm")])
+    runs = finished_runs([r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm")])
     start: dict[str, list[float]] = defaultdict(list)
     final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[str, list[str]] = defaultdict(list)
@@ -190,7 +189,7 @@ def prm_table(source) -> str:
 def colour_key(run_name: str) -> str:
     """The algorithm a run's curves are coloured by: `ppo` for `ppo_tiny-tldr__1` and for the frontier's
     `ppo-kl0_tiny-tldr-noisy__1` (one algorithm, one colour, in the results figures and the frontier's)."""
-    run_name = run_name.split(" (")[0]  # a shipped run's `(default)`, `(full)`
+    run_name = run_name.split(" (")[0]  # a shipped run of the second rounding regime: `<name> (default)`
     m = NAME.match(run_name)
     return m["algo"] if m else algorithm_of(group_name(run_name))
 
@@ -251,8 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             plot(runs, TRACKS[track][0], png, TITLES[track], TRAIN_METRICS, colours, algorithm_of)
             wrote.append(png)
         print(f"## {track}\n\n{md}")
-        family = [r for r in runs if algorithm_of(r.group).split(" (")[0] in GRPO_FAMILY]  # `grpo (full)` too
-        if track == "tiny-math" and family:
+        if track == "tiny-math" and (family := [r for r in runs if algorithm_of(r.group) in GRPO_FAMILY]):
             title = "tiny-math: GRPO's variants, greedy accuracy and the training reward"
             png = out_dir / "results_tiny-math_grpo.png"
             plot(family, TRACKS[track][0], png, title, TRAIN_METRICS, colours, algorithm_of)

@@ -43,6 +43,13 @@ DIR = Path(__file__).resolve().parent / "reference_runs"
 KEEP = ("objective/reward", "objective/kl", "objective/num_steps", "perf/episodes_per_sec", "perf/peak_mem_gb")
 """the training metrics kept beside the evaluations: the results figures' panels, the PRM table, the speed columns"""
 ROW_KEYS = ("step", "episode", "time")
+EARLY_ROWS = 8
+"""the first training rows kept whole: every statistic the script logs per update, for reproduce's early check"""
+
+
+def is_training_row(row: dict) -> bool:
+    """A row a script logged for an update (a loss, a KL, a reward...), not an evaluation's or the last one's."""
+    return any(not k.startswith(("eval/", "perf/")) and k not in (*ROW_KEYS, "epoch") for k in row)
 
 
 class ReferenceError(Exception):
@@ -51,9 +58,14 @@ class ReferenceError(Exception):
 
 def compact(rows: list[dict]) -> list[dict]:
     """The rows the tables and figures read: those with an evaluation or a KEEP metric, each cut to those and
-    ROW_KEYS, and the last row (cut the same way), which holds the run's wall-clock time."""
-    out = []
+    ROW_KEYS, and the last row (cut the same way), which holds the run's wall-clock time; the first EARLY_ROWS
+    training rows are kept whole (`benchmark.reproduce`'s early check)."""
+    out, early = [], 0
     for i, row in enumerate(rows):
+        if early < EARLY_ROWS and is_training_row(row):
+            early += 1
+            out.append(dict(row))
+            continue
         kept = {k: v for k, v in row.items() if k.startswith("eval/") or k in KEEP}
         if kept or i == len(rows) - 1:
             out.append({**{k: row[k] for k in ROW_KEYS if k in row}, **kept})

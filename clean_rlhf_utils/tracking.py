@@ -161,7 +161,8 @@ def fork_parent(script: Path, repo: Path) -> dict | None:
 def record_provenance(run_dir: Path, resumed: bool, script: Path | None = None) -> None:
     """`provenance.json` of a run: what started it (`script`: the file that ran), and what each `--resume` continued
     it with."""
-    path, now = run_dir / "provenance.json", provenance(script)
+    # the command too: an unfinished run (no done.json) can still be checked against the library's early updates
+    path, now = run_dir / "provenance.json", {**provenance(script), "argv": sys.argv[1:]}
     record = json.loads(path.read_text()) if resumed and path.exists() else {"started": now, "resumed": []}
     if resumed:
         record.setdefault("resumed", []).append(now)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -10,6 +14,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 from benchmark.assets import build  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config):
@@ -44,6 +50,31 @@ def assets(tmp_path_factory):
     out = tmp_path_factory.mktemp("assets")
     build(out, seed=0)
     return out
+
+
+def run_learning_suite(workdir: Path, timeout: int) -> subprocess.CompletedProcess:
+    """`benchmark.run learning` for seed 1 in `workdir`: the README's main job and the quick frontier's runs."""
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmark.run", "learning", "--seeds", "1", "--jobs", "2", "--workdir", str(workdir)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def suite_dir(assets, tmp_path_factory) -> Path:
+    """Runs the quick tiny suite and the quick frontier's runs (seed 1) once in a fresh working directory: the
+    learning tests judge them, the mutation tests start from their models."""
+    workdir = tmp_path_factory.mktemp("suite")
+    shutil.copytree(assets, workdir / "runs" / "assets")
+    proc = run_learning_suite(workdir, timeout=2700)
+    print(proc.stdout[-3000:])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return workdir
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 from benchmark.curves import read_run
 from benchmark.launch import final_metrics
 from benchmark.suites import LEARNING_FRONTIER_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES
+from tests.conftest import run_learning_suite
 
 REPO = Path(__file__).resolve().parent.parent
 # minimal improvement over the starting SFT policy (seed 1), in gold reward and in win rate. Over 3 seeds of the
@@ -34,29 +34,6 @@ TLDR_MARGINS = {"ppo": 0.15, "rloo": 0.1, "remax": 0.1, "dpo": 0.1, "online-dpo"
 MATH_MARGINS = {"grpo": 0.1}
 STAGES = [f"{a}_tiny-tldr" for a in TLDR_MARGINS] + [f"{a}_tiny-math" for a in MATH_MARGINS]
 assert sorted(STAGES) == sorted(QUICK_STAGES), "the README's main job (suite `quick`) runs what these tests check"
-
-
-def _suite(workdir: Path, timeout: int) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "benchmark.run", "learning", "--seeds", "1", "--jobs", "2", "--workdir", str(workdir)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-@pytest.fixture(scope="module")
-def suite_dir(assets, tmp_path_factory) -> Path:
-    """Runs the quick tiny suite and the quick frontier's runs (seed 1) once in a fresh working directory."""
-    workdir = tmp_path_factory.mktemp("suite")
-    shutil.copytree(assets, workdir / "runs" / "assets")
-    proc = _suite(workdir, timeout=2700)
-    print(proc.stdout[-3000:])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return workdir
 
 
 def start_and_end(run_dir: Path, metric: str) -> tuple[float, float]:
@@ -109,7 +86,7 @@ def test_tiny_math_rl_beats_the_sft_policy_by_showing_its_work(suite_dir, algo):
 
 @pytest.mark.slow
 def test_rerunning_the_suite_skips_finished_runs(suite_dir):
-    proc = _suite(suite_dir, timeout=300)
+    proc = run_learning_suite(suite_dir, timeout=300)
     assert proc.returncode == 0
     assert "[run]" not in proc.stdout and proc.stdout.count("[skip]") >= 13
     done = json.loads((suite_dir / "runs" / "sft_tiny-tldr__1" / "done.json").read_text())

@@ -44,7 +44,10 @@ def shipped(tmp_path, monkeypatch) -> Path:
     return runs
 
 
-def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_bytes(shipped, tmp_path, capsys):
+def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_bytes(
+    shipped, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(reference, "EARLY_ROWS", 2)  # the first two training rows whole, for reproduce's early check
     assert reference.main(["build", str(shipped)]) == 0
     out = capsys.readouterr()
     assert "ppo_tiny-math__1 did not finish (no done.json); left out" in out.err
@@ -56,11 +59,18 @@ def test_build_keeps_the_rows_the_tables_read_and_the_same_runs_give_the_same_by
     ]
     (first, *_) = reference.read_group(data / "rloo_tiny-math.jsonl.gz")
     assert first["name"] == "rloo_tiny-math__1" and first["argv"] == ["tiny-math", "--seed", "1", "--eval-every", "1"]
-    # evaluations and kept training metrics with step/episode/time; the loss dropped; the last row kept for its time
+    # the first EARLY_ROWS training rows whole; then evaluations and kept training metrics with step/episode/time, the
+    # loss dropped; the last row kept for its time
     assert first["rows"][:2] == [
         {"step": 0, "episode": 0, "time": 1.0, "eval/accuracy": 0.2},
-        {"step": 0, "episode": 32, "time": 2.0, "objective/reward": 0.2},
+        {"step": 0, "episode": 32, "time": 2.0, "objective/reward": 0.2, "loss/policy": 3},
     ]
+    assert first["rows"][3]["loss/policy"] == 3 and first["rows"][5] == {
+        "step": 2,
+        "episode": 160,
+        "time": 6.0,
+        "objective/reward": 0.5,
+    }
     assert first["rows"][-1] == {"step": 3, "episode": 192, "time": 99.0} and len(first["rows"]) == 7
     before = (data / "rloo_tiny-math.jsonl.gz").read_bytes()
     assert reference.main(["build", str(shipped)]) == 0
@@ -277,9 +287,9 @@ def test_reproduce_judges_a_run_against_its_own_budget(two_budgets, tmp_path, ca
     for folder, band in ((main, "[0.2"), (full, "[0.5")):
         assert reproduce.main([str(folder)]) == 0
         out = capsys.readouterr().out.splitlines()
-        assert out[-1] == "reproduces the library: yes (9 runs inside the shipped bands)"
+        assert out[-1] == "reproduces the library: yes (9 runs: 0 early checks and 9 end results passed)"
         rloo = next(line for line in out if line.startswith("rloo_tiny-math__1"))
-        assert f"final {0.31 if folder == main else 0.61:.3f} in {band}" in rloo and "(3 shipped runs)" in rloo
+        assert f"final {0.31 if folder == main else 0.61:.3f} in {band}" in rloo and "(3 distinct shipped runs)" in rloo
     # the main job's final RLOO values in the full budget's folder: outside its band
     (full / "rloo_tiny-math__2" / "metrics.jsonl").write_text(
         (main / "rloo_tiny-math__2" / "metrics.jsonl").read_text()

@@ -202,7 +202,7 @@ def _early_run(
     gap = 0.0 if regime == "native" else 1e-7
     rows = []
     for u in range(1, updates + 1):
-        part = 0.05 if u >= 4 and regime != "native" else gap
+        part = 0.5 if u >= 4 and regime != "native" else gap
         row = {"step": u, "episode": 64 * u, "time": 3.0 * u, "loss/policy": SEEDS_LOSS[seed] / u + part}
         row |= {"objective/kl": 0.01 * (u - 1) * seed + part, "lr": 1e-6 * u, "perf/episodes_per_sec": 10 + u + gap}
         for (at, key), value in (change or {}).items():

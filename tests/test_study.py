@@ -215,7 +215,7 @@ def test_the_studys_table_says_whose_starts_its_interval_covers(tmp_path, monkey
     out = capsys.readouterr().out
     assert "# Starts: each seed from its own SFT policy and reward model (the whole pipeline)" in out
     assert status["sft_tiny-math__2"] == status["rm_tiny-tldr-noisy__2"] == "dry-run"
-    assert "--seed 2 --num-train-epochs 4" in out  # seed 2's own SFT policy, at the quick suite's budget
+    assert "--seed 2 --num-train-epochs 6" in out  # seed 2's own SFT policy, at the quick suite's budget
 
 
 def test_two_studies_keep_both_outputs_and_the_end_lists_them(tmp_path, monkeypatch, capsys):

@@ -205,6 +205,7 @@ def _early_run(
         part = 0.5 if u >= 4 and regime != "native" else gap
         row = {"step": u, "episode": 64 * u, "time": 3.0 * u, "loss/policy": SEEDS_LOSS[seed] / u + part}
         row |= {"objective/kl": 0.01 * (u - 1) * seed + part, "lr": 1e-6 * u, "perf/episodes_per_sec": 10 + u + gap}
+        row["loss/mean"] = (1 if regime == "native" else -1) * 1e-6 * seed  # 0 but for rounding: its sign too
         for (at, key), value in (change or {}).items():
             if at == u:
                 row[key] = value
@@ -332,6 +333,8 @@ def test_the_window_ends_where_the_regimes_part_and_needs_two_regimes(tmp_path):
     # the tolerance: MARGIN x the regimes' largest gap at that update, plus the floor
     assert window[0]["loss/policy"] == pytest.approx(10 * 1e-7 + 1e-5 * 0.6 + 1e-6)
     assert "perf/episodes_per_sec" not in window[0] and "time" not in window[0]
+    # a statistic 0 but for rounding parts at the first update: held to 10 x its gap, it does not end the window
+    assert window[2]["loss/mean"] == pytest.approx(10 * 4e-6 + 1e-5 * 2e-6 + 1e-6)
     assert reproduce.early_tolerances([r for r in records if r["name"] == "x__1"][:1]) == (
         [],
         "no seed is shipped under two rounding regimes, so no tolerance is measured",

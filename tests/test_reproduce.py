@@ -376,7 +376,7 @@ def test_a_band_that_holds_the_start_cannot_tell_and_the_peak_and_gain_judge(tmp
     shutil.rmtree(runs / "ppo-kl0_tiny-tldr-noisy__1")
     _run(runs, "ppo-kl0_tiny-tldr-noisy__1", [0.67, 0.68, 0.66, 0.67], ["x", "--run-name", "r", "--seed", "1"])
     code, out = _line(runs, data, capsys)
-    assert code == 1 and "peak 0.680 OUTSIDE [" in out[0]
+    assert code == 1 and "peak 0.680 OUTSIDE [" in out[0] and "rise +0.010 BELOW +0." in out[0]
     # only cannot-tell checks: the run is `cannot tell`, and the verdict unknown
     wide = {1: [0.1, 0.1, 0.0], 2: [0.1, 0.9, 1.0], 3: [0.1, 0.5, 0.3]}
     for seed, values in wide.items():
@@ -402,17 +402,31 @@ def test_each_shipped_seed_falls_inside_the_band_of_the_others(tmp_path, capsys)
     )
 
 
+# Main-job groups whose end result cannot tell over 3 seeds: their early check alone judges them (issue 66 item 1)
+END_BLIND = {
+    # 384 pairs of offline DPO at beta 0.1, the frontier's low-KL point: 3 seeds end 0.83-1.00 from 0.67, too spread
+    # for a band clear of the start with t(0.975, 2) = 4.3
+    "dpo-beta0.1_tiny-tldr-noisy"
+}
+
+
 def test_the_shipped_main_job_judges_every_rl_group_by_something_that_excludes_its_start():
-    """Issue 66 item 1: in the shipped references, every RL group of the README's main job has an end check that can
-    tell (its band clear of its start), and every group an early window of at least one update."""
+    """Issue 66 item 1: in the shipped references every group of the README's main job has an early window of at
+    least 3 updates, and every RL group but END_BLIND an end check that can tell (a band clear of its start, or a
+    gain or rise bound above 0): GRPO is judged by its gain, PPO without a KL penalty by its rise to the gold peak."""
     shipped = reproduce.shipped_groups(None)
     quick = {st.run_name.rsplit("__", 1)[0]: st for st in SUITES["quick"]([1])}
-    blind = []
-    for group in [*QUICK_STAGES, *MAIN_FRONTIER_STAGES]:
+    main = [*QUICK_STAGES, *MAIN_FRONTIER_STAGES]
+    blind, short = [], []
+    for group in [*main, *sorted({need.rsplit("__", 1)[0] for g in main for need in quick[g].needs})]:
         same = [r for r in shipped[group] if reference.budget(r["argv"]) == reference.budget(quick[group].args(True))]
         runs = reproduce.distinct(same)
         window, why = reproduce.early_tolerances(same)
-        state, texts, _ = reproduce.end_checks(runs[0]["rows"], runs)
-        if not window or not any(" in [" in t or " >= " in t for t in texts):
-            blind.append(f"{group}: early window {len(window)} ({why}); {'; '.join(texts)}")
-    assert not blind, blind
+        if len(window) < 3:
+            short.append(f"{group}: early window {len(window)} ({why})")
+        if group in main:
+            state, texts, _ = reproduce.end_checks(runs[0]["rows"], runs)
+            if not any(" in [" in t or " >= " in t for t in texts):
+                blind.append(group)
+    assert not short, short
+    assert sorted(blind) == sorted(END_BLIND), blind

@@ -19,6 +19,7 @@ class Mutant:
     new: str
     what: str  # one line: the bug, as a user would describe it
     equivalent: bool = False  # True when it changes no trained weight (e.g. a constant rescaling Adam cannot see)
+    logged: bool = True  # an equivalent one: whether a logged statistic still moves (else it must pass as honest)
 
 
 MUTANTS = [
@@ -265,6 +266,7 @@ MUTANTS = [
         what="SFT leaves dropout on (N+ turns it off): no number changes on the tiny world, whose tiny-neox config has "
         "hidden and attention dropout 0.0 (a p = 0 dropout returns its input on CPU, drawing no random number)",
         equivalent=True,
+        logged=False,
     ),
     Mutant(
         name="ppo-invalid-logprob-zero",
@@ -275,5 +277,6 @@ MUTANTS = [
         what="PPO's placeholder logprob of padded positions is 0.0, not TRL's 1.0: no number changes, as the old and "
         "new logprobs get the same placeholder (ratio exp(0) = 1, advantage 0) and every loss and statistic masks it",
         equivalent=True,
+        logged=False,
     ),
 ]

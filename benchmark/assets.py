@@ -17,6 +17,7 @@ on both (`from_pretrained` on a directory, `datasets` on JSONL files):
       tiny-tldr/preference/{train,validation}.jsonl id, ..., query, facts, chosen, rejected, chosen_score,
                                                     rejected_score
       MANIFEST.json                 seed, sizes, sha256 of every data file
+      starts/sft_tiny-math/         copied from benchmark/starts/ by `ensure_assets` (the main job): a shipped start
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -177,18 +179,40 @@ def build(
     return manifest
 
 
+STARTS = Path(__file__).resolve().parent / "starts"
+"""shipped models that runs start from on every host (benchmark/starts/README.md)"""
+
+
+def place_starts(out: Path) -> None:
+    """Copy each shipped start (STARTS/<name>/) to `out`/starts/<name>/ unless an identical copy is there: a copy
+    another file replaced, or an older start, is rewritten (a folder written aside, then renamed into place)."""
+    for src in sorted(p for p in STARTS.iterdir() if p.is_dir()):
+        dst = out / "starts" / src.name
+        files = sorted(f.name for f in src.iterdir() if f.is_file())
+        if dst.is_dir() and all(
+            (dst / f).is_file() and (dst / f).read_bytes() == (src / f).read_bytes() for f in files
+        ):
+            continue
+        tmp = dst.with_name(f".{src.name}.tmp{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        if dst.exists():
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+
+
 def ensure_assets(out: str | os.PathLike = "runs/assets", seed: int = 0) -> Path:
-    """Build the assets unless a complete build for this seed is already there."""
+    """Build the assets unless a complete build for this seed is already there; place the shipped starts."""
     out = Path(out)
     manifest = out / "MANIFEST.json"
-    if (
+    if not (
         manifest.exists()
         and json.loads(manifest.read_text()).get("seed") == seed
         and (out / "models" / "tiny-neox").exists()
         and (out / "tiny-tldr-noisy" / "preference").exists()  # a build older than tiny-tldr-noisy gets it added
     ):
-        return out
-    build(out, seed)
+        build(out, seed)
+    place_starts(out)
     return out
 
 

@@ -20,7 +20,15 @@ from pathlib import Path
 from benchmark.assets import ensure_assets
 from benchmark.curves import provenance_differences, read_run
 from benchmark.status import BLOCKED, DONE, FAILED, RUNNING, SKIPPED, Display, StageStatus, headline, log_tail
-from benchmark.suites import LEARNING_FRONTIER_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES, REPO, SUITES, Stage
+from benchmark.suites import (
+    CHECK_STAGES,
+    LEARNING_FRONTIER_STAGES,
+    MAIN_FRONTIER_STAGES,
+    QUICK_STAGES,
+    REPO,
+    SUITES,
+    Stage,
+)
 from clean_rlhf_utils import ownership, storage
 
 # flags that change how a run is launched, not what it computes: left out when commands are compared
@@ -278,20 +286,20 @@ def run_suite(
 ) -> dict[str, str]:
     """Run the stages of `suite` with `workdir` as the working directory (runs land in workdir/runs).
 
-    `jobs` > 1 runs that many independent stages at once, each with one thread per job's share of the cores
-    (on a 2-core CPU, two 1-thread runs get more done than one 2-thread run of these tiny models).
-    `only` keeps the stages whose algorithm (run name before `_`, e.g. `ppo`) or algorithm and track (run name
-    before `__`, e.g. `ppo_tiny-tldr`) is listed, plus the stages they need. `quick` appends each stage's
-    shorter budget (`Stage.quick`). Suite `quick`: the tiny suite's QUICK_STAGES and the frontier's
-    MAIN_FRONTIER_STAGES (or `only`), always `quick`; suite `learning` adds LEARNING_FRONTIER_STAGES. `live`: redraw
-    a status block on the terminal (benchmark/status.py); False prints event lines only, None (the default) does so
-    when stdout is not a terminal. `stages`: these instead of the suite's (the study's)."""
+    `jobs` > 1 runs that many independent stages at once, each with one thread per job's share of the cores (on a 2-core
+    CPU, two 1-thread runs get more done than one 2-thread run of these tiny models). `only` keeps the stages whose
+    algorithm (run name before `_`, e.g. `ppo`) or algorithm and track (run name before `__`, e.g. `ppo_tiny-tldr`) is
+    listed, plus the stages they need. `quick` appends each stage's shorter budget (`Stage.quick`). Suite `quick`: the
+    tiny suite's QUICK_STAGES, the frontier's MAIN_FRONTIER_STAGES and CHECK_STAGES (or `only`), always `quick`; suite
+    `learning` adds LEARNING_FRONTIER_STAGES. `live`: redraw a status block on the terminal (benchmark/status.py); False
+    prints event lines only, None (the default) does so when stdout is not a terminal. `stages`: these instead of the
+    suite's (the study's)."""
     if jobs < 1:  # 0 never starts a stage and waits for one forever
         raise SystemExit(f"error: --jobs is {jobs}; it must be at least 1")
     check_seeds(seeds)
     asked = only
     if suite in ("quick", "learning"):
-        main_job = QUICK_STAGES + MAIN_FRONTIER_STAGES
+        main_job = QUICK_STAGES + MAIN_FRONTIER_STAGES + CHECK_STAGES
         only, quick = only or main_job + (LEARNING_FRONTIER_STAGES if suite == "learning" else []), True
     launcher = launcher or [sys.executable]
     runs_dir = Path(workdir) / "runs"

@@ -8,13 +8,16 @@ same command: `benchmark.reference.budget`, seed, run name and threads aside, an
 RUNS_DIR (default `runs`) gets two checks against the library's own runs (benchmark/reference_runs/):
 
   early  its first updates (the training rows every script logs: losses, KL, rewards, advantages, learning rate,
-         gradient norm), statistic by statistic, against the shipped runs of its own seed. The window is the first
-         updates in which every shipped seed's two rounding regimes agree (at most EARLY_ROWS rows); the tolerance at
-         each update and statistic is MARGIN times the largest gap between two regimes of one seed there, plus a
-         floor (`early_tolerances`). It names the first update and statistic that differs. It cannot apply (and says
-         why) to a run made with other torch or transformers versions, another thread count than those checked
-         (THREADS), on a GPU, or of a seed the reference does not hold. An unfinished run (no done.json) gets this check
-         alone, the command read from its provenance.json.
+         gradient norm), statistic by statistic, against the shipped runs of its own seed. The window is the
+         first updates in which every shipped seed's two rounding regimes agree (at most EARLY_ROWS rows); the
+         tolerance at each update and statistic is MARGIN times the largest gap between two regimes of one seed
+         there, plus a floor (`early_tolerances`). It names the first update and statistic that differs. It
+         cannot apply (and says why) to a run made with other torch or transformers versions, another BLAS (MKL
+         here), another thread count than those checked (THREADS), on a GPU, or of a seed the reference does
+         not hold. An unfinished run (no done.json) gets this check alone, the command read from its
+         provenance.json. GRPO's main-job run starts from the host's own tiny-math SFT policy, which two
+         regimes already round apart, so its tolerances are as wide as two sample sets';
+         `grpo-fixed-start_tiny-math` starts from a shipped policy (benchmark/starts/) and gives GRPO its 8.
   end    its headline metric (`eval/gold_reward`, else `eval/accuracy`) against the band of the shipped runs of its
          command, each distinct run once (two regimes that gave the same curve are one run): `final` (the
          last evaluation), `curve` (the mean of its evaluation curve over the shipped runs' common span of episodes:
@@ -208,6 +211,9 @@ def cannot_apply(provenance: dict | None, records: list[dict]) -> str:
         if versions.get(lib) not in theirs:
             shipped = ", ".join(sorted(str(v) for v in theirs))
             return f"{lib} {versions.get(lib)} here, {shipped} in the references"
+    blas = {((r.get("provenance") or {}).get("host") or {}).get("blas") for r in records}
+    if host.get("blas") not in blas:  # another library's matrix products round otherwise: not measured
+        return f"matrix products by {host.get('blas')} here, by {', '.join(sorted(map(str, blas)))} in the references"
     threads = host.get("threads")
     if threads not in THREADS:
         return f"{threads} threads here; the tolerance is checked at {', '.join(map(str, THREADS))} (--num-threads)"

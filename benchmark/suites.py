@@ -142,6 +142,15 @@ def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
 GRPO_SAMPLING = ["--dynamic-sampling", "False", "--overlong-buffer", "0"]
 
 
+# GRPO's first updates from a start every host shares (issue 66): seed 1's main-job SFT policy of tiny-math, shipped
+# in float16 (benchmark/starts/; float32 on loading, exactly) and copied into runs/assets by `ensure_assets`. From a
+# host's own SFT the two rounding regimes' samples part at the first update (their 6-epoch SFT policies differ by
+# rounding), so `reproduce`'s early check could see no milder change of GRPO; from this start they agree to about
+# 1e-6 for all 8 updates. Its 16-problem evaluations judge nothing: this run is there for its training rows.
+FIXED_START = ["--model-name-or-path", "runs/assets/starts/sft_tiny-math", "--total-steps", "8", "--pass-k", "0"]
+FIXED_START += ["--eval-every", "8", "--num-eval-examples", "16"]
+
+
 def tiny_math_stages(seeds: list[int]) -> list[Stage]:
     stages = []
     for s in seeds:
@@ -149,6 +158,7 @@ def tiny_math_stages(seeds: list[int]) -> list[Stage]:
         prm_flags = ["--prm-path", f"runs/prm_tiny-math__{s}/model"]
         stages += [
             sft_stage("tiny-math", s),
+            Stage(f"grpo-fixed-start_tiny-math__{s}", "grpo_math.py", "tiny", ["--seed", str(s), *FIXED_START]),
             rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", s),
             rl_stage("grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "grpo"]),
             rl_stage("dr-grpo", "grpo_math.py", "tiny", s, "tiny-math", sft, ["--loss-type", "dr_grpo"]),
@@ -459,6 +469,8 @@ QUICK_STAGES = [
     "online-dpo_tiny-tldr",
     "grpo_tiny-math",
 ]
+# ... the runs that check rather than learn: `benchmark.reproduce` compares their first updates with the library's
+CHECK_STAGES = ["grpo-fixed-start_tiny-math"]
 # ... and the KL frontier's `--quick` runs that rank them (issue 43): on tiny-tldr every algorithm reaches the judge's
 # ceiling, so the first figure a newcomer opens would separate nothing; against tiny-tldr-noisy's imperfect reward
 # model, gold reward against KL does: RLOO and offline DPO gain gold reward at a KL where PPO has none yet, and PPO

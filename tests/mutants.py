@@ -213,7 +213,7 @@ MUTANTS = [
     Mutant(
         name="grpo-batch-std",
         script="grpo_math.py",
-        stage="grpo_tiny-math__1",
+        stage="grpo-fixed-start_tiny-math__1",
         old="return centered / (rewards.std(dim=1, keepdim=True) + eps) if scale else centered",
         new="return centered / (rewards.std() + eps) if scale else centered",
         what="GRPO divides the group-centred rewards by the std of the whole batch, not of each question's group",
@@ -222,7 +222,7 @@ MUTANTS = [
     Mutant(
         name="grpo-no-std",
         script="grpo_math.py",
-        stage="grpo_tiny-math__1",
+        stage="grpo-fixed-start_tiny-math__1",
         old="return centered / (rewards.std(dim=1, keepdim=True) + eps) if scale else centered",
         new="return centered",
         what="GRPO's advantages are not divided by the group's std (Dr. GRPO's advantage under --loss-type grpo)",
@@ -231,7 +231,7 @@ MUTANTS = [
     Mutant(
         name="grpo-token-mean",
         script="grpo_math.py",
-        stage="grpo_tiny-math__1",
+        stage="grpo-fixed-start_tiny-math__1",
         old='LOSS_AGGREGATION = {"grpo": "sequence",',
         new='LOSS_AGGREGATION = {"grpo": "token",',
         what="GRPO's loss is a mean over all the mini-batch's tokens, not over completions of each one's token mean",
@@ -241,7 +241,7 @@ MUTANTS = [
     Mutant(
         name="grpo-kl-k1",
         script="grpo_math.py",
-        stage="grpo_tiny-math__1",
+        stage="grpo-fixed-start_tiny-math__1",
         old='args.kl_estimator == "k2" else kl',
         new='args.kl_estimator == "k2" else logprobs - ref_logprobs',
         what="GRPO's KL loss term is the k1 estimate log pi - log pi_ref, not DeepSeekMath's k3",
@@ -251,7 +251,7 @@ MUTANTS = [
     Mutant(
         name="grpo-beta-x10",
         script="grpo_math.py",
-        stage="grpo_tiny-math__1",
+        stage="grpo-fixed-start_tiny-math__1",
         old='args.advantage_estimator == "distill" else 0.04',
         new='args.advantage_estimator == "distill" else 0.4',
         what="GRPO's default KL coefficient beta is 0.4, ten times DeepSeekMath's 0.04",

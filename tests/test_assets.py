@@ -83,3 +83,37 @@ PINNED = {
 def test_the_tiny_world_stays_byte_identical(assets):
     for rel, digest in PINNED.items():
         assert hashlib.sha256((assets / rel).read_bytes()).hexdigest() == digest, f"{rel} changed"
+
+
+def test_the_shipped_starts_are_placed_in_the_assets_and_a_changed_copy_is_restored(tmp_path):
+    """Issue 66: GRPO's fixed-start run reads the shipped tiny-math SFT policy from runs/assets/starts/."""
+    from benchmark.assets import STARTS, place_starts
+    from benchmark.suites import SUITES
+
+    out = tmp_path / "assets"
+    place_starts(out)
+    src, dst = STARTS / "sft_tiny-math", out / "starts" / "sft_tiny-math"
+    assert _tree(dst) == _tree(src) and (src / "model.safetensors").is_file()
+    (dst / "model.safetensors").write_bytes(b"not the start")
+    (dst / "tokenizer.json").unlink()
+    place_starts(out)
+    assert _tree(dst) == _tree(src)
+    assert not [p for p in (out / "starts").iterdir() if p.name.startswith(".")], "no folder left aside"
+    # the main job's fixed-start stage points at the placed copy, a path relative to the run's working directory
+    flags = [st.args(quick=True) for st in SUITES["quick"]([1]) if st.run_name == "grpo-fixed-start_tiny-math__1"]
+    assert flags and "runs/assets/starts/sft_tiny-math" in flags[0]
+
+
+def test_the_shipped_start_loads_in_float32_holding_its_float16_values_exactly():
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from benchmark.assets import STARTS
+
+    stored = load_file(STARTS / "sft_tiny-math" / "model.safetensors")
+    assert {t.dtype for t in stored.values()} == {torch.float16}  # 3.5 MB in the repository, not 7
+    model = AutoModelForCausalLM.from_pretrained(STARTS / "sft_tiny-math", dtype=torch.float32)
+    weights = model.state_dict()
+    for name, t in stored.items():
+        assert weights[name].dtype == torch.float32 and torch.equal(weights[name], t.float()), name

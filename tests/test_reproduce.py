@@ -191,6 +191,7 @@ def _early_run(
     gpus: list | None = None,
     done: bool = True,
     updates: int = 5,
+    blas: str = "mkl",
     accuracy: list[float] = (0.15, 0.3, 0.45),
 ) -> Path:
     """A GRPO run of the main job's command: 5 training rows (a loss, a KL, the learning rate, a speed), each seed
@@ -217,7 +218,7 @@ def _early_run(
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["tiny", "--run-name", name, "--seed", str(seed), "--total-steps", "20"]
     env = {} if regime == "native" else {"ATEN_CPU_CAPABILITY": "default"}
-    host = {"threads": threads, "gpus": gpus or [], "numerics_env": env}
+    host = {"threads": threads, "gpus": gpus or [], "numerics_env": env, "blas": blas}
     started = {"versions": versions or VERSIONS, "host": host, "argv": argv}
     (d / "provenance.json").write_text(json.dumps({"started": started, "resumed": []}))
     if done:
@@ -281,13 +282,14 @@ def test_the_early_check_passes_an_honest_run_and_names_the_first_update_and_sta
         ("torch", "early: cannot apply (torch 2.12.0 here, 2.13.0+cpu in the references)"),
         ("threads", "early: cannot apply (4 threads here; the tolerance is checked at 1, 2 (--num-threads))"),
         ("gpu", "early: cannot apply (the run was made on a GPU; the references on a CPU)"),
+        ("blas", "early: cannot apply (matrix products by open here, by mkl in the references)"),
         ("seed", "early: cannot apply (the reference holds no run of seed 7)"),
         ("no-provenance", "early: cannot apply (the run has no provenance.json"),
     ],
 )
 def test_the_early_check_says_what_it_cannot_check(tmp_path, capsys, case, said):
-    """Another torch, another thread count, a GPU, a seed the reference lacks: the early check says why it cannot
-    apply (never a false "differs"), and the end result alone judges."""
+    """Another torch, another BLAS, another thread count, a GPU, a seed the reference lacks: the early check says why
+    it cannot apply (never a false "differs"), and the end result alone judges."""
     data = _early_shipped(tmp_path)
     runs = tmp_path / "runs"
     name = "grpo_tiny-math__7" if case == "seed" else "grpo_tiny-math__1"
@@ -296,6 +298,7 @@ def test_the_early_check_says_what_it_cannot_check(tmp_path, capsys, case, said)
         "torch": {"versions": {**VERSIONS, "torch": "2.12.0"}},
         "threads": {"threads": 4},
         "gpu": {"gpus": ["NVIDIA H200"]},
+        "blas": {"blas": "open"},  # OpenBLAS (torch's aarch64 wheels): its own rounding, not measured
     }.get(case, {})
     run = _early_run(runs, name, change={(1, "loss/policy"): 5.0}, **kwargs)  # would differ, if it were checked
     if case == "no-provenance":

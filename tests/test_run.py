@@ -314,7 +314,8 @@ def test_the_quick_suite_builds_the_tiny_world_then_runs_its_stages_at_quick_bud
     assert built == [tmp_path / "runs" / "assets"]
     frontier = list(suites.MAIN_FRONTIER_STAGES)  # the tiny-tldr-noisy runs only, not tiny-math's of the same name
     assert sorted(name.rsplit("__", 1)[0] for name in status) == sorted(
-        [*suites.QUICK_STAGES, *frontier, "sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math", "rm_tiny-tldr-noisy"]
+        [*suites.QUICK_STAGES, *frontier, *suites.CHECK_STAGES]
+        + ["sft_tiny-tldr", "rm_tiny-tldr", "sft_tiny-math", "rm_tiny-tldr-noisy"]
     )
     out = capsys.readouterr().out
     assert "--total-episodes 512 --eval-every 1" in out  # PPO's quick budget

@@ -6,7 +6,8 @@ and its advantage; a few tokens of very high covariance drive the collapse. Clip
 centred covariance of every loss token, cov_t = (A_t - mean A) * (log pi_t - mean log pi), and among the tokens PPO's
 clip left alone with clip_cov_lb < cov_t < clip_cov_ub picks max(1, int(clip_cov_ratio * tokens)) at random and drops
 their gradient (their surrogate times 0). Defaults as the paper's code and verl's `clip_cov` policy loss (ratio 2e-4,
-bounds 1 and 5); the tokens cut count in `policy/clipfrac`, as verl counts them. The diff of this file from
+bounds 1 and 5); the tokens cut are logged as `policy/cut_frac` (what verl's `pg_clipfrac` counts under
+`clip_cov`), apart from PPO's clip (`policy/clipfrac`, as grpo_math.py logs it). The diff of this file from
 grpo_math.py is the variant (`diff grpo_math.py grpo_clip_cov.py`); everything else, GRPO and its variants, the rewards
 and the loop, is grpo_math.py's: read its docstring. `--loss-type cispo` (no PPO clip) trains CISPO, without Clip-Cov.
 
@@ -165,8 +166,8 @@ class Args(DataArgs, ModelArgs, RunArgs):
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
     (verl: on at 3; OpenRLHF: off); None: off, as in every preset's paper; not with cispo (range: > 1)"""
     log_ratio_clamp: float | None = 20.0
-    """bound log(pi / pi_old) and k3's log(pi_ref / pi) to [-c, c] before exp, as verl and OpenRLHF (20): past it a
-    token has no gradient, not a NaN one (exp overflows float32 past 88.7); None: off, as TRL (range: > 0)"""
+    """bound log(pi / pi_old) to [-c, c] before exp (verl, OpenRLHF: 20; k3's log(pi_ref / pi) too, as verl), GSPO's
+    at most min(c, 10) (verl): no gradient past it, not a NaN one (exp overflows past 88.7); None: off (range: > 0)"""
     clip_cov_ratio: float = 2e-4
     """Clip-Cov: the share of a micro-batch's loss tokens whose gradient is cut (the paper, verl: 2e-4) (range: > 0)"""
     clip_cov_lb: float = 1.0
@@ -389,14 +390,14 @@ def importance_log_ratio(
 ) -> torch.Tensor:
     """log(pi / pi_old) per token (B, T): each token's own (`token`: GRPO, PPO), or GSPO's sequence ratio
     s_i = (pi(o_i) / pi_old(o_i))^(1 / |o_i|) (Zheng et al. 2025, arXiv:2507.18071, eq. 7): the mean of the completion's
-    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi.
-    `bound` b: clamped to [-b, b] (verl, OpenRLHF: 20), so exp never overflows; no gradient past it."""
+    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi. Bound
+    `b` (no gradient past it): a token's in [-b, b] (verl, OpenRLHF: 20), GSPO's at most min(b, 10) (verl)."""
     log_ratio = logprobs - old_logprobs
-    if level != "token":
-        mask = mask.to(log_ratio.dtype)
-        log_ratio = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
-        log_ratio = log_ratio.expand_as(logprobs)
-    return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
+    if level == "token":
+        return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
+    mask = mask.to(log_ratio.dtype)
+    log_ratio = ((log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(logprobs)
+    return log_ratio if bound is None else log_ratio.clamp(max=min(bound, 10.0))
 
 
 def clipped_surrogate(
@@ -586,8 +587,9 @@ def micro_batch_loss(
         per_token, clipped = clipped_surrogate(
             log_ratio, advantages, args.epsilon_low, args.epsilon_high, args.dual_clip
         )
-        keep = clip_cov_keep(logprobs, advantages, mask, clipped, args)  # Clip-Cov: a few high-covariance tokens
-        per_token, clipped = per_token * keep, clipped | (keep == 0)  # lose their gradient, counted as clipped
+    cispo = args.loss_type == "cispo"  # no PPO clip: no Clip-Cov
+    keep = torch.ones_like(per_token) if cispo else clip_cov_keep(logprobs, advantages, mask, clipped, args)
+    per_token, cut = per_token * keep, keep == 0  # Clip-Cov: a few high-covariance tokens lose their gradient
     kl = torch.zeros_like(logprobs) if ref_logprobs is None else k3_kl(logprobs, ref_logprobs, args.log_ratio_clamp)
     kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl
     kl_loss = kl_loss if args.kl_clamp is None else kl_loss.clamp(-args.kl_clamp, args.kl_clamp)  # zero grad past it
@@ -616,6 +618,7 @@ def micro_batch_loss(
         "loss": aggregate_loss(per_token, mask, **agg),
         "surrogate": surrogate,
         "clipped": clipped,
+        "cut": cut,
         "ratio": torch.exp(log_ratio.detach()),
         "kl": kl.detach(),
         "entropy": entropy.detach(),
@@ -659,6 +662,7 @@ def micro_batch_stats(out: dict, mask: torch.Tensor, completion_mask: torch.Tens
     scored (the old logprobs are then the trainer's at the weights that sampled)."""
     stats = {
         "clipped": (out["clipped"] & mask.bool()).sum().float(),
+        "cut": (out["cut"] & mask.bool()).sum().float(),
         "tokens": mask.sum().float(),
         "ratio": (out["ratio"] * mask).sum(),
     }

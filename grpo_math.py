@@ -221,8 +221,8 @@ class Args(DataArgs, ModelArgs, RunArgs):
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
     (verl: on at 3; OpenRLHF: off); None: off, as in every preset's paper; not with cispo (range: > 1)"""
     log_ratio_clamp: float | None = 20.0
-    """bound log(pi / pi_old) and k3's log(pi_ref / pi) to [-c, c] before exp, as verl and OpenRLHF (20): past it a
-    token has no gradient, not a NaN one (exp overflows float32 past 88.7); None: off, as TRL (range: > 0)"""
+    """bound log(pi / pi_old) to [-c, c] before exp (verl, OpenRLHF: 20; k3's log(pi_ref / pi) too, as verl), GSPO's
+    at most min(c, 10) (verl): no gradient past it, not a NaN one (exp overflows past 88.7); None: off (range: > 0)"""
     entropy_coef: float | None = None
     """entropy bonus: -coef * token entropy, aggregated as the loss (verl's `entropy_coeff`); None: off (range: >= 0)"""
     scale_rewards: bool | None = None
@@ -439,14 +439,14 @@ def importance_log_ratio(
 ) -> torch.Tensor:
     """log(pi / pi_old) per token (B, T): each token's own (`token`: GRPO, PPO), or GSPO's sequence ratio
     s_i = (pi(o_i) / pi_old(o_i))^(1 / |o_i|) (Zheng et al. 2025, arXiv:2507.18071, eq. 7): the mean of the completion's
-    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi.
-    `bound` b: clamped to [-b, b] (verl, OpenRLHF: 20), so exp never overflows; no gradient past it."""
+    token log-ratios, shared by all its tokens, so the gradient reaches every token as s_i / |o_i| * grad log pi. Bound
+    `b` (no gradient past it): a token's in [-b, b] (verl, OpenRLHF: 20), GSPO's at most min(b, 10) (verl)."""
     log_ratio = logprobs - old_logprobs
-    if level != "token":
-        mask = mask.to(log_ratio.dtype)
-        log_ratio = (log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)
-        log_ratio = log_ratio.expand_as(logprobs)
-    return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
+    if level == "token":
+        return log_ratio if bound is None else log_ratio.clamp(-bound, bound)
+    mask = mask.to(log_ratio.dtype)
+    log_ratio = ((log_ratio * mask).sum(1, keepdim=True) / mask.sum(1, keepdim=True).clamp(min=1)).expand_as(logprobs)
+    return log_ratio if bound is None else log_ratio.clamp(max=min(bound, 10.0))
 
 
 def clipped_surrogate(

@@ -166,7 +166,7 @@ class Args(RLArgs, DataArgs, ModelArgs, RunArgs):
     NaN one (exp overflows float32 past 88.7); None: off, as N+ and TRL (range: > 0)"""
     dual_clip: float | None = None
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729): a token with A < 0 loses at most c * |A|, flat past ratio c
-    (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off (the N+ recipe has none) (range: > 1)"""
+    (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--actor.dual_clip`, off); None: off (N+ has none) (range: > 1)"""
     entropy_coef: float | None = None
     """entropy bonus: -coef * mean token entropy in the policy loss (verl's `entropy_coeff`); None: N+ (range: >= 0)"""
     cliprange_value: float = 0.2

@@ -154,12 +154,13 @@ class Args(DataArgs, ModelArgs, RunArgs):
     cliprange_high: float | None = None
     """upper clip 1 + c ("clip-higher", DAPO; verl's `clip_ratio_high`); None: --cliprange (range: > 0)"""
     log_ratio_clamp: float | None = None
-    """bound the log of the sequence ratio and k3's log ratio to [-c, c] before exp (verl, OpenRLHF: 20 on token
-    ratios): past it no gradient, not a NaN one (exp overflows float32 past 88.7); None: off, as TRL (range: > 0)"""
+    """bound the log of the sequence ratio (the response's summed token log-ratios: it binds far sooner than verl's
+    and OpenRLHF's 20 on each token's) and k3's log ratio to [-c, c] before exp: past it no gradient, not a NaN one (exp
+    overflows float32 past 88.7); None: off, as TRL (range: > 0)"""
     dual_clip: float | None = None
     """dual-clip PPO (Ye et al. 2020, arXiv:1912.09729) on the sequence ratio: a response with A < 0 loses at most
-    c * |A|, flat past ratio c (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--dual_clip`, off); None: off, as the RLOO
-    paper (one pass, ratio 1) and N+ have none (range: > 1)"""
+    c * |A|, flat past ratio c (verl's `clip_ratio_c`, on at 3; OpenRLHF's `--actor.dual_clip`, off); None: off, as
+    the RLOO paper (one pass, ratio 1) and N+ have none (range: > 1)"""
     entropy_coef: float | None = None
     """weight of an entropy bonus, -coef * the mean over responses of each one's mean token entropy (verl's
     `entropy_coeff`, default 0); None: none, as in the RLOO paper (range: >= 0)"""

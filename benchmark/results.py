@@ -43,6 +43,7 @@ from benchmark.curves import (
 )
 from benchmark.frontier import NAME, write_frontier
 from benchmark.frontier import TRACKS as FRONTIER_TRACKS
+from benchmark.suites import CHECK_STAGES
 
 TRACKS = {"tiny-tldr": ["eval/gold_reward", "eval/win_rate"], "tiny-math": ["eval/accuracy", "eval/completion_length"]}
 # per-update training metrics plotted under the evaluations: a point per update (offline DPO samples nothing and has
@@ -103,8 +104,10 @@ def track_table(source, track: str) -> tuple[str, list]:
     metrics = TRACKS[track]
     runs = _with_metrics(select_runs(source, f"*_{track}__*"))
     check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a final value of either
-    # SFT / reward-model stages are not RL algorithms
-    runs = finished_runs([r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm")])
+    # SFT / reward-model stages are not RL algorithms; a check run's 16-problem evaluations from the shipped start
+    # (CHECK_STAGES) are no row of the table, nor a start of the SFT row
+    runs = [r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm") and r.group not in CHECK_STAGES]
+    runs = finished_runs(runs)
     start: dict[str, list[float]] = defaultdict(list)
     final: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[str, list[str]] = defaultdict(list)

@@ -120,6 +120,7 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, caps
     run("grpo_tiny-math__2", 0.3, 0.7, 12.0, (5.0, 34.0))
     run("ppo_tiny-math__1", 0.3, 0.4, 5.0)
     run("sft_tiny-math__1", 0.0, 0.3, 99.0)  # not an RL run: left out
+    run("grpo-fixed-start_tiny-math__1", 0.125, 0.375, 9.0)  # a check run from the shipped start: left out
     run("grpo_tiny-math__3", 0.3, 0.0, 1.0)
     (tmp_path / "grpo_tiny-math__3" / "done.json").unlink()  # stopped part way: left out
     md, runs = results.track_table(tmp_path, "tiny-math")
@@ -132,7 +133,7 @@ def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, caps
     assert "| 32.000 (30.000, 34.000: 2 seeds) |" in grpo  # the secondary metric: mean of 30 and 34
     assert "| 11.000 (" in grpo and "| 9.000 (" in grpo  # episodes/s and seconds are averaged too
     assert "| ppo | 1 | 0.400 | - | 5.000 | 1.000 | 9.000 |" in md  # a metric the run never logged is blank
-    assert not any(line.startswith("| sft |") for line in lines) and len(runs) == 3
+    assert not any(line.startswith(("| sft |", "| grpo-fixed-start |")) for line in lines) and len(runs) == 3
     assert results.main(["--runs-dir", str(tmp_path), "--tracks", "tiny-math"]) == 0
     assert (tmp_path / "results_tiny-math.png").stat().st_size > 0
 

@@ -192,3 +192,62 @@ def test_compare_warns_when_one_label_groups_different_scripts(tmp_path, capsys)
     assert curves.mixed_scripts([runs[0], runs[2]]) == []
     assert compare.main([str(p) for p in sorted(tmp_path.glob("mine_*"))] + ["--out", str(tmp_path / "c")]) == 0
     assert "warning: mine_tiny-tldr groups runs of different scripts" in capsys.readouterr().err
+
+
+# ---- issue 69: a declared fork is its parent plus its recorded variant (benchmark/tools/fork_check.py) ----
+
+
+def _declared_forks() -> list[Path]:
+    from benchmark.tools.fork_check import parent_of
+
+    return [p for p in sorted(REPO.glob("*.py")) if parent_of(p)]
+
+
+def test_every_declared_fork_of_the_library_is_its_parent_and_its_variant(capsys):
+    from benchmark.tools import fork_check
+
+    forks = _declared_forks()
+    assert [p.name for p in forks] == ["grpo_clip_cov.py"]
+    for fork in forks:
+        assert fork_check.main([str(fork)]) == 0, capsys.readouterr().out
+        assert "and its recorded variant" in capsys.readouterr().out
+
+
+def test_a_parent_fixed_alone_fails_the_fork_until_the_fork_follows(tmp_path, capsys):
+    """Editing grpo_math.py alone (a line of k3_kl, a function the fork shares) fails with the line to carry over."""
+    from benchmark.tools import fork_check
+
+    for name in ("grpo_math.py", "grpo_clip_cov.py", "grpo_clip_cov.variant.diff"):
+        (tmp_path / name).write_text((REPO / name).read_text())
+    old, new = "    return torch.exp(delta) - delta - 1\n", "    return torch.exp(delta) - delta - 1.0\n"
+    parent, fork = tmp_path / "grpo_math.py", tmp_path / "grpo_clip_cov.py"
+    assert parent.read_text().count(old) == 1 and fork.read_text().count(old) == 1
+    parent.write_text(parent.read_text().replace(old, new))
+    assert fork_check.main([str(fork), "--parent", str(parent)]) == 1
+    out = capsys.readouterr().out
+    line = parent.read_text().splitlines().index(new.rstrip("\n")) + 1
+    assert f"grpo_math.py line {line}: return torch.exp(delta) - delta - 1.0 -- grpo_clip_cov.py has: return " in out
+    assert "carry the parent's lines over" in out and "1 differences from grpo_math.py outside its variant" in out
+    fork.write_text(fork.read_text().replace(old, new))  # the fork follows
+    assert fork_check.main([str(fork), "--parent", str(parent)]) == 0
+
+
+def test_a_users_fork_outside_the_checkout_records_its_variant_and_is_checked(tmp_path, capsys):
+    from benchmark.tools import fork_check
+
+    fork = tmp_path / "elsewhere" / "rloo_batchmean.py"
+    fork.parent.mkdir()
+    text = (REPO / "rloo.py").read_text().replace("\nimport ", '\nPARENT = "rloo"\nimport ', 1)
+    fork.write_text(text.replace("leave-one-out", "batch-mean", 1))
+    with pytest.raises(SystemExit, match=r"^error: .*rloo_batchmean.variant.diff does not exist: record the variant"):
+        fork_check.main([str(fork)])
+    assert fork_check.main([str(fork), "--write"]) == 0
+    assert fork_check.main([str(fork)]) == 0
+    assert "2 differences from rloo.py" in capsys.readouterr().out  # the PARENT line and the changed one
+    parent = tmp_path / "rloo.py"  # the library's rloo.py after a pull that changed one line
+    parent.write_text((REPO / "rloo.py").read_text().replace("import torch\n", "import torch  # pulled\n", 1))
+    assert fork_check.main([str(fork), "--parent", str(parent)]) == 1
+    assert "rloo.py line " in capsys.readouterr().out
+    (tmp_path / "plain.py").write_text("x = 1\n")
+    with pytest.raises(SystemExit, match=r"^error: .*plain.py declares no parent: add a module-level line PARENT ="):
+        fork_check.main([str(tmp_path / "plain.py")])

@@ -33,3 +33,23 @@ def test_clip_cov_cuts_random_tokens_inside_the_covariance_band_that_ppo_did_not
     )  # fmt: skip
     assert padded[0, 4] == 1 and padded[0, 3] == 1 and (padded[0, :3] == 0).sum() == 2
     assert fork.PARENT == "grpo_math" and (fork.Args().clip_cov_lb, fork.Args().clip_cov_ub) == (1.0, 5.0)
+
+
+def test_the_tokens_cut_are_logged_apart_from_ppos_clip(monkeypatch):
+    """Issue 69: `policy/clipfrac` counted PPO's clipped tokens and the tokens Clip-Cov cut together; verl's
+    `pg_clipfrac` under clip_cov counts the cut ones alone. The 4 tokens of the test above, off-policy: token 1's ratio
+    exp(-0.5) = 0.61 < 1 - 0.2 with A < 0, so PPO clips it; Clip-Cov cuts the other two candidates, tokens 0 and 2
+    (ratio 0.5 of 4 tokens): 1 token clipped, 2 cut, logged apart."""
+    logp = torch.tensor([[-1.0, -3.0, -0.5, -2.0]], requires_grad=True)
+    monkeypatch.setattr(fork, "completion_logprobs", lambda model, packed, temperature, entropy_grad: (logp, logp * 0))
+    args = dataclasses.replace(fork.Args(), clip_cov_ratio=0.5, beta=0.0)
+    fork.resolve_variant(args)
+    old = logp.detach() + torch.tensor([[0.0, 0.5, 0.0, 0.0]])  # token 1: ratio exp(-0.5) = 0.61 < 1 - 0.2, A < 0
+    adv, mask = torch.tensor([[2.0, -2.0, 2.0, -2.0]]), torch.ones(1, 4)
+    out = fork.micro_batch_loss(None, {}, adv, mask, old, None, args, 1, 4.0)
+    assert out["clipped"].tolist() == [[False, True, False, False]]
+    assert out["cut"].tolist() == [[True, False, True, False]]
+    stats = fork.micro_batch_stats(out, mask, mask, first_pass=False)
+    assert (stats["clipped"].item(), stats["cut"].item(), stats["tokens"].item()) == (1.0, 2.0, 4.0)
+    out["loss"].backward()
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 3] != 0  # the cut tokens: no gradient

@@ -1673,6 +1673,25 @@ def test_the_log_ratio_bound_keeps_a_runaway_tokens_gradient_finite():
     assert grpo.Args().log_ratio_clamp == 20.0  # verl's and OpenRLHF's default; never reached on the tiny world
 
 
+def test_gspo_bounds_its_sequence_log_ratio_from_above_at_10_as_verl():
+    """Issue 69: verl's `compute_policy_loss_gspo` clamps the sequence log-ratio at max 10 and no lower bound; the
+    token bound of 20 let a sequence log-ratio of 15 with A = -1 cost exp(15) = 3.27e6, with a gradient. By hand:
+    verl's flat exp(10) = 22026.47, no gradient; a log-ratio of -25 stays -25 (no lower bound)."""
+    mask, adv = torch.ones(1, 2), torch.tensor([-1.0])
+    logp = torch.tensor([[14.0, 16.0]], requires_grad=True)  # mean 15
+    log_ratio = grpo.importance_log_ratio(logp, torch.zeros(1, 2), mask, "sequence", 20.0)
+    assert log_ratio.tolist() == [[10.0, 10.0]]
+    loss, _ = grpo.clipped_surrogate(log_ratio, adv, 3e-4, 4e-4)
+    loss.sum().backward()
+    assert loss[0, 0].item() == pytest.approx(math.exp(10)) and logp.grad.abs().sum().item() == 0.0
+    low = grpo.importance_log_ratio(torch.tensor([[-24.0, -26.0]]), torch.zeros(1, 2), mask, "sequence", 20.0)
+    assert low.tolist() == [[-25.0, -25.0]]
+    tighter = grpo.importance_log_ratio(torch.tensor([[6.0, 6.0]]), torch.zeros(1, 2), mask, "sequence", 5.0)
+    assert tighter.tolist() == [[5.0, 5.0]]  # a bound under 10 binds GSPO's too
+    token = grpo.importance_log_ratio(torch.tensor([[15.0, -25.0]]), torch.zeros(1, 2), mask, "token", 20.0)
+    assert token.tolist() == [[15.0, -20.0]]  # token ratios keep [-20, 20]
+
+
 def test_reinforce_pp_baseline_takes_integer_and_half_precision_rewards():
     """Issue 60: integer rewards with the baseline raised (`mean` of an int tensor); half-precision rewards were
     centred in half precision (2048 and 2050: the mean 2049 rounds to 2048) before the cast to float32."""

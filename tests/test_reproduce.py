@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmark import reference, reproduce
-from benchmark.suites import MAIN_FRONTIER_STAGES, QUICK_STAGES, SUITES
+from benchmark.suites import CHECK_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES, SUITES
 
 
 def _run(runs: Path, name: str, values: list[float], argv: list[str] | None = None) -> Path:
@@ -306,6 +306,33 @@ def test_the_early_check_says_what_it_cannot_check(tmp_path, capsys, case, said)
     code, out = _line(runs, data, capsys)
     assert code == 0 and said in out[0] and "eval/accuracy final" in out[0], out[0]
     assert out[-1] == "reproduces the library: yes (1 runs: 0 early checks and 1 end results passed)"
+
+
+def test_a_check_run_is_judged_by_its_first_updates_alone(tmp_path, capsys):
+    """GRPO from the shipped start (suites.CHECK_STAGES): its early check decides; its end result (16 problems, steps
+    of 1/16) is not judged, so where the early check cannot apply it says it cannot tell, never "differs"."""
+    name = "grpo-fixed-start_tiny-math"
+    assert name in CHECK_STAGES
+    data = tmp_path / "data"
+    for regime in ("native", "default"):
+        for seed in (1, 2, 3):
+            _early_run(tmp_path / regime, f"{name}__{seed}", regime)
+        reference.build(tmp_path / regime, data)
+    runs = tmp_path / "runs"
+    _early_run(runs, f"{name}__1", accuracy=(0.15, 0.9, 0.95))  # far above the band: not judged
+    code, out = _line(runs, data, capsys)
+    assert code == 0 and out[0] == (
+        f"{name}__1: ok: early: 3 updates within tolerance; end: a check run, judged by its first updates alone "
+        "(6 distinct shipped runs)"
+    ), out[0]
+    shutil.rmtree(runs / f"{name}__1")
+    _early_run(runs, f"{name}__1", change={(2, "loss/policy"): 0.3})
+    assert _line(runs, data, capsys)[0] == 1
+    shutil.rmtree(runs / f"{name}__1")
+    _early_run(runs, f"{name}__1", versions={**VERSIONS, "torch": "2.12.0"}, accuracy=(0.15, 0.9, 0.95))
+    code, out = _line(runs, data, capsys)
+    assert code == 2 and out[0].startswith(f"{name}__1: cannot tell: early: cannot apply (torch 2.12.0"), out[0]
+    assert reproduce.check_references(data) == ([], 0)  # nor is it left out of its own band
 
 
 def test_an_unfinished_run_gets_the_early_check_alone(tmp_path, capsys):

@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -357,7 +358,11 @@ def judge(run_dir: Path, shipped: dict[str, list[dict]]) -> Verdict:
 
 def shipped_groups(data_dir: Path | None) -> dict[str, list[dict]]:
     shipped: dict[str, list[dict]] = {}
-    for path in sorted(Path(data_dir or reference.DIR).glob("*.jsonl.gz")):
+    paths = sorted(Path(data_dir or reference.DIR).glob("*.jsonl.gz"))
+    if data_dir is not None and not paths:  # not the runs' fault: the data is missing
+        what = "holds no reference data (*.jsonl.gz)" if Path(data_dir).is_dir() else "is not a folder"
+        raise ReproduceError(f"--data {data_dir} {what}; leave --data out for the library's (benchmark/reference_runs)")
+    for path in paths:
         for r in reference.read_group(path):
             shipped.setdefault(group_name(r["name"]), []).append(r)
     return shipped
@@ -372,9 +377,11 @@ def reproduce(runs_dir: Path, data_dir: Path | None = None) -> tuple[list[Verdic
     found = sorted(p.parent for p in runs_dir.glob("*/metrics.jsonl") if p.is_file() and p.parent.name[0] != ".")
     found = [d for d in found if (d / "done.json").is_file() or (d / "provenance.json").is_file()]
     if not found:
+        inner = runs_dir / "runs"
+        hint = f": its runs are in {inner} (python -m benchmark.reproduce {inner})" if inner.is_dir() else ""
         raise ReproduceError(
             f"{runs_dir} holds no finished run (a run directory with its metrics.jsonl and done.json, or an unfinished "
-            "one's provenance.json)"
+            f"one's provenance.json){hint}"
         )
     shipped = shipped_groups(data_dir)
     mine = [d for d in found if group_name(d.name) in shipped]
@@ -443,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         verdicts, line, code = reproduce(Path(a.runs_dir), Path(a.data) if a.data else None)
     except (ReproduceError, reference.ReferenceError) as e:
         raise SystemExit(f"error: {e}") from None
-    print("\n".join([*(v.line for v in verdicts), line]))
+    try:
+        print("\n".join([*(v.line for v in verdicts), line]), flush=True)
+    except BrokenPipeError:  # `reproduce | head -1`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the interpreter's exit flushes it)
     return code
 
 

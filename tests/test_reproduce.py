@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -460,3 +461,29 @@ def test_the_shipped_main_job_judges_every_rl_group_by_something_that_excludes_i
                 blind.append(group)
     assert not short, short
     assert sorted(blind) == sorted(END_BLIND), blind
+
+
+def test_a_missing_data_folder_a_workdir_and_a_closed_pipe_each_say_so(tmp_path, capsys, monkeypatch):
+    """Issue 67 item 5/7: `--data` naming a missing or empty folder blames the data, not the runs; the main job's
+    working directory (its runs in runs/) gets a hint; `reproduce | head -1` ends without a traceback."""
+    data = _early_shipped(tmp_path)
+    work = tmp_path / "work"
+    _early_run(work / "runs", "grpo_tiny-math__1")
+    for missing, said in (
+        (tmp_path / "nowhere", "is not a folder"),
+        (tmp_path / "work", r"holds no reference data \(\*.jsonl.gz\)"),
+    ):
+        with pytest.raises(SystemExit, match=f"^error: --data {missing} {said}; leave --data out"):
+            reproduce.main([str(work / "runs"), "--data", str(missing)])
+    with pytest.raises(SystemExit, match=rf"its runs are in {work}/runs \(python -m benchmark.reproduce {work}/runs\)"):
+        reproduce.main([str(work), "--data", str(data)])
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert reproduce.main([str(work / "runs"), "--data", str(data)]) == 0

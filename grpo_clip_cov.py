@@ -169,11 +169,16 @@ class Args(DataArgs, ModelArgs, RunArgs):
     """bound log(pi / pi_old) to [-c, c] before exp (verl, OpenRLHF: 20; k3's log(pi_ref / pi) too, as verl), GSPO's
     at most min(c, 10) (verl): no gradient past it, not a NaN one (exp overflows past 88.7); None: off (range: > 0)"""
     clip_cov_ratio: float = 2e-4
-    """Clip-Cov: the share of a micro-batch's loss tokens whose gradient is cut (the paper, verl: 2e-4) (range: > 0)"""
+    """Clip-Cov: the share of a micro-batch's loss tokens whose gradient is cut (paper, verl: 2e-4) (range: (0, 1])"""
     clip_cov_lb: float = 1.0
     """Clip-Cov: a token is a candidate when its covariance is above this (the paper, verl: 1)"""
     clip_cov_ub: float = 5.0
     """Clip-Cov: ... and below this (the paper, verl: 5)"""
+    WINDOW = (  # Clip-Cov's flags act on PPO's clip, in a window with room (clean_rlhf_utils/args.py NEEDS)
+        lambda a: a.loss_type != "cispo" and a.clip_cov_lb < a.clip_cov_ub,
+        "a --loss-type with PPO's clip (not cispo) and --clip-cov-lb below --clip-cov-ub",
+    )
+    NEEDS = dict.fromkeys(["clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"], WINDOW)
     entropy_coef: float | None = None
     """entropy bonus: -coef * token entropy, aggregated as the loss (verl's `entropy_coeff`); None: off (range: >= 0)"""
     scale_rewards: bool | None = None

@@ -53,3 +53,24 @@ def test_the_tokens_cut_are_logged_apart_from_ppos_clip(monkeypatch):
     assert (stats["clipped"].item(), stats["cut"].item(), stats["tokens"].item()) == (1.0, 2.0, 4.0)
     out["loss"].backward()
     assert logp.grad[0, 0] == 0 and logp.grad[0, 2] == 0 and logp.grad[0, 3] != 0  # the cut tokens: no gradient
+
+
+def test_clip_cov_flags_that_would_cut_nothing_are_refused():
+    """Issue 67 item 6: under --loss-type cispo (no PPO clip, no Clip-Cov), with an empty covariance window, or with
+    a share of tokens above 1, Clip-Cov's flags trained silently; each is now one error line before anything loads."""
+    import re
+
+    import pytest
+
+    from clean_rlhf_utils.args import check_needs, check_ranges
+
+    for args, said in (
+        (fork.Args(loss_type="cispo", clip_cov_ratio=0.01), "--clip-cov-ratio 0.01 acts only with a --loss-type with"),
+        (fork.Args(clip_cov_lb=6.0), "--clip-cov-lb 6.0 acts only with a --loss-type with PPO's clip (not cispo) and"),
+        (fork.Args(clip_cov_ub=0.5), "--clip-cov-ub 0.5 acts only with"),
+    ):
+        with pytest.raises(SystemExit, match=f"^error: {re.escape(said)}"):
+            check_needs(args)
+    check_needs(fork.Args(clip_cov_lb=0.5, clip_cov_ub=2.0, clip_cov_ratio=0.01))  # a window with room: fine
+    with pytest.raises(SystemExit, match="clip-cov-ratio"):
+        check_ranges(fork.Args(clip_cov_ratio=1.5))

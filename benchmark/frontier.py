@@ -22,6 +22,7 @@ row. Finished runs only; from every evaluation row it takes `eval/kl` (the same 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections import defaultdict
@@ -329,6 +330,14 @@ def write_frontier(source, track: str, out_dir: Path | None = None, colours: Col
     return md
 
 
+def kl_budget(text: str) -> float:
+    """A KL budget of the table: a number >= 0 (`nan` and `inf` would make a column no run can fill, or every one)."""
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a KL budget (a finite number >= 0, in nats per response)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run directories evaluated with --eval-kl (each with a metrics.jsonl)")
@@ -336,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--proxy", default="eval/score", help="the proxy the policy optimises (right panel; left out if not logged)"
     )
-    parser.add_argument("--budgets", type=float, nargs="+", default=BUDGETS, help="KL budgets of the table")
+    parser.add_argument("--budgets", type=kl_budget, nargs="+", default=BUDGETS, help="KL budgets of the table")
     parser.add_argument("--out", default="runs/frontier", help="output prefix: writes OUT.png and OUT.md")
     a = parser.parse_args(argv)
     runs = read_runs([Path(p) for p in a.runs])

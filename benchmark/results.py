@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --reference: only the runs of one rounding regime (benchmark.run --rounding); default: both, pooled",
     )
     parser.add_argument("--out-dir", default=None, help="where to write the tables and figures (default: --runs-dir)")
-    parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS))
+    parser.add_argument("--tracks", nargs="+", default=sorted(TRACKS), choices=sorted(TRACKS), help="the tables")
     a = parser.parse_args(argv)
     runs_dir = Path(a.runs_dir)
     if not a.reference and (a.rounding or a.budget != "quick"):  # they choose among shipped runs, not a folder's
@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
         what = "is not a directory" if runs_dir.exists() else "does not exist"
         raise SystemExit(f"error: --runs-dir {runs_dir} {what}; pass the directory that holds the runs")
     out_dir = Path(a.out_dir) if a.out_dir else runs_dir
+    if out_dir.exists() and not out_dir.is_dir():  # checked before any table is drawn
+        raise SystemExit(f"error: --out-dir {out_dir} is a file, not a folder for the tables; pass another --out-dir")
     if a.reference:
         from benchmark import reference
 

@@ -625,3 +625,14 @@ def test_the_table_states_the_smallest_difference_its_seeds_can_separate():
         f"pair): final eval/x {sum(widths['values']) / 2:.3f}, AUC {sum(widths['auc']) / 2:.3f}."
     )
     assert sum(widths["values"]) / 2 > 0.1 > sum(widths["auc"]) / 2
+
+
+def test_results_refuses_an_unknown_track_and_an_out_dir_that_is_a_file(tmp_path, capsys):
+    """Issue 67 item 5: `--tracks` with an unknown name was a KeyError traceback, `--out-dir` naming a file a
+    FileExistsError one after the tables were read; each is now one error line before any table is drawn."""
+    with pytest.raises(SystemExit):
+        results.main(["--reference", "--tracks", "tiny-nope"])
+    assert "argument --tracks: invalid choice: 'tiny-nope'" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit, match=r"^error: --out-dir .*afile is a file, not a folder for the tables"):
+        results.main(["--reference", "--out-dir", str(tmp_path / "afile")])

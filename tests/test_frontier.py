@@ -211,3 +211,13 @@ def test_the_frontier_is_a_command_over_any_runs_grouped_by_their_full_name(tmp_
         "error: no finished run of the 1 read has a point of the frontier: none logs eval/kl (run the scripts with "
         "--eval-kl)"
     ]
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-0.5"])
+def test_a_kl_budget_that_no_run_can_meet_or_every_run_meets_is_refused(budget, tmp_path, capsys):
+    """Issue 67 item 7: `--budgets nan` was accepted (a column no run can fill); now one line before any run is read."""
+    from benchmark import frontier
+
+    with pytest.raises(SystemExit):
+        frontier.main([str(tmp_path / "nothing"), "--budgets", "0.5", budget])
+    assert f"argument --budgets: {budget} is not a KL budget (a finite number >= 0" in capsys.readouterr().err

@@ -55,3 +55,17 @@ def test_same_numbers_pass_and_each_kind_of_difference_is_named(tmp_path, capsys
     make_run(tmp_path / "f", "other", rows, w)
     assert identical.main([str(tmp_path / "a"), str(tmp_path / "f")]) == 1
     assert "missing other" in capsys.readouterr().out
+
+
+def test_a_run_without_its_model_is_said_to_lack_it(tmp_path, capsys):
+    """Issue 67 item 7: a missing model/ was "N tensors differ"; it is now named as missing, on either side."""
+    import shutil
+
+    rows = [{"step": 0, "episode": 0, "loss": 0.5}]
+    make_run(tmp_path / "a", "r", rows, torch.tensor([1.0, 2.0]))
+    make_run(tmp_path / "b", "r", rows, torch.tensor([1.0, 2.0]))
+    shutil.rmtree(tmp_path / "b" / "r" / "model")
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    assert f"r: no model/*.safetensors in {tmp_path / 'b'} (the other side has 1 tensors)" in capsys.readouterr().out
+    assert identical.main([str(tmp_path / "b"), str(tmp_path / "a")]) == 1
+    assert "no model/*.safetensors in" in capsys.readouterr().out

@@ -93,6 +93,9 @@ def first_difference(a: Path, b: Path) -> str | None:
         key = next(k for k in keys if (configs[0] or {}).get(k) != (configs[1] or {}).get(k))
         return f"config.json: {key} {(configs[0] or {}).get(key)!r} != {(configs[1] or {}).get(key)!r}"
     weights_a, weights_b = tensor_digests(a), tensor_digests(b)
+    for r, w, other in ((a, weights_a, weights_b), (b, weights_b, weights_a)):
+        if other and not w:  # a model one side lacks is not a model whose every tensor differs
+            return f"{r.name}: no model/*.safetensors in {r.parent} (the other side has {len(other)} tensors)"
     if weights_a != weights_b:
         names = sorted(n for n in set(weights_a) | set(weights_b) if weights_a.get(n) != weights_b.get(n))
         return f"model/: {len(names)} tensors differ, e.g. {names[0]}"

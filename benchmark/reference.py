@@ -25,6 +25,7 @@ episode counter goes back: two runs appended to one file) is refused, not shippe
 from __future__ import annotations
 
 import argparse
+import fcntl
 import functools
 import gzip
 import io
@@ -243,9 +244,12 @@ def script_sha(r: dict) -> str | None:
 
 
 def changes(old: dict, new: dict) -> list[str]:
-    """What replacing the record `old` by `new` changes in what they computed: the command (`budget`) and the script
-    (sha256, when both record one)."""
+    """What replacing the record `old` by `new` changes in what they computed: the command (`budget`), the script
+    (sha256, when both record one), and whether the origin can be shown: a run without provenance.json (no script
+    hash; its regime read as native) never silently replaces a record that has one."""
     out = []
+    if script_sha(old) and not script_sha(new):
+        out.append(f"origin: the run has no script sha256 (no provenance.json), the record has {script_sha(old)[:12]}")
     if budget(old.get("argv")) != budget(new.get("argv")):
         out.append(f"command `{' '.join(budget(old.get('argv')))}` -> `{' '.join(budget(new.get('argv')))}`")
     if script_sha(old) and script_sha(new) and script_sha(old) != script_sha(new):
@@ -273,16 +277,32 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
         found[group_name(d.name)].append(record(d))
     if not found:
         raise ReferenceError(f"{runs_dir} holds no finished run (a directory with metrics.jsonl and done.json)")
+    try:  # one build at a time per data folder (a lock on the folder itself: no file left in the data)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = os.open(out_dir, os.O_RDONLY)
+    except OSError as e:
+        raise ReferenceError(f"--out {out_dir} cannot be written ({e}); pass another --out") from None
+    try:  # two builds at once would each rewrite a group without the other's runs
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return write_data(runs_dir, out_dir, found, fresh, replace)
+    finally:
+        os.close(lock)
+
+
+def write_data(runs_dir: Path, out_dir: Path, found: dict[str, list[dict]], fresh: bool, replace: bool) -> list[str]:
+    """`build`'s reading and writing of the data folder, under its lock."""
     # the files it drops (--fresh: all) or rewrites (its groups'), each checked to be its own; no other is read
     touched = sorted(out_dir.glob("*.jsonl.gz")) if fresh and out_dir.is_dir() else []
     touched += [p for g in sorted(found) if (p := out_dir / f"{g}.jsonl.gz").exists() and p not in touched]
     there = {p: own_group(p) for p in touched}
-    replaced = []
+    replaced, rewritten = [], []
     for group, records in sorted(found.items()):
         old = {key(r): r for r in there.get(out_dir / f"{group}.jsonl.gz", [])}
         for r in records:
             if key(r) in old and (what := changes(old[key(r)], r)):
                 replaced.append(f"{r['name']} in {out_dir / f'{group}.jsonl.gz'}: {'; '.join(what)}")
+            elif key(r) in old and old[key(r)] != r:  # the same command and script, other numbers: said, not asked
+                rewritten.append(f"replaced {r['name']} ({regime(r)}) in {out_dir / f'{group}.jsonl.gz'}: other rows")
     if replaced and not replace:
         more = f" (and {len(replaced) - 1} more)" if len(replaced) > 1 else ""
         raise ReferenceError(
@@ -294,7 +314,7 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
         if fresh:
             for old_path in there:
                 old_path.unlink()
-        lines = [f"replaced {line}" for line in replaced]
+        lines = [f"replaced {line}" for line in replaced] + rewritten
         for group, records in sorted(found.items()):
             path = out_dir / f"{group}.jsonl.gz"
             new = {key(r) for r in records}  # a run of the same name under another rounding regime is kept beside it

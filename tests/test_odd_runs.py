@@ -318,3 +318,53 @@ def test_identical_on_a_metrics_or_config_file_that_is_not_json_is_one_line(tmp_
     (b / "config.json").write_text("{")
     err = _error(capsys, lambda: identical.main([str(tmp_path / "a"), str(tmp_path / "b")]))
     assert err.startswith(f"error: {b}/config.json is not JSON (")
+
+
+def test_a_run_whose_origin_cannot_be_shown_never_replaces_one_that_can(data, tmp_path, capsys):
+    """Issue 67 item 2: a run without provenance.json (no script hash; its regime read as native) passed the gate and
+    replaced the record of its name, exit 0, nothing said. Now it needs --replace, which says it; a rerun of the same
+    command and script with other numbers is replaced and said."""
+    path = data / "rloo_tiny-math.jsonl.gz"
+    shipped = path.read_bytes()
+    lost = tmp_path / "lost"  # a run made under --rounding default whose provenance.json was lost
+    _run(lost, "rloo_tiny-math__1", _rows([0.1, 0.9]))
+    assert reference.main(["build", str(lost)]) == 1
+    assert _last_err(capsys) == (
+        f"error: a run would replace the record of another run of the same name: rloo_tiny-math__1 in {path}: origin: "
+        "the run has no script sha256 (no provenance.json), the record has aaa; pass --replace to replace it, or "
+        "build into another --out"
+    )
+    assert path.read_bytes() == shipped
+    assert reference.main(["build", str(lost), "--replace"]) == 0
+    assert f"replaced rloo_tiny-math__1 in {path}: origin: the run has no script sha256" in capsys.readouterr().out
+    rerun = tmp_path / "rerun"  # the same command and script, other numbers (another host): replaced, and said
+    _run(rerun, "rloo_tiny-math__2", _rows([0.1, 0.35]), sha="aaa")
+    assert reference.main(["build", str(rerun)]) == 0
+    assert f"replaced rloo_tiny-math__2 (native) in {path}: other rows" in capsys.readouterr().out
+    assert reference.main(["build", str(rerun)]) == 0  # the very same run again: nothing replaced
+    assert "replaced" not in capsys.readouterr().out
+
+
+def test_two_builds_into_one_folder_at_once_keep_both_runs(data, tmp_path, monkeypatch):
+    """Issue 67 item 2: two builds that read a group before either wrote it each wrote it without the other's run.
+    The second now waits for the first (a lock on the data folder); both new seeds are kept."""
+    import threading
+    import time
+
+    write = reference.write_group
+
+    def slow_write(path, records):  # widen the window between reading a group and writing it back
+        time.sleep(0.5)
+        write(path, records)
+
+    monkeypatch.setattr(reference, "write_group", slow_write)
+    for s in (3, 4):
+        _run(tmp_path / f"new{s}", f"rloo_tiny-math__{s}", _rows([0.1, 0.3]), sha="aaa")
+    threads = [threading.Thread(target=reference.build, args=(tmp_path / f"new{s}", data)) for s in (3, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    names = sorted(r["name"] for r in reference.read_group(data / "rloo_tiny-math.jsonl.gz"))
+    assert names == [f"rloo_tiny-math__{s}" for s in (1, 2, 3, 4)]
+    assert not [p for p in data.iterdir() if p.name.startswith(".")], "no lock file left in the data"

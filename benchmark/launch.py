@@ -109,6 +109,8 @@ def script_change(recorded, script: Path, launched: str | None = None) -> str | 
     now = _sha256(script)
     if now is None:
         return f"its script {script} cannot be read"
+    if now != recorded["sha256"] and recorded.get("edited_while_running"):  # its record names the bytes that ran
+        return f"{script.name} was edited while it ran (sha256 {recorded['sha256'][:12]} ran, {now[:12]} now)"
     if now != recorded["sha256"]:
         return f"{script.name} changed since it ran (sha256 {recorded['sha256'][:12]} then, {now[:12]} now)"
     return None

@@ -120,11 +120,26 @@ def numerics(cpu_flags: list[str] | None) -> dict:
     }
 
 
+def _imported() -> tuple[Path, str] | None:
+    """The running script (`__main__`) and the sha256 of its bytes when this module was imported, at the script's
+    own start: what the run's records name, whatever happens to the file while it runs."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    try:
+        return (Path(main).resolve(), hashlib.sha256(Path(main).read_bytes()).hexdigest()) if main else None
+    except OSError:
+        return None
+
+
+IMPORTED = _imported()
+
+
 def script_record(script: Path, repo: Path | None = None) -> dict:
     """The script that ran: its path relative to the checkout, or for a fork kept elsewhere (`~/experiments/x.py`) its
     file name only with `outside: true` (a record names no folder of the user's machine), the sha256 of its bytes, and
     what git says of it: `tracked` (the committed file), `modified` (uncommitted changes), `untracked` (a copy git
-    does not know, ignored or outside the checkout), or None outside a git checkout."""
+    does not know, ignored or outside the checkout), or None outside a git checkout. The sha256 is of the bytes the
+    running script imported (IMPORTED) where `script` is it, with `edited_while_running` (the sha256 of the file at
+    the time of the record) when the file changed since."""
     repo = repo or Path(__file__).resolve().parent.parent
     script = script.resolve()
     in_checkout = script.is_relative_to(repo)
@@ -139,7 +154,11 @@ def script_record(script: Path, repo: Path | None = None) -> dict:
             state = "tracked" if not code.strip() else "untracked" if code in ("??", "!!") else "modified"
     except (OSError, subprocess.TimeoutExpired):
         pass
-    record = {"path": str(path), "sha256": hashlib.sha256(script.read_bytes()).hexdigest(), "git": state}
+    now = hashlib.sha256(script.read_bytes()).hexdigest()
+    ran = IMPORTED[1] if IMPORTED and IMPORTED[0] == script else now  # the bytes this process imported
+    record = {"path": str(path), "sha256": ran, "git": state}
+    if ran != now:  # the file was edited while it ran: the suite runs it again (benchmark/launch.py script_change)
+        record["edited_while_running"] = now
     record = record if in_checkout else {**record, "outside": True}
     parent = fork_parent(script, repo)
     return {**record, "parent": parent} if parent else record

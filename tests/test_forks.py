@@ -251,3 +251,31 @@ def test_a_users_fork_outside_the_checkout_records_its_variant_and_is_checked(tm
     (tmp_path / "plain.py").write_text("x = 1\n")
     with pytest.raises(SystemExit, match=r"^error: .*plain.py declares no parent: add a module-level line PARENT ="):
         fork_check.main([str(tmp_path / "plain.py")])
+
+
+def test_a_script_edited_while_it_runs_is_recorded_as_the_bytes_that_ran_and_runs_again(tmp_path):
+    """Issue 67 item 3: done.json's record was taken when the run ended, so a script edited during its run was recorded
+    as the edited file and the next study skipped it. The records now name the bytes the process imported, and the
+    suite's cache reruns such a run, saying why."""
+    import hashlib
+
+    from benchmark import launch
+
+    script = tmp_path / "edits_itself.py"
+    script.write_text(
+        "import json, sys\nfrom pathlib import Path\nfrom clean_rlhf_utils.tracking import script_record\n"
+        "me = Path(__file__)\nme.write_text(me.read_text() + '# edited while running\\n')\n"
+        "print(json.dumps(script_record(me)))\n"
+    )
+    ran = hashlib.sha256(script.read_bytes()).hexdigest()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    now = hashlib.sha256(script.read_bytes()).hexdigest()
+    assert record["sha256"] == ran and record["edited_while_running"] == now != ran
+    why = launch.script_change(record, script, launched=str(script))
+    assert why == f"edits_itself.py was edited while it ran (sha256 {ran[:12]} ran, {now[:12]} now)"
+    # a file the process did not run is recorded as it is, with nothing to say
+    other = tmp_path / "other.py"
+    other.write_text("x = 1\n")
+    assert "edited_while_running" not in script_record(other)

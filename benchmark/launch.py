@@ -88,6 +88,21 @@ def _sha256(path: Path) -> str | None:
         return None
 
 
+def stopped_lines(name: str, rc: int, run_dir: Path, log: Path) -> list[str]:
+    """What a stage stopped by the suite's signal left: "resumes it" only when a complete checkpoint is there (its
+    state.json whole: `storage.checkpoint_to_resume`), else that the command starts it over; and the stage's last
+    `error:` line (a checkpoint that failed on a full disk), which is otherwise only in its log."""
+    checkpoint, _ = storage.checkpoint_to_resume(run_dir)
+    if checkpoint is not None:
+        step = (storage.read_state(checkpoint) or {}).get("step")
+        first = f"[stopped] {name} (exit {rc}); the same command resumes it from {checkpoint.name}/ (step {step})"
+    else:
+        first = f"[stopped] {name} (exit {rc}); it left no complete checkpoint: the same command starts it over"
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    errors = [line.strip() for line in text.splitlines() if line.strip().startswith("error:")]
+    return [first, *(f"    {line}" for line in errors[-1:])]
+
+
 def script_change(recorded, script: Path, launched: str | None = None) -> str | None:
     """Why a run whose record (done.json's or provenance.json's `script`: its path relative to the checkout, or its
     file name for a fork outside it, and the sha256 of its bytes) says it was made by another file than `script` as it
@@ -496,10 +511,10 @@ def _run_suite(
                             "again by the next invocation"
                         )
                     display.event(*lines)
-                elif stopping:  # stopped by the signal the suite passed on: its checkpoint is resumed by a rerun
+                elif stopping:  # stopped by the signal the suite passed on: a rerun resumes its checkpoint, if any
                     status[name] = "stopped"
                     shown.state, shown.note = FAILED, f"stopped (exit {rc})"
-                    display.event(f"[stopped] {name} (exit {rc}); the same command resumes it")
+                    display.event(*stopped_lines(name, rc, runs_dir / name, log))
                 else:
                     status[name] = "failed"
                     shown.state, shown.note = FAILED, f"exit {rc}"

@@ -212,3 +212,58 @@ def test_a_held_lock_refuses_another_process_and_is_gone_once_released(tmp_path)
     assert (
         not ownership.lock_file(run_dir).exists() and str(ownership.lock_file(run_dir).resolve()) not in ownership.HELD
     )
+
+
+STOPPING_STAGE = """
+import json, os, pathlib, signal, sys, time
+argv = sys.argv[1:]
+name = argv[argv.index("--run-name") + 1]
+run = pathlib.Path("runs") / name
+run.mkdir(parents=True, exist_ok=True)
+def stop(signum, frame):
+    if name.startswith("full"):  # its checkpoint fails on a full disk: an error line, no checkpoint
+        print("error: the checkpoint of step 3 could not be written (No space left on device)", flush=True)
+    else:
+        (run / "checkpoint").mkdir()
+        (run / "checkpoint" / "state.json").write_text(json.dumps({"step": 3}))
+    raise SystemExit(128 + signum)
+signal.signal(signal.SIGTERM, stop)
+pathlib.Path(f"{name}.pid.tmp").write_text(str(os.getpid()))
+os.replace(f"{name}.pid.tmp", f"{name}.pid")
+time.sleep(120)
+"""
+
+STOPPING_DRIVER = """
+import sys
+from pathlib import Path
+from benchmark import launch, run, suites
+tmp = Path({tmp!r})
+suites.SUITES["fake"] = lambda seeds: [suites.Stage("a__1", str(tmp / "stage.py"), "p"),
+                                    suites.Stage("full__1", str(tmp / "stage.py"), "p")]
+sys.argv = ["benchmark.run", "fake", "--workdir", str(tmp), "--plain", "--jobs", "2"]
+run.main()
+"""
+
+
+def test_a_stopped_stage_is_called_resumable_only_with_a_complete_checkpoint(tmp_path):
+    """Issue 67 item 4: every stage stopped by a signal was reported "the same command resumes it", also one whose
+    checkpoint failed on a full disk (its error line only in runs/_suite/<run>.log). Now: resumable from its
+    checkpoint (and step) when one is complete, else "starts it over", with the stage's error line."""
+    (tmp_path / "stage.py").write_text(STOPPING_STAGE)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", STOPPING_DRIVER.format(tmp=str(tmp_path))],
+        cwd=REPO,
+        env={**env(), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    start = time.time()
+    while not ((tmp_path / "a__1.pid").exists() and (tmp_path / "full__1.pid").exists()):
+        assert driver.poll() is None and time.time() - start < 60, driver.communicate()[0]
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGTERM)
+    out = driver.communicate(timeout=60)[0]
+    assert "[stopped] a__1 (exit 143); the same command resumes it from checkpoint/ (step 3)" in out, out
+    assert "[stopped] full__1 (exit 143); it left no complete checkpoint: the same command starts it over" in out
+    assert "    error: the checkpoint of step 3 could not be written (No space left on device)" in out

@@ -127,3 +127,17 @@ def test_resume_never_runs_code_planted_in_a_checkpoint(assets, tmp_path, monkey
         sft.main(small_sft_args(assets, tmp_path, max_train_samples=32, resume=True))
     assert "\n" not in str(e.value)
     assert not marker.exists()
+
+
+def test_an_output_dir_given_as_a_quoted_tilde_is_the_home_folder(tmp_path, monkeypatch):
+    """Issue 67 item 7: `--output-dir '~/x'` (quoted: no shell expanded it) wrote ./~/x; it is the home folder's x."""
+    import sft
+    from clean_rlhf_utils.runs import check_args
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    args = sft.Args(output_dir="~/x")
+    check_args(args)
+    assert args.output_dir == str(tmp_path / "home" / "x")
+    args = sft.Args(output_dir="runs")
+    check_args(args)
+    assert args.output_dir == "runs"  # a relative path stays as given

@@ -391,8 +391,7 @@ def check_args(args, zero_means_none: tuple[str, ...] = ()) -> None:
         raise SystemExit(f"error: --save-every is {args.save_every}; 0 turns periodic checkpoints off")
     if args.resume and args.overwrite:
         raise SystemExit("error: --resume continues the run in place and --overwrite deletes it; pass one of them")
-    if str(args.output_dir).startswith("~"):  # quoted, so no shell expanded it: it meant the home folder, not ./~
-        args.output_dir = os.path.expanduser(args.output_dir)
+    args.output_dir = os.path.expanduser(args.output_dir)  # a quoted '~/x' no shell expanded: the home's x, not ./~
     if getattr(args, "run_name", None) is not None and storage.run_name_problem(args.run_name):
         raise SystemExit(storage.run_name_problem(args.run_name))
     if getattr(args, "lora_r", None) is not None and args.lora_r < 1:  # add_lora reads 0 as no LoRA: a silent full run

@@ -287,7 +287,7 @@ def main(args: Args) -> dict:
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     # the loader's last, possibly partial, accumulation steps the optimizer too (`step_micro_batches`)
     total_steps = math.ceil(len(loader) / args.gradient_accumulation_steps) * args.num_train_epochs
-    if len(loader) < args.gradient_accumulation_steps:  # a partial step logged as a full one (dpo.py refuses it too)
+    if total_steps == 0:
         raise SystemExit(
             f"error: {len(train)} training rows make no full batch of {args.per_device_train_batch_size} x "
             f"{args.gradient_accumulation_steps} x {accelerator.num_processes} processes"

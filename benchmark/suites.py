@@ -143,10 +143,8 @@ GRPO_SAMPLING = ["--dynamic-sampling", "False", "--overlong-buffer", "0"]
 
 
 # GRPO's first updates from a start every host shares (issue 66): seed 1's main-job SFT policy of tiny-math, shipped
-# in float16 (benchmark/starts/; float32 on loading, exactly) and copied into runs/assets by `ensure_assets`. From a
-# host's own SFT the two rounding regimes' samples part at the first update (their 6-epoch SFT policies differ by
-# rounding), so `reproduce`'s early check could see no milder change of GRPO; from this start they agree to about
-# 1e-6 for all 8 updates. Its 16-problem evaluations judge nothing: this run is there for its training rows.
+# in benchmark/starts/ and copied into runs/assets by `ensure_assets`, so `reproduce`'s early check compares samples
+# drawn from the same weights (docs/usage.md). Its 16-problem evaluations judge nothing: it is there for its updates.
 FIXED_START = ["--model-name-or-path", "runs/assets/starts/sft_tiny-math", "--total-steps", "8", "--pass-k", "0"]
 FIXED_START += ["--eval-every", "8", "--num-eval-examples", "16"]
 

@@ -82,16 +82,21 @@ run.main()
 """
 
 
-def test_sigterm_to_the_suite_runner_stops_its_running_stage_and_waits_for_it(tmp_path):
-    (tmp_path / "stage.py").write_text(SLOW_STAGE)
-    driver = subprocess.Popen(
-        [sys.executable, "-c", SUITE_DRIVER.format(tmp=str(tmp_path))],
+def start_suite(driver: str, tmp_path) -> subprocess.Popen:
+    """The suite runner of `driver` (its fake stages in `tmp_path`), started in its own process, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-c", driver.format(tmp=str(tmp_path))],
         cwd=REPO,
         env={**env(), "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def test_sigterm_to_the_suite_runner_stops_its_running_stage_and_waits_for_it(tmp_path):
+    (tmp_path / "stage.py").write_text(SLOW_STAGE)
+    driver = start_suite(SUITE_DRIVER, tmp_path)
     pid_file, start = tmp_path / "a__1.pid", time.time()
     while not pid_file.exists():
         assert driver.poll() is None and time.time() - start < 60, driver.communicate()[0]
@@ -250,14 +255,7 @@ def test_a_stopped_stage_is_called_resumable_only_with_a_complete_checkpoint(tmp
     checkpoint failed on a full disk (its error line only in runs/_suite/<run>.log). Now: resumable from its
     checkpoint (and step) when one is complete, else "starts it over", with the stage's error line."""
     (tmp_path / "stage.py").write_text(STOPPING_STAGE)
-    driver = subprocess.Popen(
-        [sys.executable, "-c", STOPPING_DRIVER.format(tmp=str(tmp_path))],
-        cwd=REPO,
-        env={**env(), "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    driver = start_suite(STOPPING_DRIVER, tmp_path)
     start = time.time()
     while not ((tmp_path / "a__1.pid").exists() and (tmp_path / "full__1.pid").exists()):
         assert driver.poll() is None and time.time() - start < 60, driver.communicate()[0]

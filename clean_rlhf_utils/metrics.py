@@ -136,7 +136,7 @@ def grouped_step_metrics(
             if k in everything
         },
     }
-    if "cut" in sums:  # tokens a variant cut from the gradient (grpo_clip_cov.py; verl's pg_clipfrac under clip_cov)
+    if "cut" in sums:  # tokens a variant cut or penalised (grpo_clip_cov.py, grpo_kl_cov.py)
         logged["policy/cut_frac"] = sums.total("cut") / tokens
     if teacher_kl is not None:  # reverse KL(student || teacher) per completion, from the student's samples
         logged["objective/teacher_kl"] = sums.mean(teacher_kl)

@@ -11,7 +11,7 @@ differences as its variant (after a deliberate change to the variant: read the d
 
 The parent is the library's script of that name (this checkout's), or `--parent PATH`. A fork outside the checkout
 gets the same check: `python -m benchmark.tools.fork_check ~/my_grpo.py --write` once, then the check after each
-pull. tests/test_forks.py runs it on the library's forks (`grpo_clip_cov.py`).
+pull. tests/test_forks.py runs it on the library's forks (`grpo_clip_cov.py`, `grpo_kl_cov.py`).
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ from accelerate.utils import gather_object, set_seed
 from tqdm.auto import tqdm
 
 from clean_rlhf_utils import engines, evaluation, generation, judges, loading, packing, runs
-from clean_rlhf_utils.args import DataArgs, ModelArgs, RunArgs, check_grpo_args, check_grpo_setup
+from clean_rlhf_utils.args import GRPO_NEEDS, DataArgs, ModelArgs, RunArgs, check_grpo_args, check_grpo_setup
 from clean_rlhf_utils.data import concat_batches, right_pad, select_groups
 from clean_rlhf_utils.metrics import StepSums, grouped_step_metrics
 from clean_rlhf_utils.prompts import prepare_math_questions
@@ -43,7 +43,7 @@ PARENT = "grpo_math"  # this file is grpo_math.py and the Clip-Cov lines (the fo
 
 @dataclass
 class Args(DataArgs, ModelArgs, RunArgs):
-    # shared flags: clean_rlhf_utils/args.py (a shared flag redeclared here has this script's default or docstring)
+    NEEDS = GRPO_NEEDS  # its flags that act only with another; the shared flags: clean_rlhf_utils/args.py
     # ---- experiment ----
     seed: int = 1
     """seed of the experiment (question order, sampling)"""
@@ -178,7 +178,7 @@ class Args(DataArgs, ModelArgs, RunArgs):
         lambda a: a.loss_type != "cispo" and a.clip_cov_lb < a.clip_cov_ub,
         "a --loss-type with PPO's clip (not cispo) and --clip-cov-lb below --clip-cov-ub",
     )
-    NEEDS = dict.fromkeys(["clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"], WINDOW)
+    NEEDS = {**NEEDS, **dict.fromkeys(["clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"], WINDOW)}  # and grpo_math's
     entropy_coef: float | None = None
     """entropy bonus: -coef * token entropy, aggregated as the loss (verl's `entropy_coeff`); None: off (range: >= 0)"""
     scale_rewards: bool | None = None
@@ -1350,14 +1350,14 @@ def resolve_variant(args: Args, accelerator: Accelerator | None = None) -> bool:
         args.epsilon_low = 3e-4 if gspo else 0.2  # GSPO section 5.1: 3e-4 and 4e-4 (sequence ratios stay near 1)
     if args.epsilon_high is None:  # a sequence ratio takes GSPO's bounds whatever the loss type (docs/grpo_math.md)
         args.epsilon_high = 4e-4 if gspo else 0.28 if dapo else 4.0 if cispo else args.epsilon_low
-    if args.kl_estimator is None:
-        args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
     # MiniMax-M1 section 3.1: CISPO runs with "the dynamic sampling and length penalty techniques" of DAPO
     if args.dynamic_sampling is None:
         args.dynamic_sampling = dapo or cispo
     if args.overlong_buffer is None:
         args.overlong_buffer = args.max_completion_length // 5 if dapo or cispo else 0  # DAPO: 4096 of 20480
     check_grpo_args(args, accelerator is not None and engines.sharded(accelerator))
+    if args.kl_estimator is None:  # after the check, whose rule (GRPO_NEEDS) would read a value filled in as given
+        args.kl_estimator = "k2" if args.advantage_estimator == "reinforce_pp_baseline" else "k3"
     mixed_precision = accelerator.mixed_precision if accelerator is not None else "no"
     use_sampler_logprobs = (
         args.sampler_logprobs

@@ -297,20 +297,26 @@ def main(args: Args) -> dict:
     )
     accelerator.register_for_checkpointing(scheduler)  # saved and restored with the checkpoint
     batch_episodes = args.per_device_train_batch_size * args.gradient_accumulation_steps * accelerator.num_processes
+    micro_rows = args.per_device_train_batch_size * accelerator.num_processes  # drop_last: every micro-batch is full
     run.begin()
     accelerator.print(
         f"run {args.run_name}: {len(train)} training rows, {total_steps} optimizer steps of {batch_episodes} sequences"
     )
 
     # ---- 5. the update loop: each step's micro-batches, the loss a mean over the response tokens of all of them
-    step, running, n_micro, n_steps, t_last, metrics, grad_norm = 0, [], 0, 0, time.time(), {}, None
+    step, episode, running, n_micro, n_steps, t_last, metrics, grad_norm = 0, 0, [], 0, 0, time.time(), {}, None
     if state := run.resume():  # the loop's counters; the data position is replayed below
         running = [torch.tensor(v) for v in state["running"][accelerator.process_index]]
         n_micro, n_steps, metrics = state["n_micro"], state["n_steps"], state["metrics"]
     resumed_at = state["step"] if state else 0
+
+    def loop_now() -> dict:  # a checkpoint's counters: `loop_state` counts each step a full one, `episode` the rows
+        return dict(loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes), episode=episode)
+
     progress = tqdm(total=total_steps, initial=resumed_at, disable=not accelerator.is_main_process, desc=args.exp_name)
     for epoch in range(args.num_train_epochs):
         for micro in step_micro_batches(loader, args.gradient_accumulation_steps):
+            episode += len(micro) * micro_rows  # the rows trained: an epoch's short last step has fewer micro-batches
             if step < resumed_at:  # replay the data order up to the checkpoint, without training
                 step += 1
                 continue
@@ -345,7 +351,7 @@ def main(args: Args) -> dict:
                 speed = batch_episodes * n_micro / args.gradient_accumulation_steps / (now - t_last)
                 lr = scheduler.get_last_lr()[0]
                 logged = training_metrics(accelerator, running, n_steps, {}, lr, epoch, speed, grad_norm)
-                run.log(logged, step, step * batch_episodes)
+                run.log(logged, step, episode)
                 progress.set_postfix(loss=f"{logged['train/loss']:.3f}")
                 running, n_micro, n_steps, t_last = [], 0, 0, now
             if step % args.eval_every == 0 or step == total_steps:
@@ -353,19 +359,19 @@ def main(args: Args) -> dict:
                     model, tokenizer, evals, args, accelerator, sft_loss, collate_right_padded, truncate_after_eos
                 )
                 model.train()  # evaluation leaves it in eval mode
-                run.log(metrics, step, step * batch_episodes)
+                run.log(metrics, step, episode)
                 accelerator.print(f"step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
                 run.log_samples(records[:8], step)
                 t_last = time.time()
             if run.stop_requested():
-                run.stop(loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
+                run.stop(loop_now())
             if run.checkpoint_due(step, total_steps):
-                run.checkpoint(loop_state(step, len(running), n_micro, n_steps, running, metrics, batch_episodes))
+                run.checkpoint(loop_now())
     progress.close()
 
     # ---- 7. model/ (LoRA merged), done.json
-    budget = {"step": step, "episode": step * batch_episodes, "total_steps": total_steps}
-    run.finish(model, tokenizer, {**budget, "total_episodes": total_steps * batch_episodes})
+    budget = {"step": step, "episode": episode, "total_steps": total_steps}
+    run.finish(model, tokenizer, {**budget, "total_episodes": len(loader) * micro_rows * args.num_train_epochs})
     accelerator.end_training()
     return metrics
 

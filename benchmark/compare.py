@@ -22,8 +22,8 @@ A group keeps one colour in every figure of a command (`Colours`).
 Only runs that completed their budget count: a run directory without the `done.json` its script writes at the end
 (a run stopped by a signal or a crash, or one still running) is left out of the curves and the table with a warning,
 since its last value is not a final one. A wandb run counts when its state is "finished" (wandb cannot tell a run
-stopped by SIGTERM, which exits cleanly, from a completed one). A run whose metrics file is missing or has corrupt
-lines is reported; corrupt lines are skipped, and a run with no value of the metric is left out of its group.
+stopped by SIGTERM, which exits cleanly, from a completed one). A run whose metrics file is missing, or whose torn
+last row was dropped, is reported; a run with no value of the metric is left out of its group.
 What is compared is said, never guessed:
   * a run's final value is the metric at its last logged row that holds it; a run whose final value is NaN or inf
     (every value, or only the last) is counted as diverged: the table's seeds column says "3 (1 diverged)", the mean,
@@ -34,10 +34,11 @@ What is compared is said, never guessed:
   * the same run directory given twice (compared by its resolved path) counts once, with a warning;
   * two run directories of the same name in different folders are different experiments: the groups they belong to
     are kept apart by folder ("ppo_tiny-tldr (runs/a)", "ppo_tiny-tldr (runs/b)"), with a warning naming both paths.
-Refused in one `error:` line, before anything is written: a metrics.jsonl whose `episode` counter goes back (the rows
-of two runs in one file; `check_rows` names the row), a value of the metric that is not a number, runs of different
-tracks of the benchmark (by name: `rloo_tiny-tldr__1`, `grpo_tiny-math__1`) in one ranking unless `--across-tracks`,
-a `--threshold` that is not finite, an `--out` that cannot be written.
+Refused in one `error:` line, before anything is written: a damaged run file, in the line every tool gives it
+(benchmark/runfiles.py: a pipe or a device, bytes that are not UTF-8, a row that is not an object of numbers, an
+`episode` counter that goes back: the rows of two runs in one file, a done.json that is not an object), runs of
+different tracks of the benchmark (by name: `rloo_tiny-tldr__1`, `grpo_tiny-math__1`) in one ranking unless
+`--across-tracks`, a `--threshold` that is not finite, an `--out` that cannot be written.
 Works offline, without any account.
 """
 
@@ -53,7 +54,6 @@ from pathlib import Path
 from benchmark import frontier, reference, results
 from benchmark.curves import (
     Run,
-    check_rows,
     diverged_runs,
     finished_runs,
     markdown_table,
@@ -65,6 +65,7 @@ from benchmark.curves import (
     read_wandb_runs,
     summarize,
     track_of,
+    warn_problems,
 )
 
 
@@ -85,17 +86,6 @@ def mixed_tracks(runs: list[Run]) -> str:
         f"{track}: {', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
         for track, names in sorted(by_track.items())
     )
-
-
-def non_numbers(runs: list[Run], metric: str) -> str:
-    """The first row of a run directory whose `metric` is not a number (null, text, a list), or "": JSON's NaN and
-    Infinity are numbers (a diverged run), anything else is not what a script logs, and would be counted as diverged."""
-    for r in runs:
-        for i, row in enumerate(r.rows, start=1):
-            v = row.get(metric, 0.0)
-            if r.path is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                return f"{r.path}/metrics.jsonl: its row {i} (step {row.get('step')}) has {metric} {v!r}, not a number"
-    return ""
 
 
 def out_problem(out: Path) -> str:
@@ -161,13 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if why := out_problem(Path(a.out)):
         raise SystemExit(f"error: --out {a.out}: {why}, so OUT.png and OUT.md cannot be written; pass another --out")
-    runs = read_runs([Path(p) for p in a.runs])
-    check_rows(runs)
+    runs = read_runs([Path(p) for p in a.runs])  # damage (benchmark/runfiles.py) ends here in one `error:` line
     if a.wandb_project:
         runs += read_wandb_runs(a.wandb_project, a.wandb_entity)
-    for run in runs:
-        for problem in run.problems:
-            print(f"warning: {problem}", file=sys.stderr)
+    warn_problems(runs)
     runs = finished_runs(runs)
     if a.reference:
         try:
@@ -182,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     if not usable:
         print(f"error: no finished run has the metric {a.metric}; {shared_metrics_hint(runs)}", file=sys.stderr)
         return 1
-    if why := non_numbers(usable, a.metric):
-        raise SystemExit(f"error: {why}; a script logs numbers (NaN when it diverged): fix or drop that row")
     if (tracks := mixed_tracks(usable)) and not a.across_tracks:
         raise SystemExit(
             f"error: the runs are of different tracks ({tracks}): one ranking of {a.metric} would mix tasks; compare "

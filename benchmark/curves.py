@@ -1,16 +1,16 @@
 """The pieces every comparison of runs is made of (`python -m benchmark.compare`, the results tables, the frontier,
-the study, the reference bands): a run's rows read and checked (`Run`, `read_run`, `read_runs`, `check_rows`), which
-runs count (`finished_runs`, `keep_apart`), what may differ between them (`provenance_differences`,
-`mixed_scripts`), the statistics (bootstrap intervals, IQM, AUC, episodes to a threshold, separations and the
-smallest detectable difference), the markdown table and the figure. benchmark/compare.py's docstring says what a
-comparison reports; this module imports no other of benchmark/.
+the study, the reference bands): a run's files read through the one checked reader (`Run`, `read_run`, `read_runs`:
+benchmark/runfiles.py), which runs count (`finished_runs`, `keep_apart`), what may differ between them
+(`provenance_differences`, `mixed_scripts`), the statistics (bootstrap intervals, IQM, AUC, episodes to a threshold,
+separations and the smallest detectable difference), the markdown table and the figure. benchmark/compare.py's
+docstring says what a comparison reports; this module imports no other of benchmark/ but runfiles.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
+import os
 import re
 import sys
 from collections import defaultdict
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from benchmark import runfiles
 
 
 @dataclass
@@ -35,8 +37,8 @@ class Run:
     """the run directory as given (None for a wandb run or a shipped reference run)"""
     reference: bool = False
     """a run of the shipped reference data (benchmark/reference.py): drawn dashed, under the runs compared"""
-    disorder: str = ""
-    """why its metrics.jsonl cannot be one run's rows (`read_run`): a counter that goes back or is not a number"""
+    done: dict | None = None
+    """its done.json (run directories of finished runs), read and checked"""
     argv: list | None = None
     """a shipped reference run's command (its done.json's `argv`), by which `--reference` matches budgets"""
 
@@ -69,68 +71,46 @@ def group_name(run_name: str) -> str:
 
 
 def read_run(run_dir: Path) -> Run:
-    """A run's metrics rows; unreadable lines are skipped and reported in `problems`. A row whose `episode` (or, in
-    rows without one, `step`) is not a number or is below an earlier row's is named in `disorder` (`check_rows`):
-    such a file holds the rows of two runs (appended to one file), which no final value or curve can be read from."""
+    """A run's files read and checked by the one reader (`benchmark.runfiles`): its metrics rows, its done.json (an
+    object, or it is unfinished) and its provenance. Damage is a `RunFileError`, the tool's one `error:` line: a
+    file that is a pipe or a device, bytes that are not UTF-8, a row that is not an object of numbers, an `episode`
+    counter that goes back (two runs' rows in one file), a done.json that is not an object, a finished run without
+    its metrics.jsonl. A torn last row is dropped and said in `problems` (`warn_problems` prints them)."""
     run = Run(name=run_dir.name, group=group_name(run_dir.name), rows=[], path=run_dir)
-    if not (run_dir / "done.json").exists():
+    if os.path.lexists(run_dir / "done.json"):
+        run.done = runfiles.read_object(run_dir / "done.json")
+    else:
         run.finished = False
         run.unfinished_why = "no done.json" + (
             ": its DONE is from an older benchmark.run, which did not check the budget"
             if (run_dir / "DONE").exists()
             else ""
         )
-    if (run_dir / "provenance.json").exists():
-        try:
-            run.provenance = json.loads((run_dir / "provenance.json").read_text())["started"]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            run.problems.append(f"{run_dir}/provenance.json: unreadable, so its code and host are unknown")
+    if os.path.lexists(run_dir / "provenance.json"):
+        started = runfiles.read_object(run_dir / "provenance.json").get("started")
+        if not isinstance(started, dict):
+            raise runfiles.RunFileError(
+                f"{run_dir / 'provenance.json'} has no `started` record: {runfiles.WHY['provenance.json']}"
+            )
+        run.provenance = started
     path = run_dir / "metrics.jsonl"
-    if not path.exists():
+    if not os.path.lexists(path):
+        if run.finished:
+            runfiles.read_metrics(path)  # its one line: a finished run's rows are lost
         run.problems.append(f"{run_dir}: no metrics.jsonl")
         return run
-    last: dict = {}
-    for i, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            run.problems.append(f"{path}:{i}: corrupt line skipped ({line[:40]!r})")
-            continue
-        if not isinstance(row, dict):
-            run.problems.append(f"{path}:{i}: not a JSON object, skipped")
-            continue
-        run.rows.append(row)
-        if not run.disorder:
-            run.disorder = _counter_problem(row, i, last)
+    metrics = runfiles.read_metrics(path)
+    run.rows = metrics.rows
+    if metrics.torn:
+        run.problems.append(metrics.torn)
     return run
 
 
-def _counter_problem(row: dict, line: int, last: dict) -> str:
-    """Why `row` (at `line`) cannot follow the rows before it in one run, or "" (`last`: counter -> (value, line) of
-    the rows before, updated here)."""
-    key = "episode" if "episode" in row else "step" if "step" in row else None
-    if key is None:
-        return ""
-    value = row[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return f"line {line}: its {key} is {value!r}, not a number"
-    if key in last and value < last[key][0]:
-        before, at = last[key]
-        return (
-            f"line {line}: its {key} {value:g} is below the {before:g} of line {at}: the counter goes back, so the "
-            "file holds the rows of two runs; keep one run's rows in it (or rerun it)"
-        )
-    last[key] = (value, line)
-    return ""
-
-
-def check_rows(runs: list[Run]) -> None:
-    """Refuses, in one `error:` line, runs whose metrics.jsonl is not one run's rows (`Run.disorder`)."""
-    for r in runs:
-        if r.disorder:
-            raise SystemExit(f"error: {r.path or r.name}/metrics.jsonl {r.disorder}")
+def warn_problems(runs: list[Run]) -> None:
+    """Each run's problems (a torn last row dropped, no metrics.jsonl yet) as `warning:` lines on stderr."""
+    for run in runs:
+        for problem in run.problems:
+            print(f"warning: {problem}", file=sys.stderr)
 
 
 def select_runs(source, pattern: str) -> list[Run]:
@@ -173,8 +153,8 @@ def read_runs(paths: list[Path]) -> list[Run]:
             print(f"warning: {p} does not exist; skipped", file=sys.stderr)
         elif p.is_file():
             print(f"warning: {p} is a file, not a run directory; skipped", file=sys.stderr)
-        elif not (p / "metrics.jsonl").exists():
-            inside = sum(1 for d in p.iterdir() if (d / "metrics.jsonl").exists())
+        elif not runfiles.is_run_dir(p):
+            inside = sum(1 for d in p.iterdir() if runfiles.is_run_dir(d))
             hint = f" (it holds {inside} run directories: pass them, {p}/*)" if inside else ""
             print(f"warning: {p} holds no metrics.jsonl, so it is not a run directory{hint}; skipped", file=sys.stderr)
         elif p.resolve() in seen:

@@ -36,11 +36,11 @@ from benchmark.curves import (
     Colours,
     Run,
     bootstrap_ci,
-    check_rows,
     finished_runs,
     outputs,
     read_runs,
     select_runs,
+    warn_problems,
 )
 
 NAME = re.compile(r"^(?P<algo>.+)-(?P<penalty>kl|beta)(?P<value>[0-9.]+)_(?P<track>[^_]+)__(?P<seed>\d+)$")
@@ -70,7 +70,6 @@ def read_curves(source, track: str) -> list[Curve]:
     algorithm's settings apart by the name's `-kl<v>` / `-beta<v>`."""
     gold_m, proxy_m, _ = TRACKS[track]
     runs = [r for r in select_runs(source, f"*_{track}__*") if NAME.match(r.name)]
-    check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a curve of both
 
     def name(run: Run) -> tuple[str, str, int]:
         m = NAME.match(run.name)
@@ -87,7 +86,8 @@ def by_full_name(run: Run) -> tuple[str, str, int]:
 
 def curves_of(runs: list[Run], gold_m: str, proxy_m: str | None, name=by_full_name) -> list[Curve]:
     """A curve per run from its evaluations that hold `eval/kl` and `gold_m` (and `proxy_m`, when every evaluation has
-    it); `name(run)` gives its (group, setting, seed). Non-finite evaluations are left out with a warning."""
+    it); `name(run)` gives its (group, setting, seed). Non-finite evaluations are left out with a warning; a negative
+    `eval/kl` (an estimate can fall below 0) is kept, within every budget, with a warning naming the run."""
     curves = []
     for run in runs:
         rows = [r for r in run.rows if "eval/kl" in r and gold_m in r]
@@ -99,6 +99,14 @@ def curves_of(runs: list[Run], gold_m: str, proxy_m: str | None, name=by_full_na
                 file=sys.stderr,
             )
         rows = finite
+        if below := [r for r in rows if float(r["eval/kl"]) < 0]:  # `sampled_kl` estimates: near the reference, < 0
+            low = min(below, key=lambda r: float(r["eval/kl"]))
+            print(
+                f"warning: {run.name}: {len(below)} of its {len(rows)} evaluations have a negative eval/kl (lowest "
+                f"{float(low['eval/kl']):.4g}, step {low.get('step', '?')}): an estimate below 0, the least a KL can "
+                "be, counted as within every KL budget",
+                file=sys.stderr,
+            )
         if not rows:
             continue
         algo, penalty, seed = name(run)
@@ -348,12 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", type=kl_budget, nargs="+", default=BUDGETS, help="KL budgets of the table")
     parser.add_argument("--out", default="runs/frontier", help="output prefix: writes OUT.png and OUT.md")
     a = parser.parse_args(argv)
-    runs = read_runs([Path(p) for p in a.runs])
-    check_rows(runs)
+    runs = read_runs([Path(p) for p in a.runs])  # damage (benchmark/runfiles.py) ends here in one `error:` line
+    warn_problems(runs)
     runs = finished_runs(runs)
-    for run in runs:
-        for problem in run.problems:
-            print(f"warning: {problem}", file=sys.stderr)
     proxy = a.proxy if any(a.proxy in row for r in runs for row in r.rows) else None
     curves = curves_of(runs, a.metric, proxy)
     if not curves:

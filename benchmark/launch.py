@@ -15,8 +15,10 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from benchmark import runfiles
 from benchmark.assets import ensure_assets
 from benchmark.curves import provenance_differences, read_run
 from benchmark.status import BLOCKED, DONE, FAILED, RUNNING, SKIPPED, Display, StageStatus, headline, log_tail
@@ -49,11 +51,21 @@ def same_run_args(argv: list[str]) -> list[str]:
 
 
 def _read_json(path: Path) -> dict | None:
+    """A run's or a stage's JSON object through the one checked reader (a pipe is never read), None when it is not
+    there or damaged (`_damage` says how)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        return runfiles.read_object(path)
+    except runfiles.RunFileError:
         return None
-    return data if isinstance(data, dict) else None
+
+
+def _damage(path: Path) -> str:
+    """What the one checked reader says of a damaged `path` ("" when it holds a JSON object)."""
+    try:
+        runfiles.read_object(path)
+    except runfiles.RunFileError as e:
+        return e.message
+    return ""
 
 
 def _difference(was: list[str], now: list[str]) -> str:
@@ -215,8 +227,8 @@ def decide(
             if older:
                 return "rerun", f"it was built on an earlier {', '.join(older)}, which was run again since"
         return "skip", "finished earlier with the same command and script (done.json)"
-    if (run_dir / "done.json").exists():
-        return "rerun", "its done.json is unreadable"
+    if os.path.lexists(run_dir / "done.json"):
+        return "rerun", f"its done.json is damaged ({_damage(run_dir / 'done.json')})"
     if storage.checkpoint_to_resume(run_dir)[0] is None:
         return "rerun", "it did not finish (no done.json) and has no complete checkpoint to resume"
     if record is None:
@@ -233,9 +245,14 @@ def decide(
 
 
 def final_metrics(run_dir: Path) -> dict:
-    """The last value of every metric in a run's metrics.jsonl; unreadable lines are skipped."""
+    """The last value of every metric in a run's metrics.jsonl, {} when it is damaged (the suite's display goes on;
+    the tools that judge the run name the damage)."""
     last: dict = {}
-    for row in read_run(run_dir).rows:
+    try:
+        rows = read_run(run_dir).rows
+    except runfiles.RunFileError:
+        return {}
+    for row in rows:
         last.update(row)
     return last
 
@@ -289,6 +306,158 @@ def check_accelerate_configs(stages: list[Stage], workdir: Path, dry_run: bool =
             print(f"# [warning] {line}")
 
 
+@dataclass(frozen=True)
+class Output:
+    """A place the suite writes: checked before the first stage, so that it never fails there after the others ran."""
+
+    path: Path
+    folder: bool
+    """a folder the suite makes or writes in; else a file it writes"""
+    what: str
+    """what it holds, for the message: `the log of stage ppo_tiny-tldr__1`"""
+    shorten: str = "pass another --workdir"
+    """what to do when its name is too long for the file system"""
+
+
+def short(name: str) -> str:
+    """A name as a message shows it: its start and end only when it is long (a 300-byte --name)."""
+    return name if len(name) <= 60 else f"{name[:40]}...{name[-12:]}"
+
+
+def name_max(folder: Path) -> int:
+    """The longest file name the file system of `folder` (or of its nearest existing parent) takes; 255 if unknown."""
+    for p in [Path(folder).absolute(), *Path(folder).absolute().parents]:
+        if _is_dir(p):
+            try:
+                return os.pathconf(p, "PC_NAME_MAX")
+            except (OSError, ValueError):
+                break
+    return 255
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether `path` is a folder; False where asking fails (a name too long for its file system)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def not_a_folder(path: Path) -> Path | None:
+    """The first of `path` and its parents that is there but is not a folder (a file, a broken link): what stops the
+    suite making `path`; None when none is."""
+    path = Path(path)
+    for p in [*reversed(path.parents), path]:
+        try:
+            if (p.exists() or p.is_symlink()) and not p.is_dir():
+                return p
+        except OSError:  # a name too long to look at: the caller's check of names, or its mkdir, says so
+            return None
+    return None
+
+
+def suite_outputs(suite: str, stages: list[Stage], runs_dir: Path) -> list[Output]:
+    """Every place `run_suite` writes: its folders, lock, summary, and each stage's run directory, log and record."""
+    suite_dir = runs_dir / SUITE_DIR
+    out = [
+        Output(runs_dir, True, "its runs"),
+        Output(suite_dir, True, "each stage's log and record"),
+        Output(ownership.lock_file(suite_dir), False, "its lock (one suite at a time)"),
+        # a suite's name is the library's; only a study's (`study_<name>`) can be too long
+        Output(runs_dir / f"{suite}_summary.md", False, "its summary table", "give a shorter --name"),
+    ]
+    if any(st.preset.startswith("tiny") for st in stages):
+        out.append(Output(runs_dir / "assets", True, "the tiny world"))
+    for st in stages:
+        rename = f"give {short(Path(st.script).name)} a shorter file name (a study names its runs after its scripts)"
+        name = short(st.run_name)
+        out += [
+            Output(runs_dir / st.run_name, True, f"the run of stage {name}", rename),
+            Output(suite_dir / f"{st.run_name}.log", False, f"the log of stage {name}", rename),
+            Output(stage_record(runs_dir, st.run_name), False, f"the record of stage {name}", rename),
+        ]
+    return out
+
+
+def _kind_problem(o: Output) -> str | None:
+    """The one-line error of an output a file holds where a folder must be, or the other way round."""
+    blocked = not_a_folder(o.path if o.folder else o.path.parent)
+    if blocked is not None:
+        kind = "a broken link" if blocked.is_symlink() and not blocked.exists() else "a file"
+        where = "there" if blocked == o.path else f"in {o.path if o.folder else o.path.parent}"
+        return f"error: {blocked} is {kind}, not a folder, and the suite writes {o.what} {where}; move it or pass " + (
+            "another --workdir"
+        )
+    if not o.folder and o.path.is_dir():
+        return f"error: {o.path} is a folder, and the suite writes {o.what} there; move it or pass another --workdir"
+    return None
+
+
+def output_problem(workdir: Path, outputs: list[Output]) -> str | None:
+    """The first place of `outputs` the suite could not write, or None: a name longer than its file system takes (all
+    names first: the file system answers a look at one with an error of its own), then `_kind_problem`; `workdir`
+    first, a file there stops everything."""
+    limit = name_max(workdir)
+    part = next((p for p in Path(workdir).absolute().parts if len(p.encode()) > limit), None)
+    if part is not None:
+        return (
+            f"error: --workdir {short(str(workdir))}: its part {short(part)} is {len(part.encode())} bytes long, more "
+            f"than the {limit} its file system takes; pass another --workdir"
+        )
+    blocked = not_a_folder(workdir)
+    if blocked is not None:
+        return f"error: --workdir {workdir}: {blocked} is a file, not a folder; pass a folder (runs go to WORKDIR/runs)"
+    limits: dict[Path, int] = {}
+    for o in outputs:
+        limit = limits.setdefault(o.path.parent, name_max(o.path.parent))
+        if len(o.path.name.encode()) > limit:
+            return (
+                f"error: {o.path.parent / short(o.path.name)} ({o.what}) would be a file name of "
+                f"{len(o.path.name.encode())} bytes, more than the {limit} its file system takes; {o.shorten}"
+            )
+    return next(filter(None, map(_kind_problem, outputs)), None)
+
+
+def check_outputs(workdir: Path, outputs: list[Output]) -> None:
+    """`output_problem` as the suite's `error:` line (SystemExit), before the first stage."""
+    problem = output_problem(workdir, outputs)
+    if problem:
+        raise SystemExit(problem)
+
+
+def write_problem(folder: Path) -> str | None:
+    """Why `folder` (or, before it is made, its nearest existing parent) cannot be written (`Read-only file system`),
+    tried with a file made and removed; None when it can."""
+    here = next(p for p in [Path(folder).absolute(), *Path(folder).absolute().parents] if _is_dir(p))
+    probe = here / f".write-test-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def check_writable(runs_dir: Path, stages: list[Stage], workdir: Path, quick: bool) -> str | None:
+    """Why `runs_dir` cannot be written (`write_problem`), where every stage is to be skipped (a finished suite rerun
+    on a read-only copy, for its summary); None where it can. One `error:` line (SystemExit) where a stage would run
+    there (a dry run's decisions), before the first."""
+    unwritable = write_problem(runs_dir)
+    if not unwritable:
+        return None
+    todo = []
+    for st in stages:
+        decision = decide(runs_dir, st.run_name, st.args(quick), (), st.file(workdir), st.needs)
+        if refuse_foreign(runs_dir, st.run_name, *decision)[0] != "skip":
+            todo.append(short(st.run_name))
+    if todo:
+        raise SystemExit(
+            f"error: {runs_dir} cannot be written ({unwritable}), and {len(todo)} of the suite's {len(stages)} stages "
+            f"would run ({', '.join(todo[:3])}{', ...' * (len(todo) > 3)}); pass a --workdir you can write"
+        )
+    return unwritable
+
+
 def run_suite(
     suite: str,
     seeds: list[int],
@@ -338,6 +507,7 @@ def run_suite(
                 f"error: --only {' '.join(unknown)} names no stage of suite {suite}; its names are {sorted(names)}"
             )
     check_accelerate_configs(stages, workdir, dry_run)
+    check_outputs(workdir, suite_outputs(suite, stages, runs_dir))
     status: dict[str, str] = {}
     if dry_run:
         for stage in stages:  # what is needed comes first; "dry-run" marks a stage that would be run now
@@ -357,6 +527,9 @@ def run_suite(
             print(shlex.join(stage.command(launcher, quick) + LAUNCH[action]))
             status[stage.run_name] = "dry-run"
         return status
+    unwritable = check_writable(runs_dir, stages, workdir, quick)
+    if unwritable:  # a finished suite rerun to see its summary needs no write: without its lock, as nothing launches
+        return _run_suite(suite, stages, runs_dir, workdir, launcher, jobs, quick, live, unwritable)
     # one suite at a time in a runs directory: a second would relaunch the first one's stages into the same logs
     # (runs/_suite/<stage>.log) and show the first one's lines as its own failure
     refused = ownership.take_lock(runs_dir / SUITE_DIR)
@@ -372,6 +545,22 @@ def run_suite(
         ownership.release_lock(runs_dir / SUITE_DIR)
 
 
+def _write_summary(summary: str, path: Path, unwritable: str | None) -> None:
+    """The summary table, printed and written to `path`; printed only where its folder cannot be written
+    (`unwritable`: why), and one line says so."""
+    print(summary, flush=True)
+    if unwritable:
+        print(
+            f"warning: {path.parent} cannot be written ({unwritable}): every stage had finished, so nothing ran; the "
+            f"summary is printed, not written to {path.parent / short(path.name)}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    path.write_text(summary)
+    print(f"wrote {path}\nstage logs and records: {path.parent / SUITE_DIR}/", flush=True)
+
+
 def _run_suite(
     suite: str,
     stages: list[Stage],
@@ -381,10 +570,12 @@ def _run_suite(
     jobs: int,
     quick: bool,
     live: bool | None,
+    unwritable: str | None = None,
 ) -> dict[str, str]:
-    """`run_suite` once it holds the runs directory's suite lock."""
+    """`run_suite` once it holds the runs directory's suite lock; `unwritable`: why the runs directory cannot be
+    written, where every stage is to be skipped (nothing is written: the summary is printed only)."""
     status: dict[str, str] = {}
-    if any(stage.preset.startswith("tiny") for stage in stages):  # the tiny world, built on first use
+    if not unwritable and any(stage.preset.startswith("tiny") for stage in stages):  # the tiny world, on first use
         ensure_assets(runs_dir / "assets")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # allowed ones
     threads = max(1, cores // max(jobs, 1))
@@ -479,11 +670,12 @@ def _run_suite(
                         + "\n"
                     )
                 log = runs_dir / SUITE_DIR / f"{stage.run_name}.log"  # beside the stage's record
-                f = open(log, "a" if action == "resume" else "w")
+                f = open(log, "a" if action == "resume" else "w", encoding="utf-8")  # as the display reads it
                 if action == "resume":
                     f.write(f"\n--- resumed: {shlex.join(cmd)}\n")
                     f.flush()
                 env = {**os.environ, "WANDB_MODE": os.environ.get("WANDB_MODE", "offline")}
+                env["PYTHONIOENCODING"] = "utf-8"  # its output goes to the log, a file: not the terminal's encoding
                 if jobs > 1:
                     env["OMP_NUM_THREADS"] = str(threads)
                 # a session of its own: a terminal's Ctrl-C reaches the suite alone, which passes it on once (a
@@ -548,9 +740,7 @@ def _run_suite(
     finished = [read_run(runs_dir / st.run_name) for st in stages if (runs_dir / st.run_name / "done.json").exists()]
     lines += ["", *(f"> warning: {line}" for line in provenance_differences(finished))]  # mixed code or hosts
     summary = "\n".join(lines).rstrip() + "\n"
-    (runs_dir / f"{suite}_summary.md").write_text(summary)
-    print(summary)
-    print(f"wrote {runs_dir / f'{suite}_summary.md'}\nstage logs and records: {suite_dir}/", flush=True)
+    _write_summary(summary, runs_dir / f"{suite}_summary.md", unwritable)
     if stopping:
         name = signal.Signals(stopping[0]).name
         print(f"stopped by {name}: every stage it started has ended; run the same command to go on", flush=True)

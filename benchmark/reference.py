@@ -37,7 +37,8 @@ import zlib
 from collections import defaultdict
 from pathlib import Path
 
-from benchmark.curves import Run, algorithm_of, group_name, read_run, track_of
+from benchmark import runfiles
+from benchmark.curves import Run, algorithm_of, group_name, read_run, track_of, warn_problems
 from benchmark.suites import SUITES
 
 DIR = Path(__file__).resolve().parent / "reference_runs"
@@ -75,16 +76,11 @@ def compact(rows: list[dict]) -> list[dict]:
 
 def record(run_dir: Path) -> dict:
     """One line of the data: a finished run's name, command, provenance and compacted rows."""
-    run = read_run(run_dir)
-    if run.disorder:
-        raise ReferenceError(f"{run_dir}/metrics.jsonl {run.disorder}; it is not shipped")
-    try:
-        done = json.loads((run_dir / "done.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ReferenceError(f"{run_dir}/done.json is not JSON ({e}): the run's end is unknown; rerun it") from None
+    run = read_run(run_dir)  # damage (benchmark/runfiles.py): one `error:` line, the same as every tool's
+    warn_problems([run])  # a torn last row dropped
     return {
         "name": run.name,
-        "argv": done.get("argv") if isinstance(done, dict) else None,
+        "argv": (run.done or {}).get("argv"),
         "budget": sorted(run_budgets(run_dir)),
         "provenance": run.provenance,
         "rows": compact(run.rows),
@@ -154,11 +150,7 @@ def run_budgets(run_dir: Path) -> set[str]:
     """The budgets a finished run was made at: those its command is a suite's command of, narrowed by the runs of
     its seed whose models it started from, where the folder holds them (`suite_needs`): RLOO's tiny-math command is
     the same at both budgets, but RLOO from the full budget's SFT policy is a run of the full budget."""
-    try:
-        argv = json.loads((run_dir / "done.json").read_text()).get("argv")
-    except (OSError, ValueError, AttributeError):
-        argv = None
-    out = budgets_of({"name": run_dir.name, "argv": argv})
+    out = budgets_of({"name": run_dir.name, "argv": runfiles.read_done_argv(run_dir)})
     seed = run_dir.name.rsplit("__", 1)[-1]
     for need in suite_needs().get(group_name(run_dir.name), []):
         if (run_dir.parent / f"{need}__{seed}" / "done.json").is_file():
@@ -269,7 +261,7 @@ def build(runs_dir: Path, out_dir: Path | None = None, fresh: bool = False, repl
         raise ReferenceError(f"--out {out_dir} is a file, not a folder for the data; pass another --out")
     found: dict[str, list[dict]] = defaultdict(list)
     for d in sorted(runs_dir.iterdir()):
-        if d.name.startswith(".") or not (d / "metrics.jsonl").exists():  # `.<run>.previous`: kept by --overwrite
+        if d.name.startswith(".") or not runfiles.is_run_dir(d):  # `.<run>.previous`: kept by --overwrite
             continue
         if not (d / "done.json").exists():
             print(f"warning: {d} did not finish (no done.json); left out", file=sys.stderr)
@@ -465,11 +457,9 @@ def command_of(run: Run) -> tuple[tuple[str, ...], bool] | None:
     whether it is a run of the full budget (`full_only`, `run_budgets`)."""
     if run.reference:
         return tuple(budget(run.argv)), run.group.endswith(FULL)
-    try:
-        argv = json.loads((run.path / "done.json").read_text()).get("argv")  # type: ignore[operator]
-    except (OSError, TypeError, ValueError, AttributeError):
+    if run.done is None:
         return None
-    return tuple(budget(argv)), run_budgets(run.path) == {"full"}  # type: ignore[arg-type]
+    return tuple(budget(run.done.get("argv"))), run_budgets(run.path) == {"full"}  # type: ignore[arg-type]
 
 
 def same_budget(chosen: list[str], shipped: list[Run], runs: list[Run]) -> list[str]:

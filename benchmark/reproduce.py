@@ -34,8 +34,11 @@ A run differs when its early check does; where that check cannot apply, when its
 the early window a run is chaotic: an honest one falls outside a 95% band once in 20, so an end result outside after
 a passed early check is named in the verdict, not counted as a difference. One line per run, with each check's
 result, then one verdict: `reproduces the library: yes`, `no, these runs differ:
-...`, or `unknown` when no check could judge any run. Exit code 0 for yes, 1 for no, 2 for unknown. Bad input (no
-run, no run of a shipped group, a damaged data file) is one `error:` line. `--check-references` judges every shipped
+...`, or `unknown` when no check could judge any run. A run that stopped before the span a check needs (fewer
+updates than the early window, evaluations that do not span the shipped runs' episodes) is `incomplete, not judged`,
+never `ok`, unless a check saw a difference; the verdict names it. Exit code 0 for yes, 1 for no, 2 for unknown. Bad
+input (no run, no run of a shipped group, a damaged data file, a damaged run file: benchmark/runfiles.py, the line
+every tool gives it) is one `error:` line. `--check-references` judges every shipped
 run by the band of the others of its group (each seed left out in turn): honest seeds must fall inside.
 """
 
@@ -52,8 +55,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmark import reference
-from benchmark.curves import area_under_curve, group_name, read_run
+from benchmark import reference, runfiles
+from benchmark.curves import area_under_curve, group_name, read_run, warn_problems
 from benchmark.suites import CHECK_STAGES
 
 MIN_REFERENCE = 3
@@ -117,12 +120,14 @@ def lower_bound(values: list[float], seeds: int | None = None) -> float:
 class Verdict:
     run: str
     state: str
-    """"ok", "differs", "cannot tell" (no check could judge) or "not judged" """
+    """"ok", "differs", "cannot tell" (no check could judge), "incomplete, not judged" (it stopped before the span a
+    check needs, and no check saw a difference) or "not judged" """
     line: str
     early: str = ""
-    """the early check's outcome: "ok", "differs" or "" (it could not apply)"""
+    """the early check's outcome: "ok" (every update it logged of the window within tolerance: an unfinished run's
+    may be fewer than the window, and its state "incomplete, not judged"), "differs" or "" (it could not apply)"""
     end: str = ""
-    """the end result's: "ok", "differs" or "" (cannot tell, unfinished, or no band)"""
+    """the end result's: "ok", "differs", "incomplete" or "" (cannot tell, unfinished, or no band)"""
 
 
 def curve(rows: list[dict], metric: str) -> tuple[np.ndarray, np.ndarray]:
@@ -239,8 +244,6 @@ def early_check(
     if not window:
         return "", f"early: cannot apply ({why})"
     ours, size = training_rows(rows), len(window)
-    if len(ours) < size and (finished or not ours):
-        return "", f"early: cannot apply (the run has {len(ours)} of the window's {size} updates)"
     window = window[: len(ours)]
     refs = [training_rows(r["rows"]) for r in mine]
     for i, tol in enumerate(window):
@@ -263,8 +266,9 @@ def early_check(
             _, k, v, values, t = worst
             shipped = " / ".join(f"{x:.6g}" for x in values)
             return "differs", f"early: differs at {at}: {k} {v:.6g} vs {shipped} [tolerance {t:.2g}]"
-    if len(window) < size:
-        return "ok", f"early: {len(window)} of {size} updates within tolerance (unfinished)"
+    if len(window) < size:  # it stopped before the span it is judged on: its verdict is "incomplete, not judged"
+        how = "unfinished" if not finished else "its metrics.jsonl ends there"
+        return "ok", f"early: incomplete, {len(window)} of {size} updates logged and within tolerance ({how})"
     return "ok", f"early: {size} updates within tolerance"
 
 
@@ -282,6 +286,9 @@ def end_checks(rows: list[dict], same: list[dict]) -> tuple[str, list[str], str]
     seeds = len({seed_of(r["name"]) for r in same})
     starts = [float(c[1][0]) for c in refs]
     lo, hi = max(c[0][0] for c in refs), min(c[0][-1] for c in refs)
+    if mine[0][0] > lo or mine[0][-1] < hi:  # a first or last evaluation missing: no final, gain or curve to judge
+        span = f"episodes {mine[0][0]:g}-{mine[0][-1]:g}, the shipped runs' {lo:g}-{hi:g}"
+        return "incomplete", [f"end: incomplete, its evaluations do not span the shipped runs' ({span})"], metric
     checks = {
         "final": ([float(c[1][-1]) for c in refs], float(mine[1][-1])),
         "peak": ([float(c[1].max()) for c in refs], float(mine[1].max())),
@@ -319,10 +326,11 @@ def end_checks(rows: list[dict], same: list[dict]) -> tuple[str, list[str], str]
 def judge(run_dir: Path, shipped: dict[str, list[dict]]) -> Verdict:
     """One run (finished, or unfinished with its provenance's command) against the shipped runs of its group and
     command."""
-    run = read_run(run_dir)
+    run = read_run(run_dir)  # damage (benchmark/runfiles.py): one `error:` line, the same as every tool's
+    warn_problems([run])  # a torn last row dropped
     name, group = run.name, group_name(run.name)
     if run.finished:
-        argv = json.loads((run_dir / "done.json").read_text()).get("argv")
+        argv = (run.done or {}).get("argv")
     else:
         argv = (run.provenance or {}).get("argv")
         if argv is None:
@@ -345,13 +353,19 @@ def judge(run_dir: Path, shipped: dict[str, list[dict]]) -> Verdict:
         end, end_text = "", "end: a check run, judged by its first updates alone"
     elif run.finished:
         end, texts, metric = end_checks(run.rows, runs)
-        end_text = f"{metric} " + "; ".join(texts) if metric else texts[0]
+        end_text = f"{metric} " + "; ".join(texts) if metric and end != "incomplete" else texts[0]
     else:
         end, end_text = "", "end: unfinished (no done.json), not judged"
     # the early check decides where it applies: past its window a run is chaotic, and its end result falls outside a
     # 95% band in 1 honest run of 20 (13 runs: half of the main jobs would end "no"); where it cannot apply, the end
     # result decides
-    state = early if early else end if end else "cannot tell"
+    # a run that stopped before the span a check needs (`incomplete`) is not judged, unless a check saw a difference
+    if early == "differs" or (early != "ok" and end == "differs"):
+        state = "differs"
+    elif end == "incomplete" or early_text.startswith("early: incomplete"):
+        state = "incomplete, not judged"
+    else:
+        state = early or end or "cannot tell"
     line = f"{name}: {state}: {early_text}; {end_text} ({len(runs)} distinct shipped runs)"
     return Verdict(name, state, line, early, end)
 
@@ -374,8 +388,8 @@ def reproduce(runs_dir: Path, data_dir: Path | None = None) -> tuple[list[Verdic
         raise ReproduceError(
             f"{runs_dir} is not a folder of runs (run the main job first: python -m benchmark.run quick)"
         )
-    found = sorted(p.parent for p in runs_dir.glob("*/metrics.jsonl") if p.is_file() and p.parent.name[0] != ".")
-    found = [d for d in found if (d / "done.json").is_file() or (d / "provenance.json").is_file()]
+    found = [d for d in sorted(runs_dir.iterdir()) if d.name[0] != "." and runfiles.is_run_dir(d)]
+    found = [d for d in found if os.path.lexists(d / "done.json") or os.path.lexists(d / "provenance.json")]
     if not found:
         inner = runs_dir / "runs"
         hint = f": its runs are in {inner} (python -m benchmark.reproduce {inner})" if inner.is_dir() else ""
@@ -393,21 +407,21 @@ def reproduce(runs_dir: Path, data_dir: Path | None = None) -> tuple[list[Verdic
     verdicts = [judge(d, shipped) for d in mine]
     differ = [v.run for v in verdicts if v.state == "differs"]
     judged = [v for v in verdicts if v.state == "ok"]
+    incomplete = [v.run for v in verdicts if v.state.startswith("incomplete")]
+    unjudged = f"; incomplete, not judged: {', '.join(incomplete)}" if incomplete else ""
     if differ:
-        return verdicts, f"reproduces the library: no, these runs differ: {', '.join(differ)}", 1
+        return verdicts, f"reproduces the library: no, these runs differ: {', '.join(differ)}{unjudged}", 1
     if not judged:
-        return verdicts, "reproduces the library: unknown (no check could judge any run)", 2
-    early = sum(v.early == "ok" for v in verdicts)
-    end = sum(v.end == "ok" for v in verdicts)
+        return verdicts, f"reproduces the library: unknown (no check could judge any run{unjudged})", 2
+    early = sum(v.early == "ok" for v in judged)
+    end = sum(v.end == "ok" for v in judged)
     outside = [v.run for v in verdicts if v.end == "differs"]  # after an early check that passed
     if outside:
         note = f"; end results outside their bands after a passed early check (the runs' spread): {', '.join(outside)}"
-        return verdicts, f"reproduces the library: yes ({len(judged)} runs: {early} early checks passed{note})", 0
-    return (
-        verdicts,
-        f"reproduces the library: yes ({len(judged)} runs: {early} early checks and {end} end results passed)",
-        0,
-    )
+        yes = f"reproduces the library: yes ({len(judged)} runs: {early} early checks passed{note}{unjudged})"
+        return verdicts, yes, 0
+    passed = f"{early} early checks and {end} end results passed"
+    return verdicts, f"reproduces the library: yes ({len(judged)} runs: {passed}{unjudged})", 0
 
 
 def check_references(data_dir: Path | None = None) -> tuple[list[str], int]:

@@ -35,11 +35,11 @@ from benchmark.curves import (
     Colours,
     algorithm_of,
     bootstrap_ci,
-    check_rows,
     finished_runs,
     group_name,
     plot,
     select_runs,
+    warn_problems,
 )
 from benchmark.frontier import NAME, write_frontier
 from benchmark.frontier import TRACKS as FRONTIER_TRACKS
@@ -102,8 +102,8 @@ def track_table(source, track: str) -> tuple[str, list]:
     """The table of `track` and the runs of its curves; `source`: a runs directory or runs already read (the
     reference data), as `curves.select_runs` takes."""
     metrics = TRACKS[track]
-    runs = _with_metrics(select_runs(source, f"*_{track}__*"))
-    check_rows(runs)  # two runs' rows in one metrics.jsonl: one error line, not a final value of either
+    runs = _with_metrics(select_runs(source, f"*_{track}__*"))  # damage (benchmark/runfiles.py): one `error:` line
+    warn_problems(runs)
     # SFT / reward-model stages are not RL algorithms; a check run's 16-problem evaluations from the shipped start
     # (CHECK_STAGES) are no row of the table, nor a start of the SFT row
     runs = [r for r in runs if algorithm_of(r.group) not in ("sft", "rm", "prm") and r.group not in CHECK_STAGES]

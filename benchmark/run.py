@@ -37,6 +37,11 @@ resumes them. `--dry-run` prints what would
 be run, with these decisions. At the end a summary table of each run's final metrics is printed and written to
 `runs/<suite>_summary.md`, and the paths of what was written are printed.
 
+Before it launches anything, every place the suite writes is checked (WORKDIR/runs, `runs/_suite/` with each stage's
+log and record, the lock, the summary, each run's directory; a study's tables and figures): a file where a folder
+must be, a folder where a file must be, or a name longer than the file system takes is one `error:` line. On a runs
+directory that cannot be written (a read-only copy), a suite whose every stage had finished prints its summary, and a
+study its report, without writing them, and one line says so; one with a stage to run is refused in one line.
 One suite runs in a runs directory at a time (a lock, `runs/._suite.lock`): a second one is refused in one line
 naming the first one's process, before it launches or logs anything (it would relaunch the first one's stages into
 the same logs). While it runs, each stage's output (tqdm bars included) goes to `runs/_suite/<run_name>.log`, and the
@@ -63,8 +68,36 @@ import sys
 from pathlib import Path
 
 from benchmark import reference, reproduce, study
-from benchmark.launch import ROUNDING, check_seeds, regime_workdir, run_suite
+from benchmark.launch import ROUNDING, check_seeds, not_a_folder, output_problem, regime_workdir, run_suite
 from benchmark.suites import SUITES
+
+
+def regime_folder(workdir: Path, rounding: str, dry_run: bool) -> None:
+    """WORKDIR/rounding-<name>, made unless a dry run; one `error:` line where a file stands in its way, or where it
+    cannot be made."""
+    folder = regime_workdir(workdir, rounding)
+    blocked = not_a_folder(folder)
+    if blocked is not None and blocked != folder:
+        raise SystemExit(
+            f"error: --workdir {workdir}: {blocked} is a file, not a folder; pass a folder (runs of --rounding "
+            f"{rounding} go to WORKDIR/{folder.name}/runs)"
+        )
+    if blocked is not None:
+        raise SystemExit(
+            f"error: --rounding {rounding}: {folder} is a file, not a folder, and the suite of --rounding {rounding} "
+            "runs there; move it or pass another --workdir"
+        )
+    long = output_problem(workdir, [])  # a part of WORKDIR too long for a file name
+    if long:
+        raise SystemExit(long)
+    if dry_run or folder.is_dir():  # a dry run makes nothing; a folder there is used as it is (read-only too)
+        return
+    try:
+        folder.mkdir(parents=True)
+    except OSError as e:
+        raise SystemExit(
+            f"error: --rounding {rounding}: {folder} cannot be made ({e.strerror or e}); pass a --workdir you can write"
+        ) from None
 
 
 def main() -> None:
@@ -106,6 +139,8 @@ def main() -> None:
         action="store_true",
         help="one line per event even on a terminal (no redrawn status block); the default off a terminal",
     )
+    if hasattr(sys.stdout, "reconfigure"):  # a run or path name of any letters on an ASCII-only stdout: escaped
+        sys.stdout.reconfigure(errors="backslashreplace")
     a = parser.parse_args()
     live = False if a.plain else None  # None: the block on a terminal, event lines otherwise
     if (a.suite == "study") != (a.scripts is not None):
@@ -117,9 +152,8 @@ def main() -> None:
                 f"error: --rounding {a.rounding} is for the tiny world on a CPU, not the GPU suite {a.suite}"
             )
         os.environ.update(ROUNDING[a.rounding])  # every stage inherits it; the cache compares it (regime_change)
+        regime_folder(Path(a.workdir), a.rounding, a.dry_run)
         a.workdir = str(regime_workdir(Path(a.workdir), a.rounding))
-        if not a.dry_run:  # a dry run makes nothing
-            Path(a.workdir).mkdir(parents=True, exist_ok=True)
         regime = " ".join(f"{k}={v}" for k, v in ROUNDING[a.rounding].items())
         print(f"# rounding {a.rounding}: {regime}; runs in {a.workdir}/runs")
     if a.suite == "study":

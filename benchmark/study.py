@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmark import curves, frontier
+from benchmark import curves, frontier, launch, runfiles
 from benchmark.launch import decide, run_suite
 from benchmark.suites import Stage, frontier_tldr_stages, sft_stage, starts
 
@@ -281,6 +281,40 @@ def study_name(p: Plan, name: str | None = None) -> str:
     return "-vs-".join(path.stem for path, _, _ in p.scripts)
 
 
+def study_files(p: Plan, name: str, runs_dir: Path) -> list[Path]:
+    """Every file a study named `name` writes: its summary (the suite's), and per track its table and figure and, with
+    --eval-kl, those of its KL frontier."""
+    files = [runs_dir / f"study_{name}_summary.md"]
+    for track in p.tracks:
+        files += [runs_dir / f"study_{name}_{track}{kl}{ext}" for kl in ("", "_kl") for ext in (".md", ".png")]
+    return files
+
+
+def check_name_length(p: Plan, name: str | None, runs_dir: Path) -> None:
+    """StudyError for a study name (`--name`, or its scripts' names joined) too long for a file name of the runs
+    directory's file system: found before the first stage, not when the report is written after the last."""
+    n = study_name(p, name)
+    limit = launch.name_max(runs_dir)
+    longest = max(study_files(p, n, runs_dir), key=lambda f: len(f.name.encode()))
+    size = len(longest.name.encode())
+    if size > limit:
+        given = "--name" if name is not None else "the study's name (its scripts' names joined by -vs-)"
+        raise StudyError(
+            f"{given} is {len(n.encode())} bytes long: {runs_dir / launch.short(longest.name)} would be a file name "
+            f"of {size} bytes, more than the {limit} its file system takes; give a --name of at most "
+            f"{max(1, limit - size + len(n.encode()))} bytes"
+        )
+
+
+def outputs(p: Plan, name: str | None, runs_dir: Path) -> list[launch.Output]:
+    """The study's own files, as `launch.check_outputs` checks them with the suite's before the first stage."""
+    kinds = {".md": "the study's table", ".png": "the study's figure"}
+    return [
+        launch.Output(f, False, kinds[f.suffix], "give a shorter --name")
+        for f in study_files(p, study_name(p, name), runs_dir)[1:]  # the summary is the suite's
+    ]
+
+
 def past_studies(runs_dir: Path) -> list[str]:
     """The studies whose tables `runs_dir` holds: their names and tracks, one line each."""
     found: dict[str, list[str]] = {}
@@ -295,15 +329,16 @@ def past_studies(runs_dir: Path) -> list[str]:
 
 
 def report(
-    p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = False, name: str | None = None
+    p: Plan, runs_dir: Path, seeds: list[int], shared_starts: bool = False, name: str | None = None, write: bool = True
 ) -> list[Path]:
     """Per track: the table, ranking and separation (`benchmark.compare`) of the study's finished runs, and the
-    figure, one colour per script in every figure; printed, and written to runs_dir/study_<name>_<track>.md|png."""
+    figure, one colour per script in every figure; printed, and written to runs_dir/study_<name>_<track>.md|png
+    (printed only, without `write`: a runs directory that cannot be written)."""
     colours = curves.Colours({path.stem for path, _, _ in p.scripts})
     wrote = []
     for track, t in p.tracks.items():
         dirs = [runs_dir / run_name(path, track, s) for path, family, _ in p.scripts for s in seeds]
-        runs = curves.finished_runs([curves.read_run(d) for d in dirs if (d / "metrics.jsonl").exists()])
+        runs = curves.finished_runs([curves.read_run(d) for d in dirs if runfiles.is_run_dir(d)])
         runs = [r for r in runs if any(t.metric in row for row in r.rows)]
         print(f"\n## {track}: {t.metric}\n")
         if not runs:
@@ -313,11 +348,12 @@ def report(
         md += f"\n{design(shared_starts)}.\n"
         md += "".join(f"\n> warning: {line}\n" for line in curves.provenance_differences(runs))
         out = runs_dir / f"study_{study_name(p, name)}_{track}"
-        Path(f"{out}.md").write_text(md)
-        title = f"study on {track}: {t.metric}, " + ", ".join(path.name for path, _, _ in p.scripts)
-        curves.plot(runs, t.metric, Path(f"{out}.png"), title, (), colours, curves.algorithm_of)
+        if write:
+            Path(f"{out}.md").write_text(md)
+            title = f"study on {track}: {t.metric}, " + ", ".join(path.name for path, _, _ in p.scripts)
+            curves.plot(runs, t.metric, Path(f"{out}.png"), title, (), colours, curves.algorithm_of)
+            wrote += [Path(f"{out}.md"), Path(f"{out}.png")]
         print(md)
-        wrote += [Path(f"{out}.md"), Path(f"{out}.png")]
         by_kl = frontier.curves_of(runs, t.metric, "eval/score" if track == "tiny-tldr-noisy" else None)
         if by_kl:  # evaluated with --eval-kl: what each variant buys per unit of KL
             # a curve per script, named as its colour is keyed
@@ -326,11 +362,12 @@ def report(
             ]
             kl = runs_dir / f"study_{study_name(p, name)}_{track}_kl"
             table = frontier.frontier_tables(by_kl, frontier.BUDGETS, t.metric)
-            Path(f"{kl}.md").write_text(table)
-            proxy = "eval/score" if all(c.proxy is not None for c in by_kl) else None
-            frontier.plot_frontier(by_kl, track, Path(f"{kl}.png"), colours, (t.metric, proxy, frontier.BUDGETS))
+            if write:
+                Path(f"{kl}.md").write_text(table)
+                proxy = "eval/score" if all(c.proxy is not None for c in by_kl) else None
+                frontier.plot_frontier(by_kl, track, Path(f"{kl}.png"), colours, (t.metric, proxy, frontier.BUDGETS))
+                wrote += [Path(f"{kl}.md"), Path(f"{kl}.png")]
             print(f"\n### {track}: {t.metric} against KL\n\n{table}")
-            wrote += [Path(f"{kl}.md"), Path(f"{kl}.png")]
     return wrote
 
 
@@ -376,21 +413,29 @@ def run_study(
     (`benchmark.launch.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
     `error:` line (SystemExit)."""
 
+    runs_dir = Path(workdir) / "runs"
     try:
         p = plan(scripts)
         study_name(p, name)
+        check_name_length(p, name, runs_dir)
     except StudyError as e:
         raise SystemExit(f"error: {e}") from None
+    todo = stages(p, seeds, shared_starts)
+    title = f"study_{study_name(p, name)}"  # its status table too: runs/study_<name>_summary.md, one per study
+    # every place it writes, before it prints its plan: not after every stage ran
+    launch.check_outputs(workdir, [*launch.suite_outputs(title, todo, runs_dir), *outputs(p, name, runs_dir)])
+    if not dry_run:  # read-only: a stage to run is refused here; a finished study's report is printed only
+        launch.check_writable(runs_dir, todo, workdir, quick=True)
     for path, family, how in p.scripts:
         print(f"# {path.name}: family {family} ({how}); tracks {', '.join(t.track for t in STUDY[family])}")
     # quick: the SFT and reward models at the quick suite's budgets (the study's own stages have no quick flags)
     print(f"# {design(shared_starts)}")
-    todo = stages(p, seeds, shared_starts)
     print("\n".join(announce(p, todo, workdir, jobs)), flush=True)
-    title = f"study_{study_name(p, name)}"  # its status table too: runs/study_<name>_summary.md, one per study
     status = run_suite(title, seeds, workdir, dry_run, launcher, jobs, quick=True, live=live, stages=todo)
     if not dry_run:
-        wrote = report(p, Path(workdir) / "runs", seeds, shared_starts, name)
-        print("\n".join(["", "wrote:", *(f"  {path}" for path in wrote)]))
-        print("\n".join(["", f"studies in {Path(workdir) / 'runs'}:", *past_studies(Path(workdir) / "runs")]))
+        unwritable = launch.write_problem(runs_dir)  # a finished study rerun on a read-only copy: its report printed
+        wrote = report(p, runs_dir, seeds, shared_starts, name, write=not unwritable)
+        shown = [f"  nothing: {runs_dir} cannot be written ({unwritable})"] if unwritable else []
+        print("\n".join(["", "wrote:", *shown, *(f"  {path}" for path in wrote)]))
+        print("\n".join(["", f"studies in {runs_dir}:", *past_studies(runs_dir)]))
     return status

@@ -30,6 +30,7 @@ from clean_rlhf_utils.data import template_fields
 from clean_rlhf_utils.generation import require_vllm
 from clean_rlhf_utils.runs import check_args
 from clean_rlhf_utils.storage import check_not_pickled
+from clean_rlhf_utils.tracking import check_parent, script_path
 
 
 @dataclass
@@ -183,6 +184,21 @@ NEEDS: dict[str, tuple] = {
 }
 """The flags that act only with another, by field name: every script and fork that has the field gets its rule."""
 
+GRPO_NEEDS: dict[str, tuple] = {
+    # grpo_math.py's own rules (its `Args.NEEDS`, which a fork copies with it): --beta is None until `resolve_variant`
+    # fills in the variant's default (the rule passes), then `check_grpo_args` checks them again
+    "kl_estimator": (lambda a: kl_weight(a) != 0, "a KL loss term (--beta above 0)"),
+    "log_ratio_clamp": (
+        lambda a: ratio_moves(a) or kl_weight(a) != 0,
+        "a ratio that can leave 1 (more than one iteration or minibatch, or --async) or a KL term (--beta above 0)",
+    ),
+}
+"""grpo_math.py's flags that act only with another (`Args.NEEDS`). --kl-estimator picks the KL loss term's estimator:
+beta 0 loads no reference, so there is no term (`objective/kl` logs k3 whatever it says). --log-ratio-clamp bounds the
+log of pi / pi_old, which on policy is exactly 0 (`micro_batch_loss`: the old logprobs are the new ones detached), and
+k3's log(pi_ref / pi), computed only with a reference (beta above 0). In ppo_rlhf.py, rloo.py and remax.py both act
+on their own (tests/test_flag_needs.py INDEPENDENT_IN says why)."""
+
 
 def needs_table(cls: type) -> dict[str, tuple]:
     """The rules that apply to a script's `Args`: the shared `NEEDS` of its fields, then its own (`Args.NEEDS`, a
@@ -235,10 +251,12 @@ def check_needs(args) -> None:
 
 
 def check_flags(args) -> None:
-    """The checks of `runs.check_args` that read no data, before anything loads: every field's range (`check_ranges`),
-    the flags that act only with another (`check_needs`), model directories whose weights are only a pickle
-    (`storage.check_not_pickled`: every `*model_path`, `*model_name_or_path` and `prm_path` field), and `--use-vllm`'s
-    package (`generation.require_vllm`: VLLMSampler starts after the models, a minute or more later)."""
+    """The checks of `runs.check_args` that read no data, before anything loads: a fork's PARENT line
+    (`tracking.check_parent`), every field's range (`check_ranges`), the flags that act only with another
+    (`check_needs`), model directories whose weights are only a pickle (`storage.check_not_pickled`: every
+    `*model_path`, `*model_name_or_path` and `prm_path` field), and `--use-vllm`'s package (`generation.require_vllm`:
+    VLLMSampler starts after the models, a minute or more later)."""
+    check_parent(script_path(args))
     check_ranges(args)
     check_needs(args)
     for f in dataclasses.fields(args):

@@ -341,10 +341,11 @@ class Run:
 
 
 def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
-    """The `Args` of a command line: a preset first, then flags that override it (`python sft.py tiny-tldr
-    --learning-rate 3e-4`; `tyro.extras.overridable_config_cli`). A command without a preset, with flags before it,
-    or with a preset the script does not have is a one-line error listing the presets (tyro would report the flags
-    as "Unrecognized options"). `prog`: the script named in the message (default: the one started)."""
+    """The `Args` of a command line: a preset, then flags over it (`python sft.py tiny-tldr --learning-rate 3e-4`;
+    `tyro.extras.overridable_config_cli`). No preset, flags before it, or a preset the script lacks: a one-line error
+    listing the presets (tyro: "Unrecognized options"). `prog`: the script named in it (default: the one started)."""
+    for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal prints a run name's é as \xe9, no traceback
+        getattr(stream, "reconfigure", lambda **_: None)(errors="backslashreplace")
     argv = list(sys.argv[1:] if args is None else args)
     prog, names = prog or Path(sys.argv[0]).name, ", ".join(presets)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
@@ -359,8 +360,7 @@ def cli(presets: dict, args: list[str] | None = None, prog: str | None = None):
 
 
 def name_run(args) -> None:
-    """The run's names, where not given: `--exp-name` (`exp_name`; `cli` fills it from the preset) and `--run-name`
-    (`{exp_name}__{seed}`)."""
+    """The run's names, where not given: `--exp-name` (`exp_name`; `cli` fills it from the preset), `--run-name`."""
     args.exp_name = args.exp_name or exp_name(script_path(args), None)
     args.run_name = args.run_name or f"{args.exp_name}__{args.seed}"
 

@@ -1,6 +1,6 @@
 """What produced a run and where its numbers are mirrored: the run's name (after its script's file), `provenance.json`
 (the commit, the script and its hash, the library versions, the host) and Weights & Biases (`--track`). `runs.Run`
-calls them; nothing here changes a number."""
+calls them, and `args.check_flags` a fork's PARENT line (`check_parent`); nothing here changes a number."""
 
 from __future__ import annotations
 
@@ -164,11 +164,63 @@ def script_record(script: Path, repo: Path | None = None) -> dict:
     return {**record, "parent": parent} if parent else record
 
 
+PARENT_LINE = re.compile(r"""^PARENT\s*(?::\s*str\s*)?=\s*["']([^"'\n]*)["']""", re.MULTILINE)
+"""a fork's module-level `PARENT = "rloo"` line"""
+CLOSER_BY = 0.1
+"""(`check_parent`) a fork that shares this much more of its lines with another library script than with the one its
+PARENT line names was copied from that other one"""
+
+
+def declared_parent(text: str) -> str | None:
+    """The script a fork's `PARENT = "rloo"` line names, as benchmark/study.py reads it (`"rloo.py"` is `rloo`), or
+    None without such a line."""
+    declared = PARENT_LINE.search(text)
+    return Path(declared.group(1)).stem if declared else None
+
+
+def check_parent(script: Path, repo: Path | None = None) -> None:
+    """A fork that runs names the library script it was copied from in its PARENT line (its records, its study family
+    and its fork check are that script's), checked before anything loads (`args.check_flags`); else one `error:` line,
+    as benchmark/study.py refuses it: a name that is no library script of this checkout, or the wrong one, where the
+    fork shares CLOSER_BY more of its lines with another library script (difflib's ratio, the study's measure). A
+    script without the line, or the library's own, is left alone."""
+    repo = repo or Path(__file__).resolve().parent.parent
+    try:
+        text = script.read_text(errors="replace")
+    except OSError:  # no file (an interactive session's class): nothing to check
+        return
+    name = declared_parent(text)
+    if name is None or (script.resolve() == (repo / f"{name}.py").resolve()):
+        return
+    scripts = [s for s in LIBRARY_LABELS if (repo / f"{s}.py").is_file()]
+    given = PARENT_LINE.search(text).group(1)
+    if name not in scripts:
+        raise SystemExit(
+            f"error: {script.name}: PARENT = {given!r} names no script of this checkout (one of {', '.join(scripts)}): "
+            "name the script it was copied from"
+        )
+    lines = text.splitlines()
+
+    def share(lib: str) -> float:
+        source = (repo / f"{lib}.py").read_text(errors="replace").splitlines()
+        return difflib.SequenceMatcher(None, source, lines, autojunk=False).ratio()
+
+    own = share(name)
+    if own + CLOSER_BY >= 1:  # no other script can share more
+        return
+    best, closest = max((share(s), s) for s in scripts if s != name)
+    if best > own + CLOSER_BY:
+        raise SystemExit(
+            f"error: {script.name}: PARENT = {given!r}, but it shares {own:.0%} of its lines with {name}.py and "
+            f"{best:.0%} with {closest}.py: name the script it was copied from (PARENT = {closest!r}?)"
+        )
+
+
 def fork_parent(script: Path, repo: Path) -> dict | None:
     """A fork's parent (its module-level `PARENT = "rloo"`, a script of this checkout): its name, its sha256 and the
     lines the fork adds and removes against it, so that a curve names the code it came from; None otherwise."""
-    declared = re.search(r"""^PARENT\s*=\s*["'](\w+)["']""", script.read_text(errors="replace"), re.MULTILINE)
-    source = repo / f"{declared.group(1)}.py" if declared else None
+    declared = declared_parent(script.read_text(errors="replace"))
+    source = repo / f"{declared}.py" if declared else None
     if source is None or not source.is_file() or source.resolve() == script.resolve():
         return None
     diff = difflib.unified_diff(source.read_text().splitlines(), script.read_text().splitlines(), lineterm="", n=0)
@@ -185,7 +237,9 @@ def record_provenance(run_dir: Path, resumed: bool, script: Path | None = None) 
     record = json.loads(path.read_text()) if resumed and path.exists() else {"started": now, "resumed": []}
     if resumed:
         record.setdefault("resumed", []).append(now)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    tmp = path.with_name("provenance.json.tmp")  # written whole, then renamed: a reader never sees half of it
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def start_wandb(args, run_dir: Path):

@@ -396,6 +396,22 @@ CASES = [
         S,
     ),
     BadInput(
+        "kl-estimator-without-kl-term",
+        "`--kl-estimator k2` with `--loss-type dapo` (beta 0: no KL loss term; issue 67, was: ignored)",
+        "error: --kl-estimator k2 acts only with a KL loss term (--beta above 0), which this run lacks",
+        lambda s, w: ["--loss-type", "dapo", "--kl-estimator", "k2"],
+        S,
+    ),
+    BadInput(
+        "log-ratio-clamp-on-policy",
+        "`--log-ratio-clamp 10` with `--beta 0 --num-mini-batches 1` (a ratio of exactly 1, no k3; issue 67, was: "
+        "ignored)",
+        "error: --log-ratio-clamp 10.0 acts only with a ratio that can leave 1 (more than one iteration or minibatch, "
+        "or --async) or a KL term (--beta above 0), which this run lacks",
+        lambda s, w: ["--beta", "0", "--num-mini-batches", "1", "--log-ratio-clamp", "10"],
+        S,
+    ),
+    BadInput(
         "teacher-pickle-only",
         "a `--teacher-model-path` directory whose weights are only `pytorch_model.bin` (was: loaded from the pickle)",
         "holds its weights only as a pickle (pytorch_model.bin), which this library does not load",

@@ -89,19 +89,26 @@ def test_groups_by_algorithm_and_summarises_final_values(tmp_path):
     assert "| ppo_tiny-tldr | 3 | 0.700 |" in curves.markdown_table(list(table.values()), "eval/gold_reward")
 
 
-def test_corrupt_or_missing_metrics_are_reported_and_skipped(tmp_path, capsys):
-    good = _write_run(tmp_path, "a__1", [0.1, 0.2], extra_lines=['{"step": 9, "episode": 900, "eval/gold_rew'])
+def test_a_torn_last_row_or_missing_metrics_are_reported_and_a_corrupt_row_refused(tmp_path, capsys):
+    """A last row a kill cut short (no newline after it) is dropped and said; a row before it that does not parse is
+    damage: one `error:` line (benchmark/runfiles.py, the same in every tool)."""
+    good = _write_run(tmp_path, "a__1", [0.1, 0.2])
+    with open(good / "metrics.jsonl", "a") as f:
+        f.write('{"step": 9, "episode": 900, "eval/gold_rew')
     (tmp_path / "b__1").mkdir()
     run = curves.read_run(good)
-    assert len(run.rows) == 2 and len(run.problems) == 1 and "corrupt line" in run.problems[0]
+    assert len(run.rows) == 2 and len(run.problems) == 1 and "its last row is torn" in run.problems[0]
     assert curves.read_run(tmp_path / "b__1").problems == [f"{tmp_path / 'b__1'}: no metrics.jsonl"]
     out = tmp_path / "cmp"
     assert compare.main([str(good), str(tmp_path / "b__1"), "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert "corrupt line" in err and "no metrics.jsonl" in err
+    assert "its last row is torn" in err and "no metrics.jsonl" in err
     assert out.with_suffix(".png").stat().st_size > 1000
     assert "| a | 1 | 0.200 |" in out.with_suffix(".md").read_text()
     assert compare.main([str(tmp_path / "b__1"), "--out", str(out)]) == 1  # nothing to compare is an error
+    bad = _write_run(tmp_path, "c__1", [0.1, 0.2], extra_lines=['{"step": 9, "episo', '{"step": 10}'])
+    with pytest.raises(SystemExit, match=r"c__1/metrics.jsonl line 3 is not a JSON row \(Unterminated string"):
+        compare.main([str(bad), "--out", str(out)])
 
 
 def test_results_table_has_the_start_row_and_per_algorithm_finals(tmp_path, capsys):

@@ -12,12 +12,16 @@ import dataclasses
 import importlib
 
 import pytest
+import torch
 import transformers
 
 from clean_rlhf_utils.args import NEEDS, check_needs, default_of, flag_of, needs_table
-from tests.bad_inputs import World, base_flags, make_reward_model, pickled_copy
+from clean_rlhf_utils.tracking import declared_parent
+from tests.bad_inputs import REPO, World, base_flags, make_reward_model, pickled_copy
 
-SCRIPTS = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
+FORKS = sorted(p.stem for p in REPO.glob("*.py") if declared_parent(p.read_text()))  # grpo_clip_cov: its own fields
+SCRIPTS = LIBRARY + FORKS
 MODULES = {name: importlib.import_module(name) for name in SCRIPTS}
 
 ONE_PASS = {"num_ppo_epochs": 1, "num_iterations": 1, "num_mini_batches": 1, "async_generation": False}
@@ -53,6 +57,16 @@ EXAMPLES = {
     ),
     "max_sampling_rounds": (8, {"dynamic_sampling": False}, {"dynamic_sampling": True}),
     "overlong_penalty_factor": (0.5, {"overlong_buffer": 0}, {"overlong_buffer": 4}),
+    # grpo_math.py (GRPO_NEEDS) and its forks; the log-ratio bound's other partner, a moving ratio: its own test below
+    "kl_estimator": ("k2", {"beta": 0.0}, {"beta": 0.04}),
+    "log_ratio_clamp": (10.0, {**ONE_PASS, "beta": 0.0}, {**ONE_PASS, "beta": 0.04}),
+    # the forks' own Args.NEEDS: grpo_clip_cov.py
+    "clip_cov_ratio": (0.01, {"loss_type": "cispo"}, {"loss_type": "grpo"}),
+    "clip_cov_lb": (0.5, {"loss_type": "cispo"}, {"loss_type": "grpo"}),
+    "clip_cov_ub": (10.0, {"loss_type": "cispo"}, {"loss_type": "grpo"}),
+    # grpo_kl_cov.py
+    "kl_cov_ratio": (0.01, ONE_PASS, TWO_PASSES),
+    "kl_cov_coef": (0.5, ONE_PASS, TWO_PASSES),
     # dpo.py
     "judge": ("gold", OFFLINE, ONLINE),
     "total_episodes": (64, OFFLINE, ONLINE),
@@ -97,21 +111,29 @@ INDEPENDENT = {
     *("sampler_correction", "format_reward_coef", "reward_clip", "normalize_advantage", "whiten_rewards", "gamma"),
     *("lam", "vf_coef", "entropy_coef", "kl_coef", "beta", "response_template", "max_prompt_length"),
     *("prompt_dataset_name_or_path", "num_eval_pairs", "pass_k", "overlong_filtering", "normalize"),
-    # grpo_math.py: filled in by `resolve_variant` when not given (a rule on them would see the filled value as
-    # given; the variant checks of `check_grpo_args` cover their combinations)
-    *("kl_estimator", "epsilon_low", "epsilon_high", "loss_aggregation", "scale_rewards", "dynamic_sampling"),
+    # grpo_math.py: filled in by `resolve_variant` before `check_grpo_args` when not given (a rule on them would see
+    # the filled value as given; the variant checks of `check_grpo_args` cover their combinations)
+    *("epsilon_low", "epsilon_high", "loss_aggregation", "scale_rewards", "dynamic_sampling"),
     *("overlong_buffer", "importance_sampling_level", "advantage_eps"),
     # reward_model.py: a command may carry the normalisation data for either objective (tests/bad_inputs.py does)
     *("norm_dataset_name_or_path", "norm_split", "norm_response_template", "num_norm_examples"),
     # under a rule of dpo.py's or reward_model.py's own `Args.NEEDS`, on their own in the other scripts
     *("async_generation", "chosen_field", "rejected_field", "pack_pairs", "non_eos_penalty", "num_train_epochs"),
     *("temperature", "total_episodes"),
-    # bounds k3's log ratio as well as the policy ratio's: acts with a KL term or a moving ratio, checked by neither
-    "log_ratio_clamp",
+}
+INDEPENDENT_IN = {
+    # fields under a rule of grpo_math.py (GRPO_NEEDS) that act on their own in these scripts, and why:
+    # the estimator of the in-reward KL penalty is also that of the logged `objective/kl`, so it changes a logged
+    # number at --kl-coef 0 too (where no KL term is trained)
+    "kl_estimator": {"ppo_rlhf", "rloo", "remax"},
+    # the old logprobs are another forward pass's (or the sampler's), so a ratio on policy is 1 only to rounding, which
+    # a small enough bound moves (the logged ratio and approxkl); and it bounds k3's log ratio in the logged KL
+    "log_ratio_clamp": {"ppo_rlhf", "rloo"},
 }
 
 
-ALWAYS_HOLDS = {("grpo_math", "answer_format")}  # a shared rule whose partner is every run of that script (math)
+# a shared rule whose partner is every run of that script (math)
+ALWAYS_HOLDS = {(s, "answer_format") for s in SCRIPTS if hasattr(MODULES[s], "resolve_variant")}
 
 
 def rules() -> list:
@@ -133,9 +155,10 @@ def with_fields(args, **fields):
 
 
 def check(script: str, args) -> None:
-    """The rules as a run meets them: `runs.check_args` (`check_needs`), and grpo_math.py's variant defaults."""
+    """The rules as a run meets them: `runs.check_args` (`check_needs`), and grpo_math.py's (and its forks') variant
+    defaults, after which `check_grpo_args` runs them again."""
     check_needs(args)
-    if script == "grpo_math":
+    if hasattr(MODULES[script], "resolve_variant"):
         MODULES[script].resolve_variant(args)
 
 
@@ -187,34 +210,88 @@ def test_a_presets_value_carried_into_another_variant_is_a_warning(capsys):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_every_field_is_under_a_rule_or_acts_on_its_own(script):
-    """A new flag cannot forget: each field of `Args` is under a rule (with an example above) or in INDEPENDENT."""
+    """A new flag cannot forget: each field of `Args` (a fork's own fields too: FORKS) is under a rule (with an
+    example above) or in INDEPENDENT, or INDEPENDENT_IN names the script, which no rule of it may then contradict."""
+    assert "grpo_clip_cov" in FORKS
     table = needs_table(MODULES[script].Args)
     fields = {f.name for f in dataclasses.fields(MODULES[script].Args)}
-    unclassified = fields - set(table) - INDEPENDENT
+    own = {name for name, scripts in INDEPENDENT_IN.items() if script in scripts}
+    assert not own & set(table), f"{script}.py: under a rule, and in INDEPENDENT_IN: {own & set(table)}"
+    unclassified = fields - set(table) - INDEPENDENT - own
     assert not unclassified, f"{script}.py: add a rule (NEEDS / Args.NEEDS) or list it in INDEPENDENT: {unclassified}"
     assert set(table) <= set(EXAMPLES), f"give each rule an example here: {set(table) - set(EXAMPLES)}"
 
 
 def test_every_rule_names_a_field_of_a_script():
     assert not set(NEEDS) & INDEPENDENT, set(NEEDS) & INDEPENDENT  # a shared rule holds wherever its field is
+    assert not set(INDEPENDENT_IN) & (INDEPENDENT | set(NEEDS)), set(INDEPENDENT_IN) & (INDEPENDENT | set(NEEDS))
     fields = {f.name for module in MODULES.values() for f in dataclasses.fields(module.Args)}
     own = {name for module in MODULES.values() for name in vars(module.Args).get("NEEDS", {})}
     assert not (set(NEEDS) | own) - fields, (set(NEEDS) | own) - fields
 
 
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if hasattr(MODULES[s], "resolve_variant")])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
-def test_grpo_variants_never_fill_a_ruled_flag(loss_type, level):
-    """`check_grpo_args` runs the rules again after `resolve_variant`, so no rule may be on a field it fills in (the
-    filled value would read as given)."""
+@pytest.mark.parametrize("estimator", ["group", "reinforce_pp_baseline"])
+def test_grpo_variants_never_fill_a_ruled_flag_before_the_rules_run_again(script, loss_type, level, estimator):
+    """`check_grpo_args` runs the rules again inside `resolve_variant`, so no rule may be on a field filled in before
+    it (the filled value would read as given); --kl-estimator, under a rule, is filled in after it."""
     if loss_type == "cispo" and level == "sequence":
         pytest.skip("refused by check_grpo_args")
-    grpo = MODULES["grpo_math"]
-    before = dataclasses.replace(tiny_preset("grpo_math"), loss_type=loss_type, importance_sampling_level=level)
+    grpo, seen = MODULES[script], []
+    before = with_fields(tiny_preset(script), loss_type=loss_type, importance_sampling_level=level)
+    before.advantage_estimator = estimator
     after = copy.deepcopy(before)
-    grpo.resolve_variant(after)
-    filled = {f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(after, f.name)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grpo, "check_grpo_args", lambda a, synced: seen.append(copy.deepcopy(a)))
+        grpo.resolve_variant(after)
+    (checked,) = seen
+    filled = {f.name for f in dataclasses.fields(before) if getattr(before, f.name) != getattr(checked, f.name)}
     assert not filled & set(needs_table(grpo.Args)), filled & set(needs_table(grpo.Args))
+    assert checked.kl_estimator is None and after.kl_estimator in ("k2", "k3")  # filled in after the check
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if hasattr(MODULES[s], "resolve_variant")])
+def test_grpo_log_ratio_clamp_acts_with_a_moving_ratio_or_a_kl_term(script):
+    """Issue 67 item 6: --log-ratio-clamp bounds log(pi / pi_old), exactly 0 on policy, and k3's log ratio to the
+    reference, which beta 0 does not load: given with neither it was ignored; a second minibatch (or iteration, or
+    --async) or a KL term each gives it something to bound."""
+    args = with_fields(tiny_preset(script), **ONE_PASS, beta=0.0, log_ratio_clamp=5.0)
+    with pytest.raises(SystemExit, match=r"^error: --log-ratio-clamp 5.0 acts only with a ratio that can leave 1 "):
+        check(script, copy.deepcopy(args))
+    for partner in (TWO_PASSES, {"num_mini_batches": 2}, {"async_generation": True}, {"beta": 0.04}):
+        check(script, with_fields(copy.deepcopy(args), **partner))
+    with pytest.raises(SystemExit, match=r"^error: --kl-estimator k2 acts only with a KL loss term \(--beta above 0\)"):
+        check(script, with_fields(tiny_preset(script), loss_type="dapo", kl_estimator="k2"))  # DAPO's beta: 0
+
+
+@pytest.mark.parametrize("script", [s for s in SCRIPTS if hasattr(MODULES[s], "resolve_variant")])
+def test_what_grpo_refuses_changes_no_number(script, monkeypatch):
+    """Where GRPO_NEEDS refuses them, --kl-estimator and --log-ratio-clamp change no bit of the loss or its gradient:
+    on policy (no old logprobs: the new ones detached) with beta 0 (no reference logprobs), as `main` calls
+    `micro_batch_loss` then."""
+    grpo = MODULES[script]
+    logits = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)) * 30
+
+    def update(estimator, bound, beta=0.0, ref=None):
+        args = with_fields(tiny_preset(script), **ONE_PASS, beta=beta)
+        grpo.resolve_variant(args)
+        args.kl_estimator, args.log_ratio_clamp = estimator, bound  # past the rules that refuse them
+        leaf = logits.clone().requires_grad_(True)
+        monkeypatch.setattr(grpo, "completion_logprobs", lambda m, p, t, entropy_grad: (leaf.log_softmax(1), leaf))
+        adv, mask = torch.tensor([1.0, -0.5, 0.25]), torch.ones(3, 5)
+        torch.manual_seed(0)  # a fork may draw (Clip-Cov's tokens cut)
+        out = grpo.micro_batch_loss(None, {}, adv, mask, None, ref, args, 3, 15.0)
+        out["loss"].backward()
+        return out["loss"].detach(), out["ratio"], out["kl"], leaf.grad
+
+    first, *others = [update(e, b) for e, b in (("k3", 20.0), ("k2", 20.0), ("k3", None), ("k3", 1e-9), ("k2", 1e-9))]
+    for other in others:
+        assert all(torch.equal(a, b) for a, b in zip(first, other))
+    ref = torch.zeros(3, 5).log_softmax(1)  # with a reference (beta above 0) each flag moves the loss
+    assert not torch.equal(update("k3", 20.0, 0.04, ref)[0], update("k2", 20.0, 0.04, ref)[0])
+    assert not torch.equal(update("k3", 20.0, 0.04, ref)[0], update("k3", 1e-9, 0.04, ref)[0])
 
 
 def test_a_forks_own_rule_is_checked():

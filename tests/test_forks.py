@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -280,3 +281,54 @@ def test_a_script_edited_while_it_runs_is_recorded_as_the_bytes_that_ran_and_run
     other = tmp_path / "other.py"
     other.write_text("x = 1\n")
     assert "edited_while_running" not in script_record(other)
+
+
+# ---- issue 67 item 7: a fork that runs names its parent, the library script it was copied from ----
+
+
+def _with_parent(script: str, parent: str) -> str:
+    return (REPO / f"{script}.py").read_text().replace("\nimport ", f'\nPARENT = "{parent}"\nimport ', 1)
+
+
+def test_a_forks_parent_line_must_name_the_library_script_it_was_copied_from(tmp_path):
+    """A PARENT naming no script of the checkout, or another script than the one the fork was copied from (which it
+    shares CLOSER_BY more of its lines with), was recorded as given; now one `error:` line (the study refuses the
+    first as well). A right one, `"rloo.py"` (the study's reading), no PARENT line and the library's own pass."""
+    from clean_rlhf_utils.tracking import check_parent
+
+    scripts = "sft, reward_model, ppo_rlhf, rloo, remax, grpo_math, dpo"
+    nowhere = f"names no script of this checkout (one of {scripts}): name the script it was copied from"
+    cases = {  # the shares move as the scripts change: their digits are left out
+        "rlooo": f"PARENT = 'rlooo' {nowhere}",
+        "": f"PARENT = '' {nowhere}",
+        "remax": "PARENT = 'remax', but it shares #% of its lines with remax.py and 100% with rloo.py: name the script "
+        "it was copied from (PARENT = 'rloo'?)",
+        "grpo_math": "PARENT = 'grpo_math', but it shares #% of its lines with grpo_math.py and 100% with rloo.py: "
+        "name the script it was copied from (PARENT = 'rloo'?)",
+    }
+    fork = tmp_path / "rloo_x.py"
+    for parent, message in cases.items():
+        fork.write_text(_with_parent("rloo", parent))
+        with pytest.raises(SystemExit) as e:
+            check_parent(fork)
+        assert re.sub(r"\b\d\d?%", "#%", str(e.value.code)) == f"error: rloo_x.py: {message}"
+    for parent in ("rloo", "rloo.py"):
+        fork.write_text(_with_parent("rloo", parent))
+        check_parent(fork)
+    fork.write_text((REPO / "rloo.py").read_text())  # a copy without the line: no parent to check
+    check_parent(fork)
+    for script in (REPO / "grpo_clip_cov.py", REPO / "rloo.py"):
+        check_parent(script)
+
+
+def test_a_fork_naming_no_script_ends_in_one_line_before_anything_loads(tmp_path, monkeypatch):
+    """Run directly (`python rloo_x.py tiny-math`), the PARENT line is checked with the flags, before a model loads."""
+    module = load_copy("rloo", tmp_path / "rloo_x.py", lambda text: _with_parent("rloo", "rlo"))
+    try:
+        monkeypatch.setattr(module.engines, "make_accelerator", lambda *a, **k: pytest.fail("the run went on"))
+        args = cli(module.PRESETS, args=["tiny-math", "--output-dir", str(tmp_path / "runs")])
+        with pytest.raises(SystemExit, match=r"^error: rloo_x.py: PARENT = 'rlo' names no script of this checkout \("):
+            module.main(args)
+        assert not (tmp_path / "runs").exists()
+    finally:
+        sys.modules.pop("rloo_x", None)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmark import reference, reproduce
+from benchmark import reference, reproduce, runfiles
 from benchmark.suites import CHECK_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES, SUITES
 from tests.mutants import MUTANTS, Mutant
 
@@ -58,7 +58,8 @@ def run_stage(script: Path, run_name: str, work: Path, env: dict | None = None, 
     deadline = time.time() + TIMEOUT
     try:
         while proc.poll() is None and time.time() < deadline:
-            rows = reproduce.read_run(run_dir).rows if (run_dir / "metrics.jsonl").exists() else []
+            # its rows alone, while it writes them (a torn last row is dropped; its provenance.json is read at the end)
+            rows = runfiles.read_metrics(run_dir / "metrics.jsonl").rows if (run_dir / "metrics.jsonl").exists() else []
             if sum(reference.is_training_row(r) for r in rows) >= STOP_AFTER:
                 break
             time.sleep(0.5)

@@ -63,7 +63,10 @@ def test_a_metrics_file_whose_episode_counter_goes_back_is_refused_naming_the_ro
     assert err.startswith(f"error: {steps}/metrics.jsonl line 2: its step 1 is below the 3 of line 1")
     text = _run(tmp_path / "c", "x__1", [{"step": 0, "episode": "64", "eval/accuracy": 0.1}])
     err = _error(capsys, lambda: compare.main([str(text), "--metric", "eval/accuracy", "--out", str(out)]))
-    assert err == f"error: {text}/metrics.jsonl line 1: its episode is '64', not a number"
+    assert err == (
+        f'error: {text}/metrics.jsonl line 1: its episode is "64", not a number (a script logs numbers, NaN when it '
+        "diverged): its rows cannot be read: restore the file or rerun the run"
+    )
     # equal counters are one run's rows (an evaluation and an update at one episode)
     same = _run(tmp_path / "d", "rloo_tiny-math__1", _rows([0.1, 0.2]) + [{"step": 1, "episode": 64, "time": 3.0}])
     assert compare.main([str(same), "--metric", "eval/accuracy", "--out", str(out)]) == 0
@@ -75,8 +78,8 @@ def test_the_results_tables_and_the_reference_refuse_such_a_file_too(tmp_path, m
     err = _error(capsys, lambda: results.main(["--runs-dir", str(runs), "--tracks", "tiny-math"]))
     assert err.startswith(f"error: {runs}/rloo_tiny-math__1/metrics.jsonl line 4: its episode 0 is below the 128")
     monkeypatch.setattr(reference, "DIR", tmp_path / "data")
-    assert reference.main(["build", str(runs)]) == 1
-    assert _last_err(capsys).endswith("keep one run's rows in it (or rerun it); it is not shipped")
+    err = _error(capsys, lambda: reference.main(["build", str(runs)]))
+    assert err.startswith(f"error: {runs}/rloo_tiny-math__1/metrics.jsonl line 4: its episode 0 is below the 128")
     assert not (tmp_path / "data").exists()
     frontier_run = _run(tmp_path / "f", "ppo-kl0.1_tiny-tldr-noisy__1", _rows([0.1, 0.2], "eval/gold_reward") * 2)
     err = _error(capsys, lambda: frontier.main([str(frontier_run), "--out", str(tmp_path / "fr")]))
@@ -142,12 +145,12 @@ def test_a_metric_value_that_is_not_a_number_is_refused_not_counted_as_diverged(
     run = _run(tmp_path, "rloo_tiny-math__1", rows)
     err = _error(capsys, lambda: compare.main([str(run), "--metric", "eval/accuracy", "--out", str(tmp_path / "c")]))
     assert err == (
-        f"error: {run}/metrics.jsonl: its row 2 (step 1) has eval/accuracy '0.2', not a number; a script logs "
-        "numbers (NaN when it diverged): fix or drop that row"
+        f'error: {run}/metrics.jsonl line 2: its eval/accuracy is "0.2", not a number (a script logs numbers, NaN '
+        "when it diverged): its rows cannot be read: restore the file or rerun the run"
     )
     (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "episode": 0, "eval/accuracy": None}) + "\n")
     err = _error(capsys, lambda: compare.main([str(run), "--metric", "eval/accuracy", "--out", str(tmp_path / "c")]))
-    assert "has eval/accuracy None, not a number" in err
+    assert "line 1: its eval/accuracy is null, not a number" in err
 
 
 # ---- class 3: a damaged data file; class 1: build deletes and replaces only its own files ----
@@ -311,9 +314,9 @@ def test_identical_runs_in_two_output_folders_are_the_same(tmp_path, capsys):
 def test_identical_on_a_metrics_or_config_file_that_is_not_json_is_one_line(tmp_path, capsys):
     a = _identical_run(tmp_path / "a", {"seed": 1})
     b = _identical_run(tmp_path / "b", {"seed": 1})
-    (b / "metrics.jsonl").write_text((b / "metrics.jsonl").read_text() + '{"step": 2, "episo\n')
+    (b / "metrics.jsonl").write_text((b / "metrics.jsonl").read_text() + '{"step": 2, "episo\n{"step": 3}\n')
     err = _error(capsys, lambda: identical.main([str(tmp_path / "a"), str(tmp_path / "b")]))
-    assert err.startswith(f"error: {b}/metrics.jsonl:3 is not JSON (")
+    assert err.startswith(f"error: {b}/metrics.jsonl line 3 is not a JSON row (")
     (b / "metrics.jsonl").write_text((a / "metrics.jsonl").read_text())
     (b / "config.json").write_text("{")
     err = _error(capsys, lambda: identical.main([str(tmp_path / "a"), str(tmp_path / "b")]))

@@ -261,7 +261,7 @@ def test_the_early_check_passes_an_honest_run_and_names_the_first_update_and_sta
     # a statistic the run no longer logs, and another count of episodes per update
     for change, said in (
         ({(1, "objective/kl"): None}, "differs at update 1 (step 1): it logs no objective/kl"),
-        ({(3, "episode"): 100}, "differs at update 3 (step 3): its episode 100 vs 192"),
+        ({(3, "episode"): 180}, "differs at update 3 (step 3): its episode 180 vs 192"),
         ({(3, "lr"): 3e-6 * 3}, "differs at update 3 (step 3): lr 9e-06 vs 3e-06 / 3e-06"),
     ):
         shutil.rmtree(runs / "grpo_tiny-math__3")
@@ -338,14 +338,17 @@ def test_a_check_run_is_judged_by_its_first_updates_alone(tmp_path, capsys):
 
 def test_an_unfinished_run_gets_the_early_check_alone(tmp_path, capsys):
     """A run stopped after two updates (no done.json): its command from provenance.json, its two updates checked,
-    its end result not judged; a planted change in them still differs."""
+    its end result not judged, and it is incomplete, not "ok"; a planted change in them still differs."""
     data = _early_shipped(tmp_path)
     runs = tmp_path / "runs"
     _early_run(runs, "grpo_tiny-math__1", done=False, updates=2)
     code, out = _line(runs, data, capsys)
-    assert code == 0 and out[0] == (
-        "grpo_tiny-math__1: ok: early: 2 of 3 updates within tolerance (unfinished); end: unfinished (no done.json), "
-        "not judged (6 distinct shipped runs)"
+    assert code == 2 and out[0] == (  # it stopped before the window it is judged on: never "ok" (issue 67)
+        "grpo_tiny-math__1: incomplete, not judged: early: incomplete, 2 of 3 updates logged and within tolerance "
+        "(unfinished); end: unfinished (no done.json), not judged (6 distinct shipped runs)"
+    )
+    assert out[-1] == "reproduces the library: unknown (no check could judge any run; incomplete, not judged: " + (
+        "grpo_tiny-math__1)"
     )
     shutil.rmtree(runs / "grpo_tiny-math__1")
     _early_run(runs, "grpo_tiny-math__1", done=False, updates=2, change={(2, "objective/kl"): 0.02})

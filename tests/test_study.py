@@ -51,6 +51,7 @@ def _models_done(workdir: Path, seeds: list[int] = (1, 2, 3)) -> None:
         (workdir / "runs" / st.run_name).mkdir(parents=True)
         done = {"argv": st.args(quick=True), "script": script}
         (workdir / "runs" / st.run_name / "done.json").write_text(json.dumps(done))
+        (workdir / "runs" / st.run_name / "metrics.jsonl").write_text('{"step": 0, "episode": 0, "time": 1.0}\n')
 
 
 def test_a_study_ranks_a_faster_variant_above_and_a_copy_level_with_its_script(tmp_path, monkeypatch, capsys):

@@ -5,7 +5,8 @@ machine, then compare the two `runs/` folders. Every run directory present in bo
 have the same `metrics.jsonl` rows (wall-clock and speed fields aside: `time` and `perf/*`), the same `config.json`
 contents (key order aside; a key one side lacks equals None or False, a flag added off; the output folder is not a
 result: `output_dir`, and a path inside it, such as an earlier stage's model, count relative to it) and bit-identical
-tensors in `model/*.safetensors`. A metrics.jsonl or config.json that is not JSON is one `error:` line naming it.
+tensors in `model/*.safetensors`. A damaged metrics.jsonl or config.json is one `error:` line naming it, the line
+every tool gives it (benchmark/runfiles.py).
 Prints one line a run, `same` or what differs first, and exits 1 when any run differs or is missing from one side.
 """
 
@@ -13,33 +14,25 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from benchmark import runfiles
+
 SPEED = ("time",)  # and every `perf/` key: wall-clock and throughput differ between any two runs
 
 
-def read_json(path: Path, line: int | None = None, text: str | None = None):
-    """JSON from a run's file (`line`: one line of it), or one `error:` line naming the file (and the line)."""
-    try:
-        return json.loads(path.read_text() if text is None else text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f"{path}:{line}" if line else str(path)
-        raise SystemExit(f"error: {where} is not JSON ({e}); the run's numbers cannot be compared: rerun it") from None
-
-
 def metric_rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    text = path.read_bytes().decode(errors="replace")
-    rows = [read_json(path, i, line) for i, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    for i, r in enumerate(rows, start=1):
-        if not isinstance(r, dict):
-            raise SystemExit(f"error: {path}: row {i} is not a JSON object; the run's numbers cannot be compared")
-    return [{k: v for k, v in r.items() if k not in SPEED and not k.startswith("perf/")} for r in rows]
+    """The run's metrics rows through the one checked reader (benchmark/runfiles.py: damage is its `error:` line; a
+    torn last row is dropped and said), wall-clock and speed fields left out."""
+    metrics = runfiles.read_metrics(run / "metrics.jsonl")
+    if metrics.torn:
+        print(f"warning: {metrics.torn}", file=sys.stderr)
+    return [{k: v for k, v in r.items() if k not in SPEED and not k.startswith("perf/")} for r in metrics.rows]
 
 
 def without_output_dir(config: dict) -> dict:
@@ -80,10 +73,7 @@ def first_difference(a: Path, b: Path) -> str | None:
             return f"metrics.jsonl row {i + 1} (step {x.get('step')}): {key} {x.get(key)!r} != {y.get(key)!r}"
     if len(rows_a) != len(rows_b):
         return f"metrics.jsonl has {len(rows_a)} rows against {len(rows_b)}"
-    configs = [read_json(r / "config.json") if (r / "config.json").exists() else None for r in (a, b)]
-    for r, c in zip((a, b), configs):
-        if c is not None and not isinstance(c, dict):
-            raise SystemExit(f"error: {r / 'config.json'} is not a JSON object of arguments; rerun the run")
+    configs = [runfiles.read_object(r / "config.json") if os.path.lexists(r / "config.json") else None for r in (a, b)]
     configs = [c if c is None else without_output_dir(c) for c in configs]
     # a flag added since (`--dual-clip`, `--use-vllm`, ...) is off at None or False: the runs before it, which lack
     # the key, ran the same
@@ -112,9 +102,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {root} is not a directory")
 
     def runs(root: Path) -> dict[str, Path]:
-        if (root / "metrics.jsonl").exists():
+        if runfiles.is_run_dir(root):
             return {root.name: root}
-        return {p.name: p for p in sorted(root.iterdir()) if (p / "metrics.jsonl").exists()}
+        return {p.name: p for p in sorted(root.iterdir()) if runfiles.is_run_dir(p)}
 
     before, after = runs(a.before), runs(a.after)
     if not before:

@@ -230,19 +230,19 @@ def cannot_apply(provenance: dict | None, records: list[dict]) -> str:
 
 def early_check(
     name: str, rows: list[dict], provenance: dict | None, same: list[dict], finished: bool = True
-) -> tuple[str, str]:
-    """("ok" | "differs" | "", the text): the run's first updates against the shipped runs of its seed; an unfinished
-    run's as far as it went."""
+) -> tuple[str, str, bool]:
+    """("ok" | "differs" | "", the text, whether the run logged the whole window): the run's first updates against the
+    shipped runs of its seed; an unfinished run's as far as it went."""
     seed = seed_of(name)
     mine = [r for r in same if seed_of(r["name"]) == seed]
     if not mine:
-        return "", f"early: cannot apply (the reference holds no run of seed {seed})"
+        return "", f"early: cannot apply (the reference holds no run of seed {seed})", True
     why = cannot_apply(provenance, same)
     if why:
-        return "", f"early: cannot apply ({why})"
+        return "", f"early: cannot apply ({why})", True
     window, why = early_tolerances(same)
     if not window:
-        return "", f"early: cannot apply ({why})"
+        return "", f"early: cannot apply ({why})", True
     ours, size = training_rows(rows), len(window)
     window = window[: len(ours)]
     refs = [training_rows(r["rows"]) for r in mine]
@@ -250,7 +250,7 @@ def early_check(
         at = f"update {i + 1} (step {ours[i].get('step')})"
         for k in ("step", "episode"):
             if any(ref[i].get(k) != ours[i].get(k) for ref in refs):
-                return "differs", f"early: differs at {at}: its {k} {ours[i].get(k)} vs {refs[0][i].get(k)}"
+                return "differs", f"early: differs at {at}: its {k} {ours[i].get(k)} vs {refs[0][i].get(k)}", True
         row = statistics(ours[i])
         worst = None
         for k, t in tol.items():
@@ -258,18 +258,18 @@ def early_check(
             if any(v is None for v in values):
                 continue
             if k not in row:
-                return "differs", f"early: differs at {at}: it logs no {k}"
+                return "differs", f"early: differs at {at}: it logs no {k}", True
             gap = max(0.0, min(values) - row[k], row[k] - max(values)) if math.isfinite(row[k]) else math.inf
             if gap > t and (worst is None or gap / t > worst[0]):
                 worst = (gap / t, k, row[k], values, t)
         if worst:
             _, k, v, values, t = worst
             shipped = " / ".join(f"{x:.6g}" for x in values)
-            return "differs", f"early: differs at {at}: {k} {v:.6g} vs {shipped} [tolerance {t:.2g}]"
+            return "differs", f"early: differs at {at}: {k} {v:.6g} vs {shipped} [tolerance {t:.2g}]", True
     if len(window) < size:  # it stopped before the span it is judged on: its verdict is "incomplete, not judged"
         how = "unfinished" if not finished else "its metrics.jsonl ends there"
-        return "ok", f"early: incomplete, {len(window)} of {size} updates logged and within tolerance ({how})"
-    return "ok", f"early: {size} updates within tolerance"
+        return "ok", f"early: incomplete, {len(window)} of {size} updates logged and within tolerance ({how})", False
+    return "ok", f"early: {size} updates within tolerance", True
 
 
 # ---- the end result ----
@@ -348,7 +348,7 @@ def judge(run_dir: Path, shipped: dict[str, list[dict]]) -> Verdict:
             f" ({other} of another command)" if other else ""
         )
         return Verdict(name, "not judged", f"{name}: not judged: {why}, fewer than {MIN_REFERENCE}")
-    early, early_text = early_check(name, run.rows, run.provenance, same, run.finished)
+    early, early_text, whole = early_check(name, run.rows, run.provenance, same, run.finished)
     if group in CHECK_STAGES:  # its 16-problem evaluations move by 1/16: no band of 3 seeds holds an honest one
         end, end_text = "", "end: a check run, judged by its first updates alone"
     elif run.finished:
@@ -362,7 +362,7 @@ def judge(run_dir: Path, shipped: dict[str, list[dict]]) -> Verdict:
     # a run that stopped before the span a check needs (`incomplete`) is not judged, unless a check saw a difference
     if early == "differs" or (early != "ok" and end == "differs"):
         state = "differs"
-    elif end == "incomplete" or early_text.startswith("early: incomplete"):
+    elif end == "incomplete" or not whole:
         state = "incomplete, not judged"
     else:
         state = early or end or "cannot tell"

@@ -20,7 +20,11 @@ from clean_rlhf_utils.tracking import declared_parent
 from tests.bad_inputs import REPO, World, base_flags, make_reward_model, pickled_copy
 
 LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
-FORKS = sorted(p.stem for p in REPO.glob("*.py") if declared_parent(p.read_text()))  # grpo_clip_cov: its own fields
+# the library's forks (those that keep a variant record, as tests/test_forks.py takes them): their own fields too; a
+# user's copy in the checkout is left alone
+FORKS = sorted(
+    p.stem for p in REPO.glob("*.py") if declared_parent(p.read_text()) and p.with_suffix(".variant.diff").is_file()
+)
 SCRIPTS = LIBRARY + FORKS
 MODULES = {name: importlib.import_module(name) for name in SCRIPTS}
 

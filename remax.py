@@ -595,6 +595,8 @@ def main(args: Args) -> dict:
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": engines.peak_mem_gb(device),
+                # before clipping: its mean square less the mean gradient's is the estimator's variance (issue 68)
+                **({} if grad_norm is None else {"train/grad_norm": float(grad_norm)}),
             }
             logged = log_global_means(run, accelerator, means, as_is, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")

@@ -585,7 +585,7 @@ def main(args: Args) -> dict:
             old_seq_logprobs = sequence_logprobs(logprobs, padding_mask)
 
         # ---- 4. REINFORCE (several clipped passes when asked) ----
-        stats = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "ratio")}
+        stats, grad_norms = {k: [] for k in ("approxkl", "clipfrac", "pg_loss", "ratio")}, []
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(args.per_device_batch_size, device=device)
             for mb_start in range(0, args.per_device_batch_size, mini_batch_size):
@@ -620,6 +620,7 @@ def main(args: Args) -> dict:
                             # before the optimizer writes it into the weights
                             error = runs.non_finite_error("gradient norm", update, args.learning_rate)
                             runs.stop_unless_finite(run, grad_norm, error)
+                            grad_norms += [] if grad_norm is None else [float(grad_norm)]
                         optimizer.step()
                         optimizer.zero_grad()
                     for k, v in zip(
@@ -652,6 +653,8 @@ def main(args: Args) -> dict:
                 "lr": optimizer.param_groups[0]["lr"],
                 "perf/episodes_per_sec": (update - start) * batch_size / (time.time() - start_time),
                 "perf/peak_mem_gb": engines.peak_mem_gb(device),
+                # before clipping: its mean square less the mean gradient's is the estimator's variance (issue 68)
+                **({"train/grad_norm": sum(grad_norms) / len(grad_norms)} if grad_norms else {}),
             }
             logged = log_global_means(run, accelerator, means, as_is, update, episode)
             progress.set_postfix(reward=f"{logged['objective/reward']:.3f}", kl=f"{logged['objective/kl']:.2f}")

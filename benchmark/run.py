@@ -128,6 +128,13 @@ def main() -> None:
     )
     parser.add_argument("--name", default=None, help="study: the name of its outputs (default: the scripts' names)")
     parser.add_argument(
+        "--tracks",
+        nargs="+",
+        default=None,
+        help="study: these tracks of each script's family (its study tracks, and the longer ones of "
+        "benchmark/study.py's MORE_TRACKS); default: its study tracks",
+    )
+    parser.add_argument(
         "--rounding",
         choices=sorted(ROUNDING),
         default="native",
@@ -173,10 +180,17 @@ def main() -> None:
             live=live,
             shared_starts=a.shared_starts,
             name=a.name,
+            tracks=a.tracks,
         )
         sys.exit(1 if any(s == "failed" for s in status.values()) else 0)
     study_only = [
-        flag for flag, given in (("--shared-starts", a.shared_starts), ("--name", a.name is not None)) if given
+        flag
+        for flag, given in (
+            ("--shared-starts", a.shared_starts),
+            ("--name", a.name is not None),
+            ("--tracks", a.tracks is not None),
+        )
+        if given
     ]
     if study_only:  # the suites always train each seed's own models and write SUITE_summary.md
         verb = "act" if len(study_only) > 1 else "acts"

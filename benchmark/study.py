@@ -107,6 +107,37 @@ STUDY = {  # family: the tracks that can separate its variants, with their budge
 }
 
 
+# Tracks a study runs only when asked (`--tracks`): longer budgets for the papers' effects (benchmark/effects.py), whose
+# designs fixed them before any comparison on them ran
+MORE_TRACKS = {
+    # the preset's full 40 steps (20 warm-up steps, then 20 at the full learning rate; the study track's 10 are all
+    # warm-up), an evaluation every 5, pass@8 at the end
+    "grpo_math": [
+        Track("tiny-math-long", "tiny", ("--total-steps", "40", "--eval-every", "5"), "eval/accuracy", MATH_NEEDS),
+        # the same with two passes over each batch, the second all off-policy: where a ratio's clip acts
+        Track(
+            "tiny-math-offpolicy",
+            "tiny",
+            ("--total-steps", "40", "--eval-every", "5", "--num-iterations", "2"),
+            "eval/accuracy",
+            MATH_NEEDS,
+        ),
+    ]
+}
+
+
+def family_tracks(family: str, names: list[str] | None) -> list[Track]:
+    """The tracks a study runs a script of `family` on: its STUDY tracks, or those of `names` (`--tracks`) among them
+    and MORE_TRACKS; StudyError for a name the family has no track of."""
+    if names is None:
+        return STUDY[family]
+    known = {t.track: t for t in [*STUDY[family], *MORE_TRACKS.get(family, [])]}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise StudyError(f"--tracks {' '.join(unknown)}: family {family} has the tracks {', '.join(known)}")
+    return [known[n] for n in dict.fromkeys(names)]
+
+
 class StudyError(Exception):
     """A study script that cannot be studied; its message is the `error:` line."""
 
@@ -189,13 +220,16 @@ class Plan:
     """(script, its family, how the family was found)"""
     tracks: dict[str, Track]
     """track name: the track (its metric)"""
+    by_family: dict[str, list[Track]]
+    """family: the tracks its scripts run on"""
 
 
-def plan(scripts: list[str]) -> Plan:
-    """What the study runs for `scripts`; StudyError for a script that cannot be studied."""
+def plan(scripts: list[str], track_names: list[str] | None = None) -> Plan:
+    """What the study runs for `scripts` (on `track_names`, default each family's STUDY tracks); StudyError for a
+    script that cannot be studied."""
     if not scripts:
         raise StudyError("the study needs --scripts: the scripts to compare, e.g. --scripts rloo_batchmean.py rloo.py")
-    found, tracks, names = [], {}, {}
+    found, tracks, names, by_family = [], {}, {}, {}
     for s in scripts:
         if not Path(s).exists() and Path(s).name == s and Path(s).stem in LIBRARY:
             s = str(REPO / s)  # `rloo.py` from a folder of forks (~/experiments): the library's script
@@ -207,7 +241,8 @@ def plan(scripts: list[str]) -> Plan:
                 f"algorithms ({', '.join(sorted(STUDY))})"
             )
         presets = read_script(Path(s))[1]
-        missing = [t.preset for t in STUDY[family] if t.preset not in presets]
+        by_family[family] = family_tracks(family, track_names)
+        missing = [t.preset for t in by_family[family] if t.preset not in presets]
         if missing:
             raise StudyError(f"{s} has no preset {', '.join(missing)}, which the study of family {family} runs")
         if path.stem in names and names[path.stem] != path:
@@ -215,13 +250,13 @@ def plan(scripts: list[str]) -> Plan:
                 f"two study scripts are named {path.stem} ({names[path.stem]} and {path}): their runs would share names"
             )
         names[path.stem] = path
-        for t in STUDY[family]:
+        for t in by_family[family]:
             if tracks.setdefault(t.track, t).metric != t.metric:
                 raise StudyError(f"the study's track {t.track} has two metrics")  # STUDY is inconsistent
         found.append((path, family, how))
     if len({p for p, _, _ in found}) < len(found):
         raise StudyError("a study script is given twice")
-    return Plan(found, tracks)
+    return Plan(found, tracks, by_family)
 
 
 def run_name(script: Path, track: str, seed: int) -> str:
@@ -243,12 +278,12 @@ def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
     out, models = [], {}
     for start in dict.fromkeys(start_seed(s, shared_starts) for s in seeds):
         models.update({st.run_name: st for st in [*frontier_tldr_stages([start]), sft_stage("tiny-math", start)]})
-        needed = {n for _, family, _ in p.scripts for t in STUDY[family] for n in t.needs(start)}
+        needed = {n for _, family, _ in p.scripts for t in p.by_family[family] for n in t.needs(start)}
         out += [models[n] for n in models if n in needed and models[n] not in out]
     for seed in seeds:
         start = start_seed(seed, shared_starts)
         for path, family, _ in p.scripts:
-            for t in STUDY[family]:
+            for t in p.by_family[family]:
                 rm = next((m for m in t.models if m.startswith("rm_")), None)
                 out.append(
                     Stage(
@@ -408,6 +443,7 @@ def run_study(
     launcher: list[str] | None = None,
     shared_starts: bool = False,
     name: str | None = None,
+    tracks: list[str] | None = None,
 ) -> dict[str, str]:
     """`python -m benchmark.run study`: the plan (each script's family and tracks, printed), the suite
     (`benchmark.launch.run_suite`: a rerun skips what finished), then the report. A script that cannot be studied is one
@@ -415,7 +451,7 @@ def run_study(
 
     runs_dir = Path(workdir) / "runs"
     try:
-        p = plan(scripts)
+        p = plan(scripts, tracks)
         study_name(p, name)
         check_name_length(p, name, runs_dir)
     except StudyError as e:
@@ -427,7 +463,7 @@ def run_study(
     if not dry_run:  # read-only: a stage to run is refused here; a finished study's report is printed only
         launch.check_writable(runs_dir, todo, workdir, quick=True)
     for path, family, how in p.scripts:
-        print(f"# {path.name}: family {family} ({how}); tracks {', '.join(t.track for t in STUDY[family])}")
+        print(f"# {path.name}: family {family} ({how}); tracks {', '.join(t.track for t in p.by_family[family])}")
     # quick: the SFT and reward models at the quick suite's budgets (the study's own stages have no quick flags)
     print(f"# {design(shared_starts)}")
     print("\n".join(announce(p, todo, workdir, jobs)), flush=True)

@@ -72,6 +72,15 @@ class StepSums:
     def max(self, name: str) -> float:
         return self.accelerator.reduce(torch.stack(self.entries[name]).max().to(self.accelerator.device), "max").item()
 
+    def sum(self, x: torch.Tensor) -> float:
+        """The sum of a tensor over every process."""
+        return self.accelerator.reduce(x.float().sum().to(self.accelerator.device), "sum").item()
+
+    def masked_mean(self, x: torch.Tensor, where: torch.Tensor) -> float | None:
+        """The mean of `x` over its elements where `where` holds, over every process; None where none holds."""
+        count = self.sum(where.float())
+        return self.sum(x.float() * where.float()) / count if count else None
+
 
 def log_global_means(run: Run, accelerator: Accelerator, tensors: dict, scalars: dict, step: int, episode: int) -> dict:
     """Logs the mean of each tensor of `tensors` over all its elements and every process (in order: a collective per
@@ -136,6 +145,13 @@ def grouped_step_metrics(
             if k in everything
         },
     }
+    # per token, as Cui et al. 2025 (arXiv:2505.22617) and verl measure it: objective/entropy sums each completion's
+    # tokens, so it grows with the length
+    logged["objective/token_entropy"] = sums.total("entropy") / max(sums.sum(data["batch"]["lengths"]), 1.0)
+    if "success" in everything:  # the lengths of right and wrong answers: Dr. GRPO's claim (Liu et al. 2025)
+        for name, where in (("correct", everything["success"] > 0), ("incorrect", everything["success"] <= 0)):
+            if (length := sums.masked_mean(everything["lengths"], where)) is not None:
+                logged[f"objective/{name}_length"] = length
     if "cut" in sums:  # tokens a variant cut or penalised (grpo_clip_cov.py, grpo_kl_cov.py)
         logged["policy/cut_frac"] = sums.total("cut") / tokens
     if teacher_kl is not None:  # reverse KL(student || teacher) per completion, from the student's samples

@@ -1022,6 +1022,13 @@ def test_each_variant_runs_end_to_end(assets, tmp_path, monkeypatch, loss_type):
         ):
             assert key in r and math.isfinite(r[key]), key
     assert ("objective/kl" in train[0]) == (loss_type == "grpo")
+    for r in train:  # per token: the per-completion sum over the mean length of the completions trained on
+        length = r["objective/completion_length"]
+        if loss_type != "dapo":  # (dynamic sampling trains on fewer than it sampled)
+            assert r["objective/token_entropy"] == pytest.approx(r["objective/entropy"] / length)
+        # the lengths of the right and the wrong answers average to the mean length, weighted by the success rate
+        right, wrong = (r.get(f"objective/{k}_length", 0.0) for k in ("correct", "incorrect"))
+        assert r["objective/success"] * right + (1 - r["objective/success"]) * wrong == pytest.approx(length)
     if loss_type == "dapo":
         assert 0.0 <= train[0]["objective/groups_dropped"] <= 1.0 and "objective/overlong" in train[0]
         assert train[1]["episode"] >= train[0]["episode"] + 8  # dropped groups count as sampled episodes

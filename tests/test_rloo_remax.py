@@ -314,8 +314,10 @@ def test_two_steps_on_tiny_math(assets, tmp_path, script, extra):
             "objective/entropy",
             "perf/episodes_per_sec",
             "perf/peak_mem_gb",
+            "train/grad_norm",  # before clipping, the mean over the update's optimizer steps (issue 68)
         ):
             assert k in r and math.isfinite(r[k]), k
+        assert r["train/grad_norm"] >= 0  # 0 where every reward is 0 (an untrained policy): no advantage
         assert r["objective/rlhf_reward"] == pytest.approx(r["objective/reward"] - 0.01 * r["objective/kl"], abs=1e-5)
     evals = [r["step"] for r in rows if "eval/accuracy" in r]
     assert evals[0] == 0 and evals[-1] == 16 // batch  # before the first update and after the last

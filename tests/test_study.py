@@ -162,7 +162,7 @@ def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exis
 
     module = importlib.import_module(family)
     fields = {f.name for f in dataclasses.fields(module.Args)}
-    for t in study.STUDY[family]:
+    for t in [*study.STUDY[family], *study.MORE_TRACKS.get(family, [])]:
         assert t.preset in module.PRESETS, (family, t.preset)
         flags = [f for f in t.flags if f.startswith("--")]
         assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
@@ -250,3 +250,27 @@ def test_the_plan_says_what_it_builds_first_and_roughly_how_long(tmp_path, capsy
     _models_done(tmp_path, seeds=[1, 2])
     study.run_study([str(REPO / "dpo.py")], [1, 2], tmp_path, dry_run=True, jobs=2)
     assert "# builds first: nothing (every model it reads is built)" in capsys.readouterr().out
+
+
+def test_tracks_picks_a_familys_tracks_and_names_them_when_one_is_unknown(tmp_path, capsys):
+    """`--tracks` (issue 68): a study on the longer tracks of MORE_TRACKS only, or on one of a family's study tracks;
+    a track the family has not is one error line that lists the ones it has."""
+    p = study.plan([str(REPO / "grpo_math.py"), str(REPO / "rloo.py")], ["tiny-math"])
+    assert [t.track for t in p.by_family["rloo"]] == ["tiny-math"] and list(p.tracks) == ["tiny-math"]
+    assert [t.track for t in p.by_family["grpo_math"]] == ["tiny-math"]
+    p = study.plan([str(REPO / "grpo_math.py")], ["tiny-math-long"])
+    names = {st.run_name for st in study.stages(p, [1])}
+    assert names == {"sft_tiny-math__1", "grpo_math_tiny-math-long-study__1"}
+    (st,) = [st for st in study.stages(p, [1]) if "-study__" in st.run_name]
+    assert st.extra[st.extra.index("--total-steps") + 1] == "40"
+    with pytest.raises(study.StudyError, match="family rloo has the tracks tiny-tldr-noisy, tiny-math$"):
+        study.plan([str(REPO / "rloo.py")], ["tiny-math-long"])
+    cmd = [sys.executable, "-m", "benchmark.run", "study", "--scripts", "dpo.py", "--tracks", "nope", "--dry-run"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "error: --tracks nope: family dpo has the tracks tiny-tldr-noisy"
+    ]
+    proc = subprocess.run(
+        [*cmd[:3], "quick", "--tracks", "tiny-math", "--dry-run"], cwd=REPO, capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "--tracks acts on the study" in proc.stderr

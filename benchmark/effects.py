@@ -1,0 +1,417 @@
+"""The papers' effects on the tiny world (issue 68): `python -m benchmark.effects run ROW... [--rounding default]`.
+
+Each variant the library implements exists because a paper measured an effect. A row here is one such effect: the
+paper and its figure, the claim in one line, the two scripts it compares (a library script, or one with one edit of a
+library script: CleanRL's way, the edit is the variant), the study track and budget it runs on, the quantity the
+paper claims the effect on (an entropy claim as entropy, a length claim as the length it names, a variance claim as
+the gradient's norm), and the direction the paper predicts. The rows are fixed in this file before their comparison
+runs: the commit that adds a row is its design (docs/effects.md names it), so a result cannot be tuned into it.
+
+    python -m benchmark.effects list                       # the rows, their designs
+    python -m benchmark.effects run dr-grpo clip-cov --jobs 2 [--rounding default] [--workdir W]
+    python -m benchmark.effects table [--workdir W]        # the table, both regimes, from the runs there
+
+`run` writes each row's edited scripts to WORKDIR/effects/<name>.py (from the library script as it is now: an edit
+that no longer applies is one `error:` line), then runs `benchmark.run study` on them and the row's base, on the
+row's track, 3 full-pipeline seeds (each its own SFT policy and reward model). Rows on one track share their base's
+runs; a rerun skips what finished (the suite's cache: an edited parent changes the fork's bytes, so it reruns).
+`table` reads the runs of both regimes (WORKDIR/runs, WORKDIR/rounding-default/runs) and gives per row and regime:
+the quantity's mean over seeds with its 95% bootstrap interval for each script, the smallest difference of means the
+seeds could separate, and the verdict: "shown" (the intervals do not overlap, in the paper's direction: the study's
+test), "opposite" (they do not overlap, the other way), "not shown" (they overlap); for a parity claim ("equal"),
+"shown" when they overlap and the means differ by at most the row's tolerance. A row is shown when it is shown under
+both regimes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from benchmark import curves, runfiles, study
+from benchmark.launch import ROUNDING, regime_workdir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A library script with edits: each `old` text found exactly once in `parent`.py, replaced by `new`."""
+
+    name: str
+    parent: str
+    edits: tuple[tuple[str, str], ...]
+
+    def text(self) -> str:
+        text = (REPO / f"{self.parent}.py").read_text()
+        for old, new in self.edits:
+            if text.count(old) != 1:
+                raise SystemExit(
+                    f"error: the edit of {self.name} finds {text.count(old)} copies of {old.splitlines()[0].strip()!r} "
+                    f"in {self.parent}.py, not 1: update its row in benchmark/effects.py"
+                )
+            text = text.replace(old, new)
+        return text
+
+
+@dataclass(frozen=True)
+class Quantity:
+    metric: str
+    measure: str
+    """`final` (its last logged value), `mean` (over every row that logs it: a training metric over the run), or `auc`
+    (the area under its curve against the update, from its first logged update to its last, divided by that span)"""
+    direction: str
+    """the paper's claim of the variant against the base: `higher`, `lower`, or `equal` (parity)"""
+    tolerance: float = 0.0
+    """(equal) the largest difference of means that still counts as parity"""
+
+    def label(self) -> str:
+        return f"{self.metric} ({self.measure})"
+
+
+@dataclass(frozen=True)
+class Effect:
+    key: str
+    paper: str
+    claim: str
+    base: str | Fork
+    variant: str | Fork
+    track: str
+    quantity: Quantity
+    also: tuple[Quantity, ...] = ()
+    """reported beside it, not deciding"""
+    design: str = ""
+    """why this quantity, track and budget"""
+
+
+TINY = '            max_completion_length=80,\n            loss_type="grpo",\n'
+"""grpo_math.py's `tiny` preset's loss type (the only preset whose completions stop at 80 tokens)"""
+
+
+def _preset_edit(line: str) -> tuple[str, str]:
+    """An extra line in grpo_math.py's `tiny` preset."""
+    return TINY, TINY + line
+
+
+def _loss_type(loss: str) -> tuple[str, str]:
+    """The `tiny` preset's loss type changed."""
+    return TINY, TINY.replace('"grpo"', f'"{loss}"')
+
+
+def _grpo(name: str, *edits: tuple[str, str]) -> Fork:
+    return Fork(name, "grpo_math", edits)
+
+
+ACCURACY_FINAL, ACCURACY_AUC = (
+    Quantity("eval/accuracy", "final", "equal", 0.05),
+    Quantity("eval/accuracy", "auc", "higher"),
+)
+TOKEN_ENTROPY = Quantity("objective/token_entropy", "final", "higher")
+DAPO = _grpo("grpo_dapo", _loss_type("dapo"))
+
+EFFECTS = [
+    Effect(
+        "dr-grpo",
+        "Liu et al. 2025, arXiv:2503.20783, Figure 5",
+        "GRPO's 1/|o| normalisation lets the incorrect completions grow longer; Dr. GRPO's does not",
+        "grpo_math",
+        _grpo("grpo_dr", _loss_type("dr_grpo")),
+        "tiny-math-long",
+        Quantity("objective/incorrect_length", "final", "lower"),
+        (Quantity("objective/correct_length", "final", "equal", 5.0), ACCURACY_FINAL),
+        "the length of the sampled answers that are wrong, at the last update (tokens); 40 updates, the preset's",
+    ),
+    Effect(
+        "clip-higher",
+        "Yu et al. 2025 (DAPO), arXiv:2503.14476, Figure 2",
+        "a higher upper clip (0.28 against 0.2) keeps the policy's entropy higher, and pass@k does not fall",
+        "grpo_math",
+        _grpo("grpo_clip_higher", _preset_edit("            epsilon_high=0.28,  # DAPO's clip-higher\n")),
+        "tiny-math-offpolicy",
+        TOKEN_ENTROPY,
+        (Quantity("eval/pass@k", "final", "equal", 0.05), ACCURACY_FINAL),
+        "the clip acts only off-policy: two passes over each batch (the second all off-policy)",
+    ),
+    Effect(
+        "dynamic-sampling",
+        "Yu et al. 2025 (DAPO), arXiv:2503.14476, Figure 6",
+        "dropping the groups whose answers are all right or all wrong reaches an accuracy in fewer updates",
+        "grpo_math",
+        _grpo("grpo_dynamic", _preset_edit("            dynamic_sampling=True,  # DAPO's dynamic sampling\n")),
+        "tiny-math-long",
+        ACCURACY_AUC,
+        (ACCURACY_FINAL,),
+        "accuracy against the update (not the sampled episode: it samples more per update)",
+    ),
+    Effect(
+        "clip-cov",
+        "Cui et al. 2025, arXiv:2505.22617, Figure 7",
+        "cutting the gradient of the few tokens of highest covariance slows the collapse of the policy's entropy",
+        "grpo_math",
+        "grpo_clip_cov",
+        "tiny-math-long",
+        TOKEN_ENTROPY,
+        (ACCURACY_FINAL,),
+        "the per-token entropy (the paper's; the per-completion sum grows with the length), 40 updates",
+    ),
+    Effect(
+        "kl-cov",
+        "Cui et al. 2025, arXiv:2505.22617, Figure 7",
+        "a KL penalty on the few tokens of highest covariance slows the collapse of the policy's entropy",
+        "grpo_math",
+        "grpo_kl_cov",
+        "tiny-math-long",
+        TOKEN_ENTROPY,
+        (ACCURACY_FINAL,),
+        "as clip-cov",
+    ),
+    Effect(
+        "cispo",
+        "MiniMax-M1 2025, arXiv:2506.13585, Figure 2",
+        "CISPO, which keeps the clipped tokens' gradients, learns faster per update than DAPO",
+        DAPO,
+        _grpo("grpo_cispo", _loss_type("cispo")),
+        "tiny-math-offpolicy",
+        ACCURACY_AUC,
+        (ACCURACY_FINAL,),
+        "both with DAPO's dynamic sampling and length penalty (CISPO's recipe); off-policy passes, where tokens clip",
+    ),
+    Effect(
+        "gspo",
+        "Zheng et al. 2025, arXiv:2507.18071, Figure 2",
+        "clipping whole sequences clips a far larger share of the tokens than GRPO's per-token clip",
+        "grpo_math",
+        _grpo("grpo_gspo", _preset_edit('            importance_sampling_level="sequence",  # GSPO\n')),
+        "tiny-math-offpolicy",
+        Quantity("policy/clipfrac", "mean", "higher"),
+        (ACCURACY_FINAL,),
+        "the share of loss tokens clipped, over every update; off-policy passes, where the clip acts",
+    ),
+    Effect(
+        "reinforce-pp",
+        "Hu 2025, arXiv:2501.03262, section 4",
+        "normalising the advantages over the global batch, not per prompt, keeps the KL to the reference lower",
+        "grpo_math",
+        _grpo(
+            "grpo_reinforce_pp",
+            _preset_edit('            advantage_estimator="reinforce_pp_baseline",  # REINFORCE++-baseline\n'),
+        ),
+        "tiny-math-long",
+        Quantity("objective/kl", "final", "lower"),
+        (ACCURACY_FINAL,),
+        "the KL to the reference of the sampled completions at the last update (both with beta 0.04)",
+    ),
+    Effect(
+        "async-grpo",
+        "Noukhovitch et al. 2024, arXiv:2410.18252, Figure 4",
+        "one-step-off-policy (asynchronous) GRPO reaches the accuracy of on-policy GRPO",
+        "grpo_math",
+        _grpo("grpo_async", _preset_edit("            async_generation=True,  # sampling overlaps training\n")),
+        "tiny-math-long",
+        ACCURACY_FINAL,
+        (ACCURACY_AUC,),
+        "parity within 0.05 accuracy",
+    ),
+    Effect(
+        "rloo-baseline",
+        "Ahmadian et al. 2024, arXiv:2402.14740, section 3",
+        "REINFORCE without a baseline has a higher-variance gradient than RLOO's leave-one-out baseline",
+        "rloo",
+        Fork(
+            "rloo_nobaseline",
+            "rloo",
+            (
+                (
+                    "    baseline = (grouped.sum(1, keepdim=True) - grouped) / (k - 1)\n",
+                    "    baseline = torch.zeros_like(grouped)  # REINFORCE without a baseline\n",
+                ),
+            ),
+        ),
+        "tiny-math",
+        Quantity("train/grad_norm", "mean", "higher"),
+        (ACCURACY_FINAL,),
+        "the gradient's norm before clipping over the run: both estimators are unbiased (the same mean gradient), so"
+        " a larger norm is a larger variance; tiny-math's 0/1 reward has a mean near its spread, so it shows there",
+    ),
+    Effect(
+        "remax-baseline",
+        "Li et al. 2023 (ReMax), arXiv:2310.10505, section 4",
+        "the greedy response's reward as a baseline lowers the gradient's variance of REINFORCE",
+        "remax",
+        Fork(
+            "remax_nobaseline",
+            "remax",
+            (
+                (
+                    "advantages = remax_advantages(scores, greedy_scores, ",
+                    "advantages = remax_advantages(scores, torch.zeros_like(greedy_scores), ",
+                ),
+            ),
+        ),
+        "tiny-math",
+        Quantity("train/grad_norm", "mean", "higher"),
+        (ACCURACY_FINAL,),
+        "as rloo-baseline",
+    ),
+]
+BY_KEY = {e.key: e for e in EFFECTS}
+
+
+def script_name(s: str | Fork) -> str:
+    return s.name if isinstance(s, Fork) else s
+
+
+def write_forks(effects: list[Effect], folder: Path) -> dict[str, Path]:
+    """Each row's scripts: a library script's path, a fork written to folder/<name>.py (rewritten only when its bytes
+    change, so the suite's cache keeps its finished runs)."""
+    paths = {}
+    for e in effects:
+        for s in (e.base, e.variant):
+            if isinstance(s, Fork):
+                path, text = folder / f"{s.name}.py", s.text()
+                if not path.is_file() or path.read_text() != text:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_suffix(".py.tmp")
+                    tmp.write_text(text)
+                    os.replace(tmp, path)
+                paths[s.name] = path
+            else:
+                paths[s] = REPO / f"{s}.py"
+    return paths
+
+
+def value(run: curves.Run, q: Quantity) -> float | None:
+    """The run's value of the quantity; None when it logs none, or a value that is not finite (a diverged run: an
+    earlier value is never taken for its last)."""
+    rows = [r for r in run.rows if runfiles.is_number(r.get(q.metric))]
+    if not rows or not all(np.isfinite(r[q.metric]) for r in rows):
+        return None
+    if q.measure == "final":
+        return float(rows[-1][q.metric])
+    if q.measure == "mean":
+        return float(np.mean([r[q.metric] for r in rows]))
+    x = np.array([r["step"] for r in rows], dtype=float)
+    y = np.array([r[q.metric] for r in rows], dtype=float)
+    return curves.area_under_curve(x, y, x[0], x[-1]) if x[-1] > x[0] else float(y[0])
+
+
+@dataclass
+class Side:
+    script: str
+    values: list[float] = field(default_factory=list)
+
+    def cell(self) -> str:
+        if not self.values:
+            return "no runs"
+        lo, hi = curves.bootstrap_ci(np.array(self.values))
+        return f"{np.mean(self.values):.3f} [{lo:.3f}, {hi:.3f}]" + (
+            "" if len(self.values) >= curves.MIN_SEEDS_FOR_CI else f" ({len(self.values)} seeds)"
+        )
+
+
+def verdict(q: Quantity, base: Side, variant: Side) -> tuple[str, float | None]:
+    """The verdict of one regime, and the smallest difference the seeds could separate."""
+    if min(len(base.values), len(variant.values)) < curves.MIN_SEEDS_FOR_CI:
+        return "not measured (fewer than 3 seeds)", None
+    (bl, bh), (vl, vh) = (curves.bootstrap_ci(np.array(s.values)) for s in (base, variant))
+    smallest = ((bh - bl) + (vh - vl)) / 2
+    diff = float(np.mean(variant.values) - np.mean(base.values))
+    if q.direction == "equal":
+        overlap = not (vh < bl or bh < vl)
+        return ("shown" if overlap and abs(diff) <= q.tolerance else "not shown"), smallest
+    if vh < bl or bh < vl:
+        return ("shown" if (diff > 0) == (q.direction == "higher") else "opposite"), smallest
+    return "not shown", smallest
+
+
+def measure(e: Effect, runs_dir: Path, seeds: list[int], q: Quantity) -> tuple[Side, Side]:
+    sides = []
+    for s in (e.base, e.variant):
+        side = Side(script_name(s))
+        for seed in seeds:
+            d = runs_dir / study.run_name(Path(f"{script_name(s)}.py"), e.track, seed)
+            if not runfiles.is_run_dir(d):
+                continue
+            run = curves.read_run(d)
+            v = value(run, q) if run.finished else None  # a stopped run's last value is not its final one
+            if v is not None:
+                side.values.append(v)
+        sides.append(side)
+    return sides[0], sides[1]
+
+
+def table(workdir: Path, seeds: list[int]) -> str:
+    regimes = [("native", workdir / "runs"), ("default", regime_workdir(workdir, "default") / "runs")]
+    lines = [
+        "| row | paper | claim | quantity | track | regime | base | variant | separable | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for e in EFFECTS:
+        verdicts = []
+        for regime, runs_dir in regimes:
+            for q in (e.quantity, *e.also):
+                base, variant = measure(e, runs_dir, seeds, q)
+                v, smallest = verdict(q, base, variant)
+                if q is e.quantity:
+                    verdicts.append(v)
+                name = f"**{q.label()}**, {q.direction}" if q is e.quantity else f"{q.label()}, {q.direction}"
+                lines.append(
+                    f"| {e.key} | {e.paper} | {e.claim} | {name} | {e.track} | {regime} | "
+                    f"{base.script}: {base.cell()} | {variant.script}: {variant.cell()} | "
+                    f"{'-' if smallest is None else f'{smallest:.3f}'} | {v} |"
+                )
+        both = verdicts[0] if len(set(verdicts)) == 1 else " / ".join(verdicts)
+        lines.append(f"| {e.key} | | | | | **both** | | | | **{both}** |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["list", "run", "table"])
+    parser.add_argument("rows", nargs="*", help="run: the rows to run (their keys: `list`); default every row")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--workdir", default=".")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--rounding", choices=sorted(ROUNDING), default="native")
+    parser.add_argument("--dry-run", action="store_true")
+    a = parser.parse_args(argv)
+    unknown = [r for r in a.rows if r not in BY_KEY]
+    if unknown:
+        raise SystemExit(f"error: no row {', '.join(unknown)}; the rows are {', '.join(BY_KEY)}")
+    effects = [BY_KEY[r] for r in a.rows] if a.rows else EFFECTS
+    workdir = Path(a.workdir)
+    if a.command == "list":
+        for e in effects:
+            print(f"{e.key}: {e.paper}: {e.claim}")
+            print(
+                f"  {script_name(e.variant)} against {script_name(e.base)} on {e.track}: {e.quantity.label()} "
+                f"{e.quantity.direction}; {e.design}"
+            )
+        return 0
+    if a.command == "table":
+        print(table(workdir, a.seeds))
+        return 0
+    if a.rounding != "native":
+        os.environ.update(ROUNDING[a.rounding])
+        workdir = regime_workdir(workdir, a.rounding)
+        workdir.mkdir(parents=True, exist_ok=True)
+    paths = write_forks(effects, workdir / "effects")
+    failed = False
+    for track in dict.fromkeys(e.track for e in effects):  # one study per track: the rows on it share their bases
+        names = list(
+            dict.fromkeys(n for e in effects if e.track == track for n in map(script_name, (e.base, e.variant)))
+        )
+        status = study.run_study(
+            [str(paths[n]) for n in names], a.seeds, workdir, a.dry_run, a.jobs, name=f"effects_{track}", tracks=[track]
+        )
+        failed |= any(s == "failed" for s in status.values())
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""benchmark.effects (issue 68): the papers' effects, each a row whose scripts, track, quantity and direction are fixed
+before its comparison runs. Tested here: every row's edit still applies to its library script and makes the change
+its row names (and nothing else), each quantity is read as its docstring says, and the verdict against hand-made
+seeds; the rows' results are measurements (docs/effects.md)."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmark import curves, effects, study
+
+REPO = Path(__file__).resolve().parent.parent
+FORKS = {s.name: s for e in effects.EFFECTS for s in (e.base, e.variant) if isinstance(s, effects.Fork)}
+
+
+@pytest.mark.parametrize("name", sorted(FORKS))
+def test_each_forks_edit_applies_to_its_library_script_and_changes_only_its_lines(name):
+    """An edit that no longer matches its parent (a renamed field, a moved line) is caught here, not after a study's
+    SFT models were built. The fork differs from its parent by its edits' lines only, parses, and is of its parent's
+    family by the study's reading of its content."""
+    fork = FORKS[name]
+    text, parent = fork.text(), (REPO / f"{fork.parent}.py").read_text()
+    ast.parse(text)
+    changed = [
+        line
+        for line in difflib.unified_diff(parent.splitlines(), text.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    edited = sum(len(new.splitlines()) for _, new in fork.edits) + sum(len(old.splitlines()) for old, _ in fork.edits)
+    assert 1 <= len(changed) <= edited, changed
+
+
+@pytest.mark.parametrize("name", sorted(n for n in FORKS if FORKS[n].parent == "grpo_math"))
+def test_each_grpo_forks_tiny_preset_holds_the_value_its_row_names(name, tmp_path, monkeypatch):
+    """The edit lands in the `tiny` preset the study runs (not another preset, not a comment)."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(FORKS[name].text())
+    assert study.family_of(path)[0] == "grpo_math"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    tiny = module.PRESETS["tiny"][1]
+    want = {
+        "grpo_dr": ("loss_type", "dr_grpo"),
+        "grpo_dapo": ("loss_type", "dapo"),
+        "grpo_cispo": ("loss_type", "cispo"),
+        "grpo_clip_higher": ("epsilon_high", 0.28),
+        "grpo_dynamic": ("dynamic_sampling", True),
+        "grpo_gspo": ("importance_sampling_level", "sequence"),
+        "grpo_reinforce_pp": ("advantage_estimator", "reinforce_pp_baseline"),
+        "grpo_async": ("async_generation", True),
+    }[name]
+    assert getattr(tiny, want[0]) == want[1]
+
+
+def test_an_edit_that_no_longer_applies_is_one_error_line():
+    fork = effects.Fork("x", "rloo", (("a line rloo.py does not hold\n", "b\n"),))
+    with pytest.raises(SystemExit, match=r"^error: the edit of x finds 0 copies of 'a line rloo.py does not hold'"):
+        fork.text()
+
+
+def test_every_row_names_a_track_its_scripts_family_has_and_a_known_direction():
+    for e in effects.EFFECTS:
+        for s in (e.base, e.variant):
+            family = s.parent if isinstance(s, effects.Fork) else study.family_of(REPO / f"{s}.py")[0]
+            assert e.track in {t.track for t in study.family_tracks(family, [e.track])}
+        for q in (e.quantity, *e.also):
+            assert q.measure in ("final", "mean", "auc") and q.direction in ("higher", "lower", "equal"), e.key
+            assert q.direction != "equal" or q.tolerance > 0, e.key
+
+
+def _run(rows: list[dict]) -> curves.Run:
+    return curves.Run("r", "x", rows)
+
+
+def test_the_quantity_is_the_last_value_the_mean_or_the_area_per_update():
+    rows = [{"step": 0, "m": 1.0}, {"step": 1, "other": 5.0}, {"step": 2, "m": 3.0}, {"step": 4, "m": 3.0}]
+    run = _run(rows)
+    assert effects.value(run, effects.Quantity("m", "final", "higher")) == 3.0
+    assert effects.value(run, effects.Quantity("m", "mean", "higher")) == pytest.approx(7 / 3)
+    # trapezoids over steps 0-4: (1 + 3) / 2 * 2 + 3 * 2 = 10, over a span of 4
+    assert effects.value(run, effects.Quantity("m", "auc", "higher")) == pytest.approx(2.5)
+    assert effects.value(_run([{"step": 1, "m": float("nan")}]), effects.Quantity("m", "final", "higher")) is None
+    assert effects.value(_run([{"step": 1, "n": 1.0}]), effects.Quantity("m", "mean", "higher")) is None
+
+
+@pytest.mark.parametrize(
+    "direction, base, variant, want",
+    [
+        ("higher", [1.0, 1.1, 1.2], [2.0, 2.1, 2.2], "shown"),
+        ("lower", [1.0, 1.1, 1.2], [2.0, 2.1, 2.2], "opposite"),
+        ("lower", [2.0, 2.1, 2.2], [1.0, 1.1, 1.2], "shown"),
+        ("higher", [1.0, 1.5, 2.0], [1.2, 1.7, 2.2], "not shown"),
+        ("equal", [1.0, 1.1, 1.2], [1.02, 1.12, 1.22], "shown"),
+        ("equal", [1.0, 1.5, 2.0], [1.3, 1.8, 2.3], "not shown"),  # overlapping, but 0.3 apart: beyond 0.05
+        ("higher", [1.0, 1.1], [2.0, 2.1], "not measured (fewer than 3 seeds)"),
+    ],
+)
+def test_the_verdict_is_the_studys_separation_in_the_papers_direction(direction, base, variant, want):
+    q = effects.Quantity("m", "final", direction, 0.05 if direction == "equal" else 0.0)
+    got, smallest = effects.verdict(q, effects.Side("a", base), effects.Side("b", variant))
+    assert got == want
+    assert (smallest is None) == (len(base) < 3)
+
+
+def test_the_table_reads_each_regimes_finished_runs_of_a_row(tmp_path):
+    """A row's runs under both regimes, as `run` names them; a run without done.json (stopped) does not count."""
+    e = effects.BY_KEY["rloo-baseline"]
+    for regime, folder in (("native", tmp_path / "runs"), ("default", tmp_path / "rounding-default" / "runs")):
+        for script, norm in (("rloo", 1.0), ("rloo_nobaseline", 2.0)):
+            for seed in (1, 2, 3):
+                d = folder / study.run_name(Path(f"{script}.py"), e.track, seed)
+                d.mkdir(parents=True)
+                rows = [{"step": s, "episode": s, "time": s, "train/grad_norm": norm + 0.01 * seed} for s in (1, 2)]
+                (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+                if not (regime == "default" and seed == 3):
+                    (d / "done.json").write_text("{}")
+    lines = [line for line in effects.table(tmp_path, [1, 2, 3]).splitlines() if line.startswith("| rloo-baseline")]
+    native, default = lines[0], lines[1 + len(e.also)]
+    assert "| native |" in native and "rloo: 1.020 [1.010, 1.030]" in native and native.endswith("| shown |")
+    assert "| default |" in default and "(2 seeds)" in default and "not measured" in default
+    assert lines[-1].endswith("**shown / not measured (fewer than 3 seeds)** |")
+
+
+def test_list_and_an_unknown_row():
+    proc = subprocess.run([sys.executable, "-m", "benchmark.effects", "list"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and all(f"{e.key}: " in proc.stdout for e in effects.EFFECTS)
+    cmd = [sys.executable, "-m", "benchmark.effects", "run", "nope", "--dry-run"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: no row nope; the rows are dr-grpo, ")

@@ -69,3 +69,18 @@ def test_a_run_without_its_model_is_said_to_lack_it(tmp_path, capsys):
     assert f"r: no model/*.safetensors in {tmp_path / 'b'} (the other side has 1 tensors)" in capsys.readouterr().out
     assert identical.main([str(tmp_path / "b"), str(tmp_path / "a")]) == 1
     assert "no model/*.safetensors in" in capsys.readouterr().out
+
+
+def test_a_metric_the_change_added_is_left_out_only_where_named_and_only_where_it_is_new(tmp_path, capsys):
+    """Issue 68 added logged metrics (`objective/token_entropy`, `train/grad_norm`) and changed no other number: the
+    main job before and after is the same with `--added`, not without it; a named key that the before side logs too
+    still counts."""
+    w = torch.tensor([1.0])
+    make_run(tmp_path / "a", "r", [{"step": 1, "loss": 0.5, "kl": 1.0}], w)
+    make_run(tmp_path / "b", "r", [{"step": 1, "loss": 0.5, "kl": 1.0, "train/grad_norm": 2.0}], w)
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    assert "train/grad_norm None != 2.0" in capsys.readouterr().out
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "b"), "--added", "train/grad_norm"]) == 0
+    make_run(tmp_path / "c", "r", [{"step": 1, "loss": 0.5, "kl": 1.5, "train/grad_norm": 2.0}], w)
+    assert identical.main([str(tmp_path / "a"), str(tmp_path / "c"), "--added", "train/grad_norm", "kl"]) == 1
+    assert "kl 1.0 != 1.5" in capsys.readouterr().out

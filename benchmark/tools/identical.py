@@ -5,7 +5,9 @@ machine, then compare the two `runs/` folders. Every run directory present in bo
 have the same `metrics.jsonl` rows (wall-clock and speed fields aside: `time` and `perf/*`), the same `config.json`
 contents (key order aside; a key one side lacks equals None or False, a flag added off; the output folder is not a
 result: `output_dir`, and a path inside it, such as an earlier stage's model, count relative to it) and bit-identical
-tensors in `model/*.safetensors`. A damaged metrics.jsonl or config.json is one `error:` line naming it, the line
+tensors in `model/*.safetensors`. `--added KEY...` names metrics the change added: a key of those that the after
+side logs in a row where the before side has none is left out (a new logged number is not a changed one); every
+other key of every row still counts. A damaged metrics.jsonl or config.json is one `error:` line naming it, the line
 every tool gives it (benchmark/runfiles.py).
 Prints one line a run, `same` or what differs first, and exits 1 when any run differs or is missing from one side.
 """
@@ -64,9 +66,13 @@ def tensor_digests(run: Path) -> dict[str, str]:
     return out
 
 
-def first_difference(a: Path, b: Path) -> str | None:
-    """None when the two runs computed the same numbers, else what differs first."""
+def first_difference(a: Path, b: Path, added: tuple[str, ...] = ()) -> str | None:
+    """None when the two runs computed the same numbers, else what differs first; `added`: metrics the change added,
+    left out of the after side's rows where the before side's row lacks them."""
     rows_a, rows_b = metric_rows(a), metric_rows(b)
+    rows_b = [{k: v for k, v in y.items() if k in x or k not in added} for x, y in zip(rows_a, rows_b)] + rows_b[
+        len(rows_a) :
+    ]
     for i, (x, y) in enumerate(zip(rows_a, rows_b)):
         if x != y:
             key = next((k for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)), "?")
@@ -96,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path, help="a runs/ folder (or one run directory)")
     parser.add_argument("after", type=Path, help="the runs/ folder to compare it with")
+    parser.add_argument(
+        "--added", nargs="+", default=(), help="metrics the change added (objective/token_entropy): not a difference"
+    )
     a = parser.parse_args(argv)
     for root in (a.before, a.after):
         if not root.is_dir():
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"missing {name}: only in {a.before if name in before else a.after}")
             bad += 1
             continue
-        difference = first_difference(before[name], after[name])
+        difference = first_difference(before[name], after[name], tuple(a.added))
         print(f"same    {name}" if difference is None else f"differs {name}: {difference}")
         bad += difference is not None
     print(f"{len(set(before) | set(after)) - bad} of {len(set(before) | set(after))} runs the same")

@@ -259,6 +259,35 @@ EFFECTS = [
         "as rloo-baseline",
     ),
 ]
+DPO_TINY = (
+    "            learning_rate=1e-5,\n            warmup_ratio=0.05,\n            per_device_train_batch_size=32,\n"
+    '            eval_task="tldr",\n            eval_every=50,\n'
+)
+"""dpo.py's `tiny-tldr` preset (its learning rate and evaluation interval are that preset's alone)"""
+EFFECTS.append(
+    Effect(
+        "ipo",
+        "Azar et al. 2023, arXiv:2310.12036, sections 4.2 and 5.2",
+        "on deterministic preferences DPO's implicit reward margin keeps growing; IPO's stays at its target 1/(2 beta)",
+        "dpo",
+        Fork(
+            "dpo_ipo",
+            "dpo",
+            (
+                (
+                    DPO_TINY,
+                    DPO_TINY + '            loss_type="ipo",\n            ipo_average=False,  # the paper\'s sequence'
+                    " log-ratios\n",
+                ),
+            ),
+        ),
+        "tiny-tldr-long",
+        Quantity("eval/reward_margin", "final", "lower"),
+        (Quantity("eval/gold_reward", "final", "equal", 0.05), Quantity("eval/accuracy", "final", "equal", 0.05)),
+        "beta times the log-ratio margin on 200 held-out gold-labelled pairs after 4 passes (IPO's target: 0.5); both"
+        " on summed sequence logprobs, so the two margins are in one unit",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 

@@ -6,6 +6,7 @@ seeds; the rows' results are measurements (docs/effects.md)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
 import importlib.util
 import json
@@ -38,28 +39,37 @@ def test_each_forks_edit_applies_to_its_library_script_and_changes_only_its_line
     assert 1 <= len(changed) <= edited, changed
 
 
-@pytest.mark.parametrize("name", sorted(n for n in FORKS if FORKS[n].parent == "grpo_math"))
-def test_each_grpo_forks_tiny_preset_holds_the_value_its_row_names(name, tmp_path, monkeypatch):
-    """The edit lands in the `tiny` preset the study runs (not another preset, not a comment)."""
+PRESET_EDITS = {  # fork: its preset, and the field and value its row names
+    "grpo_dr": ("tiny", "loss_type", "dr_grpo"),
+    "grpo_dapo": ("tiny", "loss_type", "dapo"),
+    "grpo_cispo": ("tiny", "loss_type", "cispo"),
+    "grpo_clip_higher": ("tiny", "epsilon_high", 0.28),
+    "grpo_dynamic": ("tiny", "dynamic_sampling", True),
+    "grpo_gspo": ("tiny", "importance_sampling_level", "sequence"),
+    "grpo_reinforce_pp": ("tiny", "advantage_estimator", "reinforce_pp_baseline"),
+    "grpo_async": ("tiny", "async_generation", True),
+    "dpo_ipo": ("tiny-tldr", "loss_type", "ipo"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in FORKS if n not in ("rloo_nobaseline", "remax_nobaseline")))
+def test_each_preset_forks_edit_lands_in_the_preset_its_study_runs(name, tmp_path, monkeypatch):
+    """The edit lands in the preset the study runs (not another preset, not a comment), and only there."""
     path = tmp_path / f"{name}.py"
     path.write_text(FORKS[name].text())
-    assert study.family_of(path)[0] == "grpo_math"
+    assert study.family_of(path)[0] == FORKS[name].parent
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
-    tiny = module.PRESETS["tiny"][1]
-    want = {
-        "grpo_dr": ("loss_type", "dr_grpo"),
-        "grpo_dapo": ("loss_type", "dapo"),
-        "grpo_cispo": ("loss_type", "cispo"),
-        "grpo_clip_higher": ("epsilon_high", 0.28),
-        "grpo_dynamic": ("dynamic_sampling", True),
-        "grpo_gspo": ("importance_sampling_level", "sequence"),
-        "grpo_reinforce_pp": ("advantage_estimator", "reinforce_pp_baseline"),
-        "grpo_async": ("async_generation", True),
-    }[name]
-    assert getattr(tiny, want[0]) == want[1]
+    preset, key, want = PRESET_EDITS[name]
+    assert getattr(module.PRESETS[preset][1], key) == want
+    parent = importlib.import_module(FORKS[name].parent)
+    for other in parent.PRESETS:
+        if other != preset:
+            assert dataclasses.asdict(module.PRESETS[other][1]) == dataclasses.asdict(parent.PRESETS[other][1]), other
+    if name == "dpo_ipo":  # the paper's sequence log-ratios: the two margins in one unit
+        assert module.PRESETS[preset][1].ipo_average is False
 
 
 def test_an_edit_that_no_longer_applies_is_one_error_line():

@@ -288,6 +288,27 @@ EFFECTS.append(
         " on summed sequence logprobs, so the two margins are in one unit",
     )
 )
+PPO_MATH = '            kl_coef=0.01,\n            eval_task="gsm8k",\n'
+"""ppo_rlhf.py's `tiny-math` preset (the only one evaluated on GSM8K's answers at that KL coefficient)"""
+EFFECTS.append(
+    Effect(
+        "clip-delta",
+        "Gao et al. 2024, arXiv:2410.15115, section 4 and Figure 2",
+        "a learned process reward added to the success reward is hacked (more steps, lower accuracy); Clip + Delta are"
+        " not",
+        "ppo_rlhf",
+        Fork(
+            "ppo_clip_delta",
+            "ppo_rlhf",
+            ((PPO_MATH, PPO_MATH + '            prm_refine="clip_delta",  # Gao et al.\n'),),
+        ),
+        "tiny-math-prm",
+        Quantity("eval/accuracy", "final", "higher"),
+        (Quantity("eval/completion_length", "final", "lower"), Quantity("objective/eos_rate", "final", "higher")),
+        "greedy accuracy after 2,048 episodes of PPO with each seed's process reward model, raw (ppo_rlhf.py's default"
+        " --prm-refine none) against Clip + Delta; docs/results.md's earlier runs of both were from one start",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 

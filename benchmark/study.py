@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmark import curves, frontier, launch, runfiles
 from benchmark.launch import decide, run_suite
-from benchmark.suites import Stage, frontier_tldr_stages, sft_stage, starts
+from benchmark.suites import Stage, frontier_tldr_stages, rm_stage, sft_stage, starts
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
@@ -48,6 +48,9 @@ class Track:
     models: tuple[str, ...]
     """the quick suite's SFT policy and reward model the preset reads, as run names before `__` (`sft_tiny-tldr`): the
     policy first; each seed's own (`__<seed>`), or seed 1's for every seed with `--shared-starts`"""
+    model_flags: tuple[tuple[str, str], ...] = ()
+    """more models of `models` the preset does not point at: (flag, run name before `__`), passed as
+    `flag runs/<name>__<seed>/model` (a process reward model: `--prm-path`)"""
 
     def needs(self, seed: int) -> list[str]:
         """The model stages a run of this track at `seed` starts from (the start's seed: see `start_seed`)."""
@@ -122,6 +125,18 @@ MORE_TRACKS = {
             "eval/accuracy",
             MATH_NEEDS,
         ),
+    ],
+    # PPO on tiny-math at the preset's 2,048 episodes with each seed's process reward model added to the success reward
+    # (the tiny-math suite's ppo-prm stages: Gao et al. 2024 in miniature), an evaluation every 4 updates
+    "ppo_rlhf": [
+        Track(
+            "tiny-math-prm",
+            "tiny-math",
+            ("--eval-every", "4"),
+            "eval/accuracy",
+            ("sft_tiny-math", "prm_tiny-math"),
+            (("--prm-path", "prm_tiny-math"),),
+        )
     ],
     # tiny-tldr's deterministic (gold-judge) labels, four passes over 1,024 pairs at a constant learning rate of 5e-5
     # (the noisy track's: 1e-5 barely moves the policy), so that each loss nears where it converges
@@ -290,7 +305,8 @@ def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
 
     out, models = [], {}
     for start in dict.fromkeys(start_seed(s, shared_starts) for s in seeds):
-        models.update({st.run_name: st for st in [*frontier_tldr_stages([start]), sft_stage("tiny-math", start)]})
+        prm = rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", start)
+        models.update({st.run_name: st for st in [*frontier_tldr_stages([start]), sft_stage("tiny-math", start), prm]})
         needed = {n for _, family, _ in p.scripts for t in p.by_family[family] for n in t.needs(start)}
         out += [models[n] for n in models if n in needed and models[n] not in out]
     for seed in seeds:
@@ -303,7 +319,8 @@ def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
                         run_name(path, t.track, seed),
                         str(path),
                         t.preset,
-                        ["--seed", str(seed), *t.flags, *starts(family, start, t.models[0], rm)],
+                        ["--seed", str(seed), *t.flags, *starts(family, start, t.models[0], rm)]
+                        + [x for flag, m in t.model_flags for x in (flag, f"runs/{m}__{start}/model")],
                         needs=t.needs(start),
                     )
                 )
@@ -421,7 +438,10 @@ def report(
 
 # Roughly how long a stage takes on a 2-core EPYC, one thread, beside another job (`--jobs 2`); the sources are the
 # main job's log and docs/results.md's variant studies
-SECONDS = {"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "dpo": 115, "grpo_math": 110}
+SECONDS = {
+    **{"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "prm_tiny-math": 260},
+    **{"dpo": 115, "grpo_math": 110},
+}
 STUDY_RUN_SECONDS = 180
 """an RL study run of the other families (512-1,024 episodes, an evaluation at every update)"""
 

@@ -49,6 +49,7 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
     "grpo_reinforce_pp": ("tiny", "advantage_estimator", "reinforce_pp_baseline"),
     "grpo_async": ("tiny", "async_generation", True),
     "dpo_ipo": ("tiny-tldr", "loss_type", "ipo"),
+    "ppo_clip_delta": ("tiny-math", "prm_refine", "clip_delta"),
 }
 
 

@@ -164,9 +164,10 @@ def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exis
     fields = {f.name for f in dataclasses.fields(module.Args)}
     for t in [*study.STUDY[family], *study.MORE_TRACKS.get(family, [])]:
         assert t.preset in module.PRESETS, (family, t.preset)
-        flags = [f for f in t.flags if f.startswith("--")]
+        flags = [f for f in [*t.flags, *(flag for flag, _ in t.model_flags)] if f.startswith("--")]
         assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
-        models = {st.run_name for st in [*suites.frontier_tldr_stages([2]), suites.sft_stage("tiny-math", 2)]}
+        prm = suites.rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", 2)
+        models = {st.run_name for st in [*suites.frontier_tldr_stages([2]), suites.sft_stage("tiny-math", 2), prm]}
         assert set(t.needs(2)) <= models, (family, t.track)
 
 
@@ -185,15 +186,19 @@ def _model_paths(module, stage) -> set[str]:
 
 
 @pytest.mark.parametrize("shared_starts", [False, True])
-@pytest.mark.parametrize("family", sorted(study.STUDY))
-def test_each_familys_study_plans_every_model_its_runs_read(family, shared_starts):
+@pytest.mark.parametrize(
+    "family, tracks",
+    [(f, None) for f in sorted(study.STUDY)]
+    + [(f, [t.track]) for f in study.MORE_TRACKS for t in study.MORE_TRACKS[f]],
+)
+def test_each_familys_study_plans_every_model_its_runs_read(family, tracks, shared_starts):
     """Issue 58 item 1: on a fresh clone the DPO study's runs failed after the SFT stage, reading a noisy reward model
     no stage built. Every model a study run reads (its preset's paths and its flags) is a stage of the plan that it
     waits for; with per-seed starts, seed 2 reads seed 2's models."""
     import importlib
 
     module = importlib.import_module(family)
-    todo = study.stages(study.plan([str(REPO / f"{family}.py")]), [1, 2], shared_starts)
+    todo = study.stages(study.plan([str(REPO / f"{family}.py")], tracks), [1, 2], shared_starts)
     names = {st.run_name for st in todo}
     for st in todo:
         if "-study__" not in st.run_name:
@@ -268,7 +273,7 @@ def test_tracks_picks_a_familys_tracks_and_names_them_when_one_is_unknown(tmp_pa
     cmd = [sys.executable, "-m", "benchmark.run", "study", "--scripts", "dpo.py", "--tracks", "nope", "--dry-run"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "error: --tracks nope: family dpo has the tracks tiny-tldr-noisy"
+        "error: --tracks nope: family dpo has the tracks tiny-tldr-noisy, tiny-tldr-long"
     ]
     proc = subprocess.run(
         [*cmd[:3], "quick", "--tracks", "tiny-math", "--dry-run"], cwd=REPO, capture_output=True, text=True

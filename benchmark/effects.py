@@ -11,8 +11,8 @@ runs: the commit that adds a row is its design (docs/effects.md names it), so a 
     python -m benchmark.effects run dr-grpo clip-cov --jobs 2 [--rounding default] [--workdir W]
     python -m benchmark.effects table [--workdir W]        # the table, both regimes, from the runs there
 
-`run` writes each row's edited scripts to WORKDIR/effects/<name>.py (from the library script as it is now: an edit
-that no longer applies is one `error:` line), then runs `benchmark.run study` on them and the row's base, on the
+`run` writes each row's edited scripts to WORKDIR/runs/_effects/<name>.py (from the library script as it is now: an
+edit that no longer applies is one `error:` line), then runs `benchmark.run study` on them and the row's base, on the
 row's track, 3 full-pipeline seeds (each its own SFT policy and reward model). Rows on one track share their base's
 runs; a rerun skips what finished (the suite's cache: an edited parent changes the fork's bytes, so it reruns).
 `table` reads the runs of both regimes (WORKDIR/runs, WORKDIR/rounding-default/runs) and gives per row and regime:
@@ -450,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(ROUNDING[a.rounding])
         workdir = regime_workdir(workdir, a.rounding)
         workdir.mkdir(parents=True, exist_ok=True)
-    paths = write_forks(effects, workdir / "effects")
+    paths = write_forks(effects, workdir / "runs" / "_effects")  # beside the runs: a checkout holds no copies
     failed = False
     for track in dict.fromkeys(e.track for e in effects):  # one study per track: the rows on it share their bases
         names = list(

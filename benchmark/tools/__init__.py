@@ -8,5 +8,7 @@ reproduce, results, frontier, status, the tiny world): each a `python -m benchma
 - vllm_speed: vLLM against the in-house sampler (docs/vllm.md)
 - lora_memory, memory_speed_family, async_speed, gen_timer: memory and speed ratios against a peer in the same run
 - ddp_check: two gloo processes give the one-process numbers
+- limits: this CPU's attainable float32 matmul rate and memory bandwidth, the yardsticks of a stage's achieved rate
+  (docs/speed.md)
 - identical: two sets of runs compared row by row and weight by weight (a change that should change no number)
 """

@@ -63,7 +63,8 @@ class Fork:
 class Quantity:
     metric: str
     measure: str
-    """`final` (its last logged value), `mean` (over every row that logs it: a training metric over the run), or `auc`
+    """`final` (its last logged value), `mean` (over every row that logs it: a training metric over the run), `drop`
+    (its largest value less its last: how far it fell from its peak), or `auc`
     (the area under its curve against the update, from its first logged update to its last, divided by that span)"""
     direction: str
     """the paper's claim of the variant against the base: `higher`, `lower`, or `equal` (parity)"""
@@ -309,6 +310,23 @@ EFFECTS.append(
         " --prm-refine none) against Clip + Delta; docs/results.md's earlier runs of both were from one start",
     )
 )
+PPO_NOISY = '            kl_coef=0.05,\n            eval_task="tldr",\n            eval_every=3,\n'
+"""ppo_rlhf.py's `tiny-tldr-noisy` preset (the only one of that KL coefficient evaluated every 3 updates)"""
+EFFECTS.append(
+    Effect(
+        "overoptimisation",
+        "Gao et al. 2023, arXiv:2210.10760, Figure 1; Huang et al. 2024 (N+)",
+        "without a KL penalty, PPO on an imperfect reward model raises the proxy while the gold reward falls from its "
+        "peak",
+        "ppo_rlhf",
+        Fork("ppo_kl0", "ppo_rlhf", ((PPO_NOISY, PPO_NOISY.replace("kl_coef=0.05", "kl_coef=0.0")),)),
+        "tiny-tldr-noisy",
+        Quantity("eval/gold_reward", "drop", "higher"),
+        (Quantity("eval/score", "final", "higher"), Quantity("eval/kl", "final", "higher")),
+        "the gold reward's fall from its peak to the last evaluation, over PPO's study track (512 episodes, an"
+        " evaluation every update); the main job's frontier showed it in 2 of 3 seeds per regime",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 
@@ -345,6 +363,8 @@ def value(run: curves.Run, q: Quantity) -> float | None:
         return float(rows[-1][q.metric])
     if q.measure == "mean":
         return float(np.mean([r[q.metric] for r in rows]))
+    if q.measure == "drop":
+        return float(max(r[q.metric] for r in rows) - rows[-1][q.metric])
     x = np.array([r["step"] for r in rows], dtype=float)
     y = np.array([r[q.metric] for r in rows], dtype=float)
     return curves.area_under_curve(x, y, x[0], x[-1]) if x[-1] > x[0] else float(y[0])

@@ -50,6 +50,7 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
     "grpo_async": ("tiny", "async_generation", True),
     "dpo_ipo": ("tiny-tldr", "loss_type", "ipo"),
     "ppo_clip_delta": ("tiny-math", "prm_refine", "clip_delta"),
+    "ppo_kl0": ("tiny-tldr-noisy", "kl_coef", 0.0),
 }
 
 
@@ -85,7 +86,7 @@ def test_every_row_names_a_track_its_scripts_family_has_and_a_known_direction():
             family = s.parent if isinstance(s, effects.Fork) else study.family_of(REPO / f"{s}.py")[0]
             assert e.track in {t.track for t in study.family_tracks(family, [e.track])}
         for q in (e.quantity, *e.also):
-            assert q.measure in ("final", "mean", "auc") and q.direction in ("higher", "lower", "equal"), e.key
+            assert q.measure in ("final", "mean", "drop", "auc") and q.direction in ("higher", "lower", "equal"), e.key
             assert q.direction != "equal" or q.tolerance > 0, e.key
 
 
@@ -98,6 +99,10 @@ def test_the_quantity_is_the_last_value_the_mean_or_the_area_per_update():
     run = _run(rows)
     assert effects.value(run, effects.Quantity("m", "final", "higher")) == 3.0
     assert effects.value(run, effects.Quantity("m", "mean", "higher")) == pytest.approx(7 / 3)
+    assert effects.value(
+        _run([{"step": 0, "m": 0.5}, {"step": 1, "m": 0.9}, {"step": 2, "m": 0.2}]),
+        effects.Quantity("m", "drop", "higher"),
+    ) == pytest.approx(0.7)
     # trapezoids over steps 0-4: (1 + 3) / 2 * 2 + 3 * 2 = 10, over a span of 4
     assert effects.value(run, effects.Quantity("m", "auc", "higher")) == pytest.approx(2.5)
     assert effects.value(_run([{"step": 1, "m": float("nan")}]), effects.Quantity("m", "final", "higher")) is None

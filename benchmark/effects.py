@@ -9,23 +9,27 @@ runs: the commit that adds a row is its design (docs/effects.md names it), so a 
 
     python -m benchmark.effects list                       # the rows, their designs
     python -m benchmark.effects run dr-grpo clip-cov --jobs 2 [--rounding default] [--workdir W]
-    python -m benchmark.effects table [--workdir W]        # the table, both regimes, from the runs there
+    python -m benchmark.effects record [--rounding default]   # the runs' values into benchmark/effects_values.json
+    python -m benchmark.effects table                      # the table, both regimes, from the recorded values
 
 `run` writes each row's edited scripts to WORKDIR/runs/_effects/<name>.py (from the library script as it is now: an
 edit that no longer applies is one `error:` line), then runs `benchmark.run study` on them and the row's base, on the
 row's track, 3 full-pipeline seeds (each its own SFT policy and reward model). Rows on one track share their base's
 runs; a rerun skips what finished (the suite's cache: an edited parent changes the fork's bytes, so it reruns).
-`table` reads the runs of both regimes (WORKDIR/runs, WORKDIR/rounding-default/runs) and gives per row and regime:
-the quantity's mean over seeds with its 95% bootstrap interval for each script, the smallest difference of means the
-seeds could separate, and the verdict: "shown" (the intervals do not overlap, in the paper's direction: the study's
-test), "opposite" (they do not overlap, the other way), "not shown" (they overlap); for a parity claim ("equal"),
-"shown" when they overlap and the means differ by at most the row's tolerance. A row is shown when it is shown under
-both regimes.
+Then it records (`record`) the values of every finished run of its regime in benchmark/effects_values.json: per run
+name, each quantity its rows read, the commit and script hash it ran and the host. The runs are not kept (a machine's
+runs/ is not the repository's); the values are, so the table can be built, and checked, from them.
+`table` gives per row and regime: the quantity's mean over seeds with its 95% bootstrap interval for each script, the
+smallest difference of means the seeds could separate, and the verdict: "shown" (the intervals do not overlap, in the
+paper's direction: the study's test), "opposite" (they do not overlap, the other way), "not shown" (they overlap);
+for a parity claim ("equal"), "shown" when they overlap and the means differ by at most the row's tolerance. A row is
+shown when it is shown under both regimes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -399,33 +403,70 @@ def verdict(q: Quantity, base: Side, variant: Side) -> tuple[str, float | None]:
     return "not shown", smallest
 
 
-def measure(e: Effect, runs_dir: Path, seeds: list[int], q: Quantity) -> tuple[Side, Side]:
+VALUES = REPO / "benchmark" / "effects_values.json"
+"""every recorded run's values of the quantities of its track's rows, by regime and run name, with what produced it:
+the table's data (the runs themselves are not kept), written by `record` (and `run`, for its regime)"""
+
+
+def record(workdir: Path, regime: str, seeds: list[int], path: Path = VALUES) -> list[str]:
+    """The values of every finished run of the rows in the regime's runs folder, written into `path` (a run recorded
+    before is replaced, others are kept); returns the run names recorded."""
+    runs_dir = (workdir if regime == "native" else regime_workdir(workdir, regime)) / "runs"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    mine = data.setdefault(regime, {})
+    wanted: dict[str, list[Quantity]] = {}
+    for e in EFFECTS:
+        for s in (e.base, e.variant):
+            for seed in seeds:
+                name = study.run_name(Path(f"{script_name(s)}.py"), e.track, seed)
+                wanted.setdefault(name, []).extend(q for q in (e.quantity, *e.also) if q not in wanted.get(name, []))
+    done = []
+    for name, quantities in wanted.items():
+        d = runs_dir / name
+        if not runfiles.is_run_dir(d):
+            continue
+        run = curves.read_run(d)
+        if not run.finished:  # a stopped run's last value is not its final one
+            continue
+        started = (run.provenance or {}).get("started", run.provenance or {})
+        mine[name] = {
+            "values": {q.label(): value(run, q) for q in quantities},
+            "commit": started.get("git", {}).get("commit"),
+            "script_sha256": started.get("script", {}).get("sha256"),
+            "host": {k: started.get("host", {}).get(k) for k in ("cpu", "cpu_capability", "blas")},
+        }
+        done.append(name)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return done
+
+
+def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[Side, Side]:
+    """Each script's values of `q` over the seeds one regime's record holds (`recorded`: run name -> its entry)."""
     sides = []
     for s in (e.base, e.variant):
         side = Side(script_name(s))
         for seed in seeds:
-            d = runs_dir / study.run_name(Path(f"{script_name(s)}.py"), e.track, seed)
-            if not runfiles.is_run_dir(d):
-                continue
-            run = curves.read_run(d)
-            v = value(run, q) if run.finished else None  # a stopped run's last value is not its final one
+            entry = recorded.get(study.run_name(Path(f"{script_name(s)}.py"), e.track, seed))
+            v = None if entry is None else entry["values"].get(q.label())
             if v is not None:
                 side.values.append(v)
         sides.append(side)
     return sides[0], sides[1]
 
 
-def table(workdir: Path, seeds: list[int]) -> str:
-    regimes = [("native", workdir / "runs"), ("default", regime_workdir(workdir, "default") / "runs")]
+def table(seeds: list[int], path: Path = VALUES) -> str:
+    data = json.loads(path.read_text()) if path.is_file() else {}
     lines = [
         "| row | paper | claim | quantity | track | regime | base | variant | separable | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in EFFECTS:
         verdicts = []
-        for regime, runs_dir in regimes:
+        for regime in ("native", "default"):
             for q in (e.quantity, *e.also):
-                base, variant = measure(e, runs_dir, seeds, q)
+                base, variant = measure(e, data.get(regime, {}), seeds, q)
                 v, smallest = verdict(q, base, variant)
                 if q is e.quantity:
                     verdicts.append(v)
@@ -442,7 +483,7 @@ def table(workdir: Path, seeds: list[int]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["list", "run", "table"])
+    parser.add_argument("command", choices=["list", "run", "record", "table"])
     parser.add_argument("rows", nargs="*", help="run: the rows to run (their keys: `list`); default every row")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--workdir", default=".")
@@ -464,7 +505,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if a.command == "table":
-        print(table(workdir, a.seeds))
+        print(table(a.seeds))
+        return 0
+    if a.command == "record":
+        names = record(workdir, a.rounding, a.seeds)
+        print(f"recorded {len(names)} runs of {a.rounding} into {VALUES}")
         return 0
     if a.rounding != "native":
         os.environ.update(ROUNDING[a.rounding])
@@ -480,6 +525,9 @@ def main(argv: list[str] | None = None) -> int:
             [str(paths[n]) for n in names], a.seeds, workdir, a.dry_run, a.jobs, name=f"effects_{track}", tracks=[track]
         )
         failed |= any(s == "failed" for s in status.values())
+    if not a.dry_run:  # the runs are not kept: their values are (the table's data)
+        names = record(Path(a.workdir), a.rounding, a.seeds)
+        print(f"recorded {len(names)} runs of {a.rounding} into {VALUES}")
     return 1 if failed else 0
 
 

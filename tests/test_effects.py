@@ -128,8 +128,9 @@ def test_the_verdict_is_the_studys_separation_in_the_papers_direction(direction,
     assert (smallest is None) == (len(base) < 3)
 
 
-def test_the_table_reads_each_regimes_finished_runs_of_a_row(tmp_path):
-    """A row's runs under both regimes, as `run` names them; a run without done.json (stopped) does not count."""
+def test_the_table_reads_each_regimes_recorded_runs_of_a_row(tmp_path):
+    """A row's runs under both regimes, as `run` names them, recorded (the runs are not kept); a run without done.json
+    (stopped) is not recorded; a second record keeps the first regime's values."""
     e = effects.BY_KEY["rloo-baseline"]
     for regime, folder in (("native", tmp_path / "runs"), ("default", tmp_path / "rounding-default" / "runs")):
         for script, norm in (("rloo", 1.0), ("rloo_nobaseline", 2.0)):
@@ -140,7 +141,14 @@ def test_the_table_reads_each_regimes_finished_runs_of_a_row(tmp_path):
                 (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
                 if not (regime == "default" and seed == 3):
                     (d / "done.json").write_text("{}")
-    lines = [line for line in effects.table(tmp_path, [1, 2, 3]).splitlines() if line.startswith("| rloo-baseline")]
+    values = tmp_path / "values.json"
+    recorded = effects.record(tmp_path, "native", [1, 2, 3], values)
+    want = sorted(f"{s}_tiny-math-study__{n}" for s in ("rloo", "rloo_nobaseline") for n in (1, 2, 3))
+    assert sorted(recorded) == want
+    assert len(effects.record(tmp_path, "default", [1, 2, 3], values)) == 4  # seed 3 stopped: not recorded
+    data = json.loads(values.read_text())
+    assert data["native"]["rloo_tiny-math-study__2"]["values"]["train/grad_norm (mean)"] == pytest.approx(1.02)
+    lines = [line for line in effects.table([1, 2, 3], values).splitlines() if line.startswith("| rloo-baseline")]
     native, default = lines[0], lines[1 + len(e.also)]
     assert "| native |" in native and "rloo: 1.020 [1.010, 1.030]" in native and native.endswith("| shown |")
     assert "| default |" in default and "(2 seeds)" in default and "not measured" in default

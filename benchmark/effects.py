@@ -378,6 +378,8 @@ def value(run: curves.Run, q: Quantity) -> float | None:
 class Side:
     script: str
     values: list[float] = field(default_factory=list)
+    hosts: set[str] = field(default_factory=set)
+    """the CPUs its values were measured on (one regime's rounding is one host's: two are not one sample)"""
 
     def cell(self) -> str:
         if not self.values:
@@ -452,6 +454,7 @@ def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[S
             v = None if entry is None else entry["values"].get(q.label())
             if v is not None:
                 side.values.append(v)
+                side.hosts.add(" ".join(str(x) for x in (entry.get("host") or {}).values()))
         sides.append(side)
     return sides[0], sides[1]
 
@@ -468,6 +471,9 @@ def table(seeds: list[int], path: Path = VALUES) -> str:
             for q in (e.quantity, *e.also):
                 base, variant = measure(e, data.get(regime, {}), seeds, q)
                 v, smallest = verdict(q, base, variant)
+                hosts = sorted(base.hosts | variant.hosts)
+                if len(hosts) > 1:  # the native regime of two CPUs is two regimes
+                    v, smallest = f"not judged: {len(hosts)} hosts ({'; '.join(hosts)})", None
                 if q is e.quantity:
                     verdicts.append(v)
                 name = f"**{q.label()}**, {q.direction}" if q is e.quantity else f"{q.label()}, {q.direction}"

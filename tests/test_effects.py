@@ -153,6 +153,10 @@ def test_the_table_reads_each_regimes_recorded_runs_of_a_row(tmp_path):
     assert "| native |" in native and "rloo: 1.020 [1.010, 1.030]" in native and native.endswith("| shown |")
     assert "| default |" in default and "(2 seeds)" in default and "not measured" in default
     assert lines[-1].endswith("**shown / not measured (fewer than 3 seeds)** |")
+    data["native"]["rloo_tiny-math-study__1"]["host"] = {"cpu": "another CPU"}  # a run recorded on another host
+    values.write_text(json.dumps(data))
+    native = [line for line in effects.table([1, 2, 3], values).splitlines() if line.startswith("| rloo-baseline")][0]
+    assert "| not judged: 2 hosts (" in native and "another CPU" in native
 
 
 def test_list_and_an_unknown_row():

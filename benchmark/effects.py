@@ -462,8 +462,8 @@ def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[S
 def table(seeds: list[int], path: Path = VALUES) -> str:
     data = json.loads(path.read_text()) if path.is_file() else {}
     lines = [
-        "| row | paper | claim | quantity | track | regime | base | variant | separable | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| row | quantity, the paper's direction | track | regime | base | variant | separable | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in EFFECTS:
         verdicts = []
@@ -478,12 +478,12 @@ def table(seeds: list[int], path: Path = VALUES) -> str:
                     verdicts.append(v)
                 name = f"**{q.label()}**, {q.direction}" if q is e.quantity else f"{q.label()}, {q.direction}"
                 lines.append(
-                    f"| {e.key} | {e.paper} | {e.claim} | {name} | {e.track} | {regime} | "
+                    f"| {e.key} | {name} | {e.track} | {regime} | "
                     f"{base.script}: {base.cell()} | {variant.script}: {variant.cell()} | "
                     f"{'-' if smallest is None else f'{smallest:.3f}'} | {v} |"
                 )
         both = verdicts[0] if len(set(verdicts)) == 1 else " / ".join(verdicts)
-        lines.append(f"| {e.key} | | | | | **both** | | | | **{both}** |")
+        lines.append(f"| {e.key} | | | **both** | | | | **{both}** |")
     return "\n".join(lines)
 
 

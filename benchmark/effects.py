@@ -459,6 +459,31 @@ def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[S
     return sides[0], sides[1]
 
 
+def brief(seeds: list[int], path: Path = VALUES) -> str:
+    """One line a row: its deciding quantity under each regime (base, variant, smallest separable difference, verdict)
+    and the row's verdict."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    lines = [
+        "| row | quantity, the paper's direction | native: base / variant (separable) | verdict | default: base / "
+        "variant (separable) | verdict | both |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for e in EFFECTS:
+        cells, verdicts = [], []
+        for regime in ("native", "default"):
+            base, variant = measure(e, data.get(regime, {}), seeds, e.quantity)
+            v, smallest = verdict(e.quantity, base, variant)
+            if len(base.hosts | variant.hosts) > 1:
+                v, smallest = "not judged: two hosts", None
+            sep = "" if smallest is None else f" ({smallest:.3f})"
+            cells += [f"{base.cell()} / {variant.cell()}{sep}", v]
+            verdicts.append(v)
+        both = verdicts[0] if len(set(verdicts)) == 1 else "not yet" if "not measured" in verdicts[1] else "differ"
+        q = e.quantity
+        lines.append(f"| {e.key} | {q.label()}, {q.direction} | {' | '.join(cells)} | {both} |")
+    return "\n".join(lines)
+
+
 def table(seeds: list[int], path: Path = VALUES) -> str:
     data = json.loads(path.read_text()) if path.is_file() else {}
     lines = [
@@ -496,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--rounding", choices=sorted(ROUNDING), default="native")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--brief", action="store_true", help="table: one line a row, its deciding quantity")
     a = parser.parse_args(argv)
     unknown = [r for r in a.rows if r not in BY_KEY]
     if unknown:
@@ -511,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         return 0
     if a.command == "table":
-        print(table(a.seeds))
+        print(brief(a.seeds) if a.brief else table(a.seeds))
         return 0
     if a.command == "record":
         names = record(workdir, a.rounding, a.seeds)

@@ -153,6 +153,8 @@ def test_the_table_reads_each_regimes_recorded_runs_of_a_row(tmp_path):
     assert "| native |" in native and "rloo: 1.020 [1.010, 1.030]" in native and native.endswith("| shown |")
     assert "| default |" in default and "(2 seeds)" in default and "not measured" in default
     assert lines[-1].endswith("**shown / not measured (fewer than 3 seeds)** |")
+    (line,) = [row for row in effects.brief([1, 2, 3], values).splitlines() if row.startswith("| rloo-baseline")]
+    assert "| 1.020 [1.010, 1.030] / 2.020 [2.010, 2.030] (0.020) | shown |" in line and line.endswith("| not yet |")
     data["native"]["rloo_tiny-math-study__1"]["host"] = {"cpu": "another CPU"}  # a run recorded on another host
     values.write_text(json.dumps(data))
     native = [line for line in effects.table([1, 2, 3], values).splitlines() if line.startswith("| rloo-baseline")][0]

@@ -92,6 +92,13 @@ class Effect:
     """reported beside it, not deciding"""
     design: str = ""
     """why this quantity, track and budget"""
+    variant_track: str = ""
+    """the variant's track where it is not the base's (another family's, or another mode of one script: online DPO
+    against offline); empty: the base's"""
+
+    def sides(self) -> tuple[tuple[str | Fork, str], tuple[str | Fork, str]]:
+        """(script, track) of the base and of the variant."""
+        return (self.base, self.track), (self.variant, self.variant_track or self.track)
 
 
 TINY = '            max_completion_length=80,\n            loss_type="grpo",\n'
@@ -331,6 +338,93 @@ EFFECTS.append(
         " evaluation every update); the main job's frontier showed it in 2 of 3 seeds per regime",
     )
 )
+GOLD_FINAL = Quantity("eval/gold_reward", "final", "higher")
+KL_LOSS = (
+    '    kl_loss = k2_kl(logprobs, ref_logprobs) if ref_logprobs is not None and args.kl_estimator == "k2" else kl\n'
+)
+"""grpo_math.py's KL loss term (k3, or k2 with --kl-estimator k2)"""
+EFFECTS += [  # designed together, before any of their comparisons ran (docs/effects.md names the commit)
+    Effect(
+        "online-dpo",
+        "Guo et al. 2024 (OAIF), arXiv:2402.04792, section 4",
+        "DPO on pairs sampled from the policy and labelled as it trains (online) ends above DPO on a fixed set of pairs"
+        " labelled by the same annotator (offline), which over-fits them",
+        "dpo",
+        "dpo",
+        "tiny-tldr-long",
+        GOLD_FINAL,
+        (Quantity("eval/reward_margin", "final", "lower"), Quantity("eval/accuracy", "final", "equal", 0.05)),
+        "the gold judge's reward of greedy summaries on 100 held-out prompts after 128 steps of 32 pairs, both"
+        " labelled by the gold judge (the offline pairs' labeller): offline four passes over 1,024 pairs, online"
+        " 4,096 fresh prompts; the same learning rate (5e-5, constant), beta and evaluation",
+        variant_track="tiny-tldr-online-long",
+    ),
+    Effect(
+        "ppo-vs-dpo",
+        "Xu et al. 2024, arXiv:2404.10719, section 4",
+        "DPO can put its mass on responses its preference pairs do not cover; PPO, sampling its own responses and"
+        " scoring them with a reward model of the same pairs, ends above DPO",
+        "dpo",
+        "ppo_rlhf",
+        "tiny-tldr-long",
+        GOLD_FINAL,
+        (Quantity("eval/kl", "final", "lower"),),
+        "the gold judge's reward of greedy summaries on the same 100 held-out prompts: DPO converged on 1,024"
+        " gold-labelled pairs (tiny-tldr-long), PPO at its preset's 1,024 episodes with the reward model of those"
+        " pairs' labels (tiny-tldr); the paper compares at a matched KL, which DPO's evaluation here does not log",
+        variant_track="tiny-tldr",
+    ),
+    Effect(
+        "remax-memory",
+        "Li et al. 2023 (ReMax), arXiv:2310.10505, section 5",
+        "ReMax, which has no value model, trains with less memory than PPO",
+        "ppo_rlhf",
+        "remax",
+        "tiny-tldr-noisy",
+        Quantity("perf/peak_mem_gb", "final", "lower"),
+        (Quantity("eval/gold_reward", "final", "equal", 0.05),),
+        "the process's peak resident memory over the run (GB; a GPU's peak allocation where there is one), both at"
+        " their tiny-tldr-noisy presets on the study track (512 episodes): the same policy, reference and reward"
+        " model, PPO's value model and its optimizer state beside",
+    ),
+    Effect(
+        "overoptimisation-long",
+        "Gao et al. 2023, arXiv:2210.10760, Figure 1; Huang et al. 2024 (N+)",
+        "without a KL penalty, PPO on an imperfect reward model raises the proxy while the gold reward falls from its "
+        "peak",
+        "ppo_rlhf",
+        Fork("ppo_kl0", "ppo_rlhf", ((PPO_NOISY, PPO_NOISY.replace("kl_coef=0.05", "kl_coef=0.0")),)),
+        "tiny-tldr-noisy-long",
+        Quantity("eval/gold_reward", "drop", "higher"),
+        (
+            Quantity("eval/score", "final", "higher"),
+            Quantity("eval/kl", "final", "higher"),
+            Quantity("eval/gold_reward", "final", "lower"),
+        ),
+        "as overoptimisation, over the preset's full 1,536 episodes (24 updates), an evaluation every update: the"
+        " study track's 512 stopped at a KL of about 1",
+    ),
+    Effect(
+        "kl-k1-loss",
+        "Tang & Munos 2025, arXiv:2506.09477 (the first pitfall)",
+        "k1 (log pi - log pi_ref) as a loss term has a gradient of zero mean on the policy's own samples, so it does"
+        " not hold the policy near the reference; k3, GRPO's, does (its mean gradient is that of KL(pi_ref || pi))",
+        "grpo_math",
+        _grpo(
+            "grpo_kl_k1",
+            (
+                KL_LOSS,
+                "    kl_loss = torch.zeros_like(kl) if ref_logprobs is None else logprobs - ref_logprobs"
+                "  # k1, a loss\n",
+            ),
+        ),
+        "tiny-math-long",
+        Quantity("objective/kl", "final", "higher"),
+        (ACCURACY_FINAL,),
+        "the KL to the reference of the sampled completions at the last update (logged as k3 whatever the loss),"
+        " both at the tiny preset's beta 0.04",
+    ),
+]
 BY_KEY = {e.key: e for e in EFFECTS}
 
 
@@ -343,7 +437,7 @@ def write_forks(effects: list[Effect], folder: Path) -> dict[str, Path]:
     change, so the suite's cache keeps its finished runs)."""
     paths = {}
     for e in effects:
-        for s in (e.base, e.variant):
+        for s, _ in e.sides():
             if isinstance(s, Fork):
                 path, text = folder / f"{s.name}.py", s.text()
                 if not path.is_file() or path.read_text() != text:
@@ -406,21 +500,42 @@ def verdict(q: Quantity, base: Side, variant: Side) -> tuple[str, float | None]:
 
 
 VALUES = REPO / "benchmark" / "effects_values.json"
-"""every recorded run's values of the quantities of its track's rows, by regime and run name, with what produced it:
-the table's data (the runs themselves are not kept), written by `record` (and `run`, for its regime)"""
+"""every recorded run's values of the quantities of its track's rows, by regime, host and run name, with what produced
+it: the table's data (the runs themselves are not kept), written by `record` (and `run`, for its regime)"""
+
+
+def host_key(host: dict | None) -> str:
+    """A host as its record names it: the CPU, torch's kernel capability and the BLAS (one regime's rounding on one
+    host: the native regime of two CPUs is two regimes, so their runs are never one sample)."""
+    host = host or {}
+    return " ".join(str(host[k]) for k in ("cpu", "cpu_capability", "blas") if host.get(k)) or " ".join(
+        str(x) for x in host.values()
+    )
+
+
+def load(path: Path = VALUES) -> dict:
+    """The record: regime -> host -> run name -> entry. An entry written as regime -> run name (before hosts were a
+    level of their own) is moved under its host."""
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    for entries in data.values():
+        for name in [n for n, v in entries.items() if "values" in v]:
+            entry = entries.pop(name)
+            entries.setdefault(host_key(entry.get("host")), {})[name] = entry
+    return data
 
 
 def record(workdir: Path, regime: str, seeds: list[int], path: Path = VALUES) -> list[str]:
-    """The values of every finished run of the rows in the regime's runs folder, written into `path` (a run recorded
-    before is replaced, others are kept); returns the run names recorded."""
+    """The values of every finished run of the rows in the regime's runs folder, written into `path` under the host
+    they ran on (a run recorded before on that host is replaced; others, and other hosts', are kept); returns the run
+    names recorded."""
     runs_dir = (workdir if regime == "native" else regime_workdir(workdir, regime)) / "runs"
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    data = load(path)
     mine = data.setdefault(regime, {})
     wanted: dict[str, list[Quantity]] = {}
     for e in EFFECTS:
-        for s in (e.base, e.variant):
+        for s, track in e.sides():
             for seed in seeds:
-                name = study.run_name(Path(f"{script_name(s)}.py"), e.track, seed)
+                name = study.run_name(Path(f"{script_name(s)}.py"), track, seed)
                 wanted.setdefault(name, []).extend(q for q in (e.quantity, *e.also) if q not in wanted.get(name, []))
     done = []
     for name, quantities in wanted.items():
@@ -431,11 +546,12 @@ def record(workdir: Path, regime: str, seeds: list[int], path: Path = VALUES) ->
         if not run.finished:  # a stopped run's last value is not its final one
             continue
         started = (run.provenance or {}).get("started", run.provenance or {})
-        mine[name] = {
+        host = {k: started.get("host", {}).get(k) for k in ("cpu", "cpu_capability", "blas")}
+        mine.setdefault(host_key(host), {})[name] = {
             "values": {q.label(): value(run, q) for q in quantities},
             "commit": started.get("git", {}).get("commit"),
             "script_sha256": started.get("script", {}).get("sha256"),
-            "host": {k: started.get("host", {}).get(k) for k in ("cpu", "cpu_capability", "blas")},
+            "host": host,
         }
         done.append(name)
     tmp = path.with_suffix(".json.tmp")
@@ -445,24 +561,66 @@ def record(workdir: Path, regime: str, seeds: list[int], path: Path = VALUES) ->
 
 
 def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[Side, Side]:
-    """Each script's values of `q` over the seeds one regime's record holds (`recorded`: run name -> its entry)."""
+    """Each script's values of `q` over the seeds one host's record of one regime holds (run name -> its entry)."""
     sides = []
-    for s in (e.base, e.variant):
-        side = Side(script_name(s))
+    for s, track in e.sides():
+        side = Side(script_name(s) if track == e.track else f"{script_name(s)} on {track}")
         for seed in seeds:
-            entry = recorded.get(study.run_name(Path(f"{script_name(s)}.py"), e.track, seed))
+            entry = recorded.get(study.run_name(Path(f"{script_name(s)}.py"), track, seed))
             v = None if entry is None else entry["values"].get(q.label())
             if v is not None:
                 side.values.append(v)
-                side.hosts.add(" ".join(str(x) for x in (entry.get("host") or {}).values()))
+                side.hosts.add(host_key(entry.get("host")))
         sides.append(side)
     return sides[0], sides[1]
 
 
+@dataclass
+class Result:
+    host: str
+    base: Side
+    variant: Side
+    verdict: str
+    smallest: float | None
+
+
+def results(e: Effect, q: Quantity, regime: dict, seeds: list[int]) -> list[Result]:
+    """One regime's verdicts of `q`: one per host on which both scripts have every seed (a host's runs are one sample;
+    two hosts' are never pooled); where none has, the host with the most runs, "not measured"."""
+    out = []
+    for host in sorted(regime):
+        base, variant = measure(e, regime[host], seeds, q)
+        out.append(Result(host, base, variant, *verdict(q, base, variant)))
+    complete = [r for r in out if r.smallest is not None]
+    if complete:
+        return complete
+    if not out:
+        return [Result("", Side(script_name(e.base)), Side(script_name(e.variant)), *verdict(q, Side(""), Side("")))]
+    return [max(out, key=lambda r: len(r.base.values) + len(r.variant.values))]
+
+
+def regime_verdict(rs: list[Result]) -> str:
+    """The regime's verdict: its hosts' when they agree, else each host's."""
+    verdicts = {r.verdict for r in rs}
+    return (
+        rs[0].verdict if len(verdicts) == 1 else "differs by host: " + "; ".join(f"{r.host}: {r.verdict}" for r in rs)
+    )
+
+
+def short_host(host: str) -> str:
+    return host.replace("(R)", "").replace("  ", " ") or "-"
+
+
+def both_verdict(verdicts: list[str]) -> str:
+    if len(set(verdicts)) == 1:
+        return verdicts[0]
+    return "not yet" if any("not measured" in v for v in verdicts) else "differ"
+
+
 def brief(seeds: list[int], path: Path = VALUES) -> str:
-    """One line a row: its deciding quantity under each regime (base, variant, smallest separable difference, verdict)
-    and the row's verdict."""
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    """One line a row: its deciding quantity under each regime (base, variant, smallest separable difference, verdict,
+    host) and the row's verdict."""
+    data = load(path)
     lines = [
         "| row | quantity, the paper's direction | native: base / variant (separable) | verdict | default: base / "
         "variant (separable) | verdict | both |",
@@ -471,44 +629,42 @@ def brief(seeds: list[int], path: Path = VALUES) -> str:
     for e in EFFECTS:
         cells, verdicts = [], []
         for regime in ("native", "default"):
-            base, variant = measure(e, data.get(regime, {}), seeds, e.quantity)
-            v, smallest = verdict(e.quantity, base, variant)
-            if len(base.hosts | variant.hosts) > 1:
-                v, smallest = "not judged: two hosts", None
-            sep = "" if smallest is None else f" ({smallest:.3f})"
-            cells += [f"{base.cell()} / {variant.cell()}{sep}", v]
-            verdicts.append(v)
-        both = verdicts[0] if len(set(verdicts)) == 1 else "not yet" if "not measured" in verdicts[1] else "differ"
+            rs = results(e, e.quantity, data.get(regime, {}), seeds)
+            cell = "; ".join(
+                f"{r.base.cell()} / {r.variant.cell()}"
+                + ("" if r.smallest is None else f" ({r.smallest:.3f})")
+                + (f", {short_host(r.host)}" if r.host else "")
+                for r in rs
+            )
+            verdicts.append(regime_verdict(rs))
+            cells += [cell, verdicts[-1]]
         q = e.quantity
-        lines.append(f"| {e.key} | {q.label()}, {q.direction} | {' | '.join(cells)} | {both} |")
+        lines.append(f"| {e.key} | {q.label()}, {q.direction} | {' | '.join(cells)} | {both_verdict(verdicts)} |")
     return "\n".join(lines)
 
 
 def table(seeds: list[int], path: Path = VALUES) -> str:
-    data = json.loads(path.read_text()) if path.is_file() else {}
+    data = load(path)
     lines = [
-        "| row | quantity, the paper's direction | track | regime | base | variant | separable | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| row | quantity, the paper's direction | track | regime | host | base | variant | separable | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for e in EFFECTS:
         verdicts = []
         for regime in ("native", "default"):
             for q in (e.quantity, *e.also):
-                base, variant = measure(e, data.get(regime, {}), seeds, q)
-                v, smallest = verdict(q, base, variant)
-                hosts = sorted(base.hosts | variant.hosts)
-                if len(hosts) > 1:  # the native regime of two CPUs is two regimes
-                    v, smallest = f"not judged: {len(hosts)} hosts ({'; '.join(hosts)})", None
+                rs = results(e, q, data.get(regime, {}), seeds)
                 if q is e.quantity:
-                    verdicts.append(v)
+                    verdicts.append(regime_verdict(rs))
                 name = f"**{q.label()}**, {q.direction}" if q is e.quantity else f"{q.label()}, {q.direction}"
-                lines.append(
-                    f"| {e.key} | {name} | {e.track} | {regime} | "
-                    f"{base.script}: {base.cell()} | {variant.script}: {variant.cell()} | "
-                    f"{'-' if smallest is None else f'{smallest:.3f}'} | {v} |"
-                )
+                for r in rs:
+                    lines.append(
+                        f"| {e.key} | {name} | {e.track} | {regime} | {short_host(r.host)} | "
+                        f"{r.base.script}: {r.base.cell()} | {r.variant.script}: {r.variant.cell()} | "
+                        f"{'-' if r.smallest is None else f'{r.smallest:.3f}'} | {r.verdict} |"
+                    )
         both = verdicts[0] if len(set(verdicts)) == 1 else " / ".join(verdicts)
-        lines.append(f"| {e.key} | | | **both** | | | | **{both}** |")
+        lines.append(f"| {e.key} | | | **both** | | | | | **{both}** |")
     return "\n".join(lines)
 
 
@@ -531,9 +687,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.command == "list":
         for e in effects:
             print(f"{e.key}: {e.paper}: {e.claim}")
+            (base, bt), (variant, vt) = e.sides()
             print(
-                f"  {script_name(e.variant)} against {script_name(e.base)} on {e.track}: {e.quantity.label()} "
-                f"{e.quantity.direction}; {e.design}"
+                f"  {script_name(variant)}{'' if vt == bt else f' on {vt}'} against {script_name(base)} on {bt}: "
+                f"{e.quantity.label()} {e.quantity.direction}; {e.design}"
             )
         return 0
     if a.command == "table":
@@ -549,10 +706,13 @@ def main(argv: list[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     paths = write_forks(effects, workdir / "runs" / "_effects")  # beside the runs: a checkout holds no copies
     failed = False
-    for track in dict.fromkeys(e.track for e in effects):  # one study per track: the rows on it share their bases
-        names = list(
-            dict.fromkeys(n for e in effects if e.track == track for n in map(script_name, (e.base, e.variant)))
-        )
+    on: dict[str, list[str]] = {}  # one study per track: the rows on it share their bases
+    for e in effects:
+        for s, track in e.sides():
+            on.setdefault(track, [])
+            if script_name(s) not in on[track]:
+                on[track].append(script_name(s))
+    for track, names in on.items():
         status = study.run_study(
             [str(paths[n]) for n in names], a.seeds, workdir, a.dry_run, a.jobs, name=f"effects_{track}", tracks=[track]
         )

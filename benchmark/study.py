@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmark import curves, frontier, launch, runfiles
 from benchmark.launch import decide, run_suite
-from benchmark.suites import Stage, frontier_tldr_stages, rm_stage, sft_stage, starts
+from benchmark.suites import TLDR_RM_QUICK, Stage, frontier_tldr_stages, rm_stage, sft_stage, starts
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
@@ -136,7 +136,25 @@ MORE_TRACKS = {
             "eval/accuracy",
             ("sft_tiny-math", "prm_tiny-math"),
             (("--prm-path", "prm_tiny-math"),),
-        )
+        ),
+        # the preset's full 1,536 episodes (24 updates), an evaluation every update: the main job's frontier showed the
+        # gold reward's fall without a KL penalty past a KL of about 5, which the study track's 512 episodes stop before
+        Track(
+            "tiny-tldr-noisy-long",
+            "tiny-tldr-noisy",
+            (*EVERY_UPDATE, "--num-eval-examples", "100"),
+            "eval/gold_reward",
+            TLDR_NOISY_NEEDS,
+        ),
+        # PPO on tiny-tldr's gold-labelled pairs (the reward model of the pairs DPO trains on), the preset's 1,024
+        # episodes, evaluated on DPO's tiny-tldr-long's 100 prompts with the KL to the reference
+        Track(
+            "tiny-tldr",
+            "tiny-tldr",
+            ("--num-eval-examples", "100", "--eval-kl"),
+            "eval/gold_reward",
+            ("sft_tiny-tldr", "rm_tiny-tldr"),
+        ),
     ],
     # tiny-tldr's deterministic (gold-judge) labels, four passes over 1,024 pairs at a constant learning rate of 5e-5
     # (the noisy track's: 1e-5 barely moves the policy), so that each loss nears where it converges
@@ -149,7 +167,18 @@ MORE_TRACKS = {
             + ("--num-eval-pairs", "200"),
             "eval/gold_reward",
             ("sft_tiny-tldr",),
-        )
+        ),
+        # online DPO on the same labeller (the gold judge) and the same 128 steps of 32 pairs as tiny-tldr-long: 4,096
+        # prompts, each a pair sampled from the policy, at its learning rate and evaluation (the gold-labelled reward
+        # model only logs its score)
+        Track(
+            "tiny-tldr-online-long",
+            "tiny-tldr-online",
+            ("--judge", "gold", "--total-episodes", "4096", "--learning-rate", "5e-5", "--lr-schedule", "constant")
+            + ("--eval-every", "16", "--num-eval-examples", "100", "--num-eval-pairs", "200"),
+            "eval/gold_reward",
+            ("sft_tiny-tldr", "rm_tiny-tldr"),
+        ),
     ],
 }
 
@@ -299,14 +328,21 @@ def start_seed(seed: int, shared_starts: bool) -> int:
     return 1 if shared_starts else seed
 
 
+def model_stages(start: int) -> list:
+    """The SFT policies and reward models a track can start from (`Track.models`), of one start seed, at the quick
+    suite's budgets."""
+    prm = rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", start)
+    rm = rm_stage("rm_tiny-tldr", "tiny-tldr", "sft_tiny-tldr", start, TLDR_RM_QUICK)  # of the gold-labelled pairs
+    return [*frontier_tldr_stages([start]), rm, sft_stage("tiny-math", start), prm]
+
+
 def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
     """The suite's stages: the SFT / reward models the tracks need (the quick suite's, of each start seed), then every
     script on each of its family's tracks for every seed."""
 
     out, models = [], {}
     for start in dict.fromkeys(start_seed(s, shared_starts) for s in seeds):
-        prm = rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", start)
-        models.update({st.run_name: st for st in [*frontier_tldr_stages([start]), sft_stage("tiny-math", start), prm]})
+        models.update({st.run_name: st for st in model_stages(start)})
         needed = {n for _, family, _ in p.scripts for t in p.by_family[family] for n in t.needs(start)}
         out += [models[n] for n in models if n in needed and models[n] not in out]
     for seed in seeds:
@@ -439,7 +475,7 @@ def report(
 # Roughly how long a stage takes on a 2-core EPYC, one thread, beside another job (`--jobs 2`); the sources are the
 # main job's log and docs/results.md's variant studies
 SECONDS = {
-    **{"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "prm_tiny-math": 260},
+    **{"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "rm_tiny-tldr": 97, "prm_tiny-math": 260},
     **{"dpo": 115, "grpo_math": 110},
 }
 STUDY_RUN_SECONDS = 180

@@ -121,13 +121,16 @@ def rl_stage(
     )
 
 
+TLDR_RM_QUICK = ["--max-train-samples", "2048"]
+
+
 def tiny_tldr_stages(seeds: list[int]) -> list[Stage]:
     stages = []
     rl = ["sft_tiny-tldr", "rm_tiny-tldr"]
     for s in seeds:
         stages += [
             sft_stage("tiny-tldr", s),
-            rm_stage("rm_tiny-tldr", "tiny-tldr", "sft_tiny-tldr", s, quick=["--max-train-samples", "2048"]),
+            rm_stage("rm_tiny-tldr", "tiny-tldr", "sft_tiny-tldr", s, TLDR_RM_QUICK),
             rl_stage("ppo", "ppo_rlhf.py", "tiny-tldr", s, "tiny-tldr", rl),
             rl_stage("rloo", "rloo.py", "tiny-tldr", s, "tiny-tldr", rl),
             rl_stage("remax", "remax.py", "tiny-tldr", s, "tiny-tldr", rl),

@@ -54,7 +54,9 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
 }
 
 
-@pytest.mark.parametrize("name", sorted(n for n in FORKS if n not in ("rloo_nobaseline", "remax_nobaseline")))
+@pytest.mark.parametrize(
+    "name", sorted(n for n in FORKS if n not in ("rloo_nobaseline", "remax_nobaseline", "grpo_kl_k1"))
+)
 def test_each_preset_forks_edit_lands_in_the_preset_its_study_runs(name, tmp_path, monkeypatch):
     """The edit lands in the preset the study runs (not another preset, not a comment), and only there."""
     path = tmp_path / f"{name}.py"
@@ -82,9 +84,10 @@ def test_an_edit_that_no_longer_applies_is_one_error_line():
 
 def test_every_row_names_a_track_its_scripts_family_has_and_a_known_direction():
     for e in effects.EFFECTS:
-        for s in (e.base, e.variant):
+        for s, track in e.sides():
             family = s.parent if isinstance(s, effects.Fork) else study.family_of(REPO / f"{s}.py")[0]
-            assert e.track in {t.track for t in study.family_tracks(family, [e.track])}
+            assert track in {t.track for t in study.family_tracks(family, [track])}
+        assert e.sides()[0] != e.sides()[1], e.key  # two runs of one script on one track compare nothing
         for q in (e.quantity, *e.also):
             assert q.measure in ("final", "mean", "drop", "auc") and q.direction in ("higher", "lower", "equal"), e.key
             assert q.direction != "equal" or q.tolerance > 0, e.key
@@ -147,18 +150,51 @@ def test_the_table_reads_each_regimes_recorded_runs_of_a_row(tmp_path):
     assert sorted(recorded) == want
     assert len(effects.record(tmp_path, "default", [1, 2, 3], values)) == 4  # seed 3 stopped: not recorded
     data = json.loads(values.read_text())
-    assert data["native"]["rloo_tiny-math-study__2"]["values"]["train/grad_norm (mean)"] == pytest.approx(1.02)
+    (host,) = data["native"]  # this machine's CPU, capability and BLAS: the runs' own provenance has none here
+    assert data["native"][host]["rloo_tiny-math-study__2"]["values"]["train/grad_norm (mean)"] == pytest.approx(1.02)
     lines = [line for line in effects.table([1, 2, 3], values).splitlines() if line.startswith("| rloo-baseline")]
     native, default = lines[0], lines[1 + len(e.also)]
     assert "| native |" in native and "rloo: 1.020 [1.010, 1.030]" in native and native.endswith("| shown |")
     assert "| default |" in default and "(2 seeds)" in default and "not measured" in default
     assert lines[-1].endswith("**shown / not measured (fewer than 3 seeds)** |")
     (line,) = [row for row in effects.brief([1, 2, 3], values).splitlines() if row.startswith("| rloo-baseline")]
-    assert "| 1.020 [1.010, 1.030] / 2.020 [2.010, 2.030] (0.020) | shown |" in line and line.endswith("| not yet |")
-    data["native"]["rloo_tiny-math-study__1"]["host"] = {"cpu": "another CPU"}  # a run recorded on another host
-    values.write_text(json.dumps(data))
-    native = [line for line in effects.table([1, 2, 3], values).splitlines() if line.startswith("| rloo-baseline")][0]
-    assert "| not judged: 2 hosts (" in native and "another CPU" in native
+    assert "| 1.020 [1.010, 1.030] / 2.020 [2.010, 2.030] (0.020)" in line and "| shown |" in line
+    assert line.endswith("| not yet |")
+
+
+def test_two_hosts_runs_are_never_one_sample_and_an_old_record_is_read_by_its_hosts(tmp_path):
+    """A regime's verdict is one host's sample: a seed measured on another CPU does not fill a missing one, and where
+    two hosts each hold every seed, each is judged (the regime's verdict is theirs when they agree). A record written
+    before hosts were a level (regime -> run name) is read under each entry's host."""
+    e = effects.BY_KEY["rloo-baseline"]
+
+    def entry(norm: float, host: str) -> dict:
+        return {"values": {"train/grad_norm (mean)": norm}, "host": {"cpu": host}}
+
+    def name(script: str, seed: int) -> str:
+        return study.run_name(Path(f"{script}.py"), e.track, seed)
+
+    old = {
+        "native": {
+            name(s, n): entry(v + 0.01 * n, "cpu A")
+            for s, v in (("rloo", 1), ("rloo_nobaseline", 2))
+            for n in (1, 2, 3)
+        }
+    }
+    values = tmp_path / "values.json"
+    values.write_text(json.dumps(old))  # the old format: run names directly under the regime
+    data = effects.load(values)
+    data["native"]["cpu B"] = {
+        name(s, n): entry(1 + 0.01 * n, "cpu B") for s in ("rloo", "rloo_nobaseline") for n in (1, 2, 3)
+    }
+    del data["native"]["cpu B"][name("rloo", 3)]
+    assert sorted(data["native"]) == ["cpu A", "cpu B"] and len(data["native"]["cpu A"]) == 6
+    rs = effects.results(e, e.quantity, data["native"], [1, 2, 3])
+    assert [(r.host, r.verdict) for r in rs] == [("cpu A", "shown")]  # cpu B's rloo has 2 seeds: no verdict
+    data["native"]["cpu B"][name("rloo", 3)] = entry(1.03, "cpu B")
+    rs = effects.results(e, e.quantity, data["native"], [1, 2, 3])
+    assert [(r.host, r.verdict) for r in rs] == [("cpu A", "shown"), ("cpu B", "not shown")]
+    assert effects.regime_verdict(rs) == "differs by host: cpu A: shown; cpu B: not shown"
 
 
 def test_list_and_an_unknown_row():
@@ -167,3 +203,23 @@ def test_list_and_an_unknown_row():
     cmd = [sys.executable, "-m", "benchmark.effects", "run", "nope", "--dry-run"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 1 and proc.stderr.startswith("error: no row nope; the rows are dr-grpo, ")
+
+
+def test_a_variant_on_its_own_track_runs_and_is_read_there(tmp_path, capsys):
+    """Online against offline DPO: one script, two tracks. `run` studies each side on its own track and the record
+    reads the variant's runs by that track's names."""
+    e = effects.BY_KEY["online-dpo"]
+    assert effects.main(["run", "online-dpo", "--dry-run", "--workdir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "--run-name dpo_tiny-tldr-long-study__1 " in out and "--run-name dpo_tiny-tldr-online-long-study__3 " in out
+    for track, gold in ((e.track, 0.1), (e.variant_track, 0.9)):
+        for seed in (1, 2, 3):
+            d = tmp_path / "runs" / study.run_name(Path("dpo.py"), track, seed)
+            d.mkdir(parents=True)
+            rows = [{"step": 1, "episode": 1, "time": 1, "eval/gold_reward": gold + 0.01 * seed}]
+            (d / "metrics.jsonl").write_text(json.dumps(rows[0]) + "\n")
+            (d / "done.json").write_text("{}")
+    values = tmp_path / "values.json"
+    assert len(effects.record(tmp_path, "native", [1, 2, 3], values)) == 6
+    (line,) = [row for row in effects.brief([1, 2, 3], values).splitlines() if row.startswith("| online-dpo")]
+    assert "| 0.120 [0.110, 0.130] / 0.920 [0.910, 0.930] (0.020)" in line and "| shown |" in line

@@ -166,8 +166,7 @@ def test_every_study_flag_is_a_field_of_its_familys_script_and_every_preset_exis
         assert t.preset in module.PRESETS, (family, t.preset)
         flags = [f for f in [*t.flags, *(flag for flag, _ in t.model_flags)] if f.startswith("--")]
         assert {f[2:].replace("-", "_") for f in flags} <= fields, (family, t.track, flags)
-        prm = suites.rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", 2)
-        models = {st.run_name for st in [*suites.frontier_tldr_stages([2]), suites.sft_stage("tiny-math", 2), prm]}
+        models = {st.run_name for st in study.model_stages(2)}
         assert set(t.needs(2)) <= models, (family, t.track)
 
 
@@ -273,7 +272,7 @@ def test_tracks_picks_a_familys_tracks_and_names_them_when_one_is_unknown(tmp_pa
     cmd = [sys.executable, "-m", "benchmark.run", "study", "--scripts", "dpo.py", "--tracks", "nope", "--dry-run"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
-        "error: --tracks nope: family dpo has the tracks tiny-tldr-noisy, tiny-tldr-long"
+        "error: --tracks nope: family dpo has the tracks tiny-tldr-noisy, tiny-tldr-long, tiny-tldr-online-long"
     ]
     proc = subprocess.run(
         [*cmd[:3], "quick", "--tracks", "tiny-math", "--dry-run"], cwd=REPO, capture_output=True, text=True

@@ -425,6 +425,26 @@ EFFECTS += [  # designed together, before any of their comparisons ran (docs/eff
         " both at the tiny preset's beta 0.04",
     ),
 ]
+EFFECTS.append(
+    Effect(
+        "kl-cov-7b",
+        "Cui et al. 2025, arXiv:2505.22617, Figure 7; its 7B recipe (PRIME-RL/Entropy-Mechanism-of-RL recipe/dapo/"
+        "7b_kl_cov.sh: kl_cov_ratio=0.002)",
+        "a KL penalty on the tokens of highest covariance, at the share the paper's 7B runs penalise, slows the"
+        " collapse of the policy's entropy",
+        "grpo_math",
+        Fork(
+            "grpo_kl_cov_7b",
+            "grpo_kl_cov",
+            (("    kl_cov_ratio: float = 2e-4\n", "    kl_cov_ratio: float = 2e-3  # the paper's 7B recipe\n"),),
+        ),
+        "tiny-math-long",
+        TOKEN_ENTROPY,
+        (ACCURACY_FINAL, Quantity("policy/cut_frac", "mean", "higher")),
+        "as kl-cov, at the 7B recipe's ratio (2e-3; verl's default and the 32B recipe's, 2e-4, is grpo_kl_cov.py's):"
+        " the tiny policy is far smaller than either, and 2e-4 touched 0.06% of the loss tokens here",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 

@@ -55,7 +55,7 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
 
 
 @pytest.mark.parametrize(
-    "name", sorted(n for n in FORKS if n not in ("rloo_nobaseline", "remax_nobaseline", "grpo_kl_k1"))
+    "name", sorted(n for n in FORKS if n not in ("rloo_nobaseline", "remax_nobaseline", "grpo_kl_k1", "grpo_kl_cov_7b"))
 )
 def test_each_preset_forks_edit_lands_in_the_preset_its_study_runs(name, tmp_path, monkeypatch):
     """The edit lands in the preset the study runs (not another preset, not a comment), and only there."""
@@ -85,7 +85,7 @@ def test_an_edit_that_no_longer_applies_is_one_error_line():
 def test_every_row_names_a_track_its_scripts_family_has_and_a_known_direction():
     for e in effects.EFFECTS:
         for s, track in e.sides():
-            family = s.parent if isinstance(s, effects.Fork) else study.family_of(REPO / f"{s}.py")[0]
+            family = study.family_of(REPO / f"{s.parent if isinstance(s, effects.Fork) else s}.py")[0]
             assert track in {t.track for t in study.family_tracks(family, [track])}
         assert e.sides()[0] != e.sides()[1], e.key  # two runs of one script on one track compare nothing
         for q in (e.quantity, *e.also):

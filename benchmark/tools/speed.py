@@ -418,6 +418,10 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
     gen_dir = os.environ.get("CLEAN_RLHF_GEN_TIMES")  # benchmark.tools.gpu_check: split each side's loop (gen_timer.py)
     if gen_dir:
         cmd = [cmd[0], "-m", "benchmark.tools.gen_timer", f"{gen_dir}/{algo}_ours.json", *cmd[1:]]
+    phase_dir = os.environ.get("CLEAN_RLHF_PHASES")  # benchmark.tools.phases: each side's loop split into phases
+    if phase_dir:
+        Path(phase_dir).mkdir(parents=True, exist_ok=True)
+        cmd = [cmd[0], "-m", "benchmark.tools.phases", f"{phase_dir}/{algo}_ours.json", *cmd[1:]]
     rc, rss, wall = run_child(cmd, out_dir / f"{algo}_ours.log", child_env(), a.timeout)
     if rc != 0:
         result["skipped"] = f"our script failed (exit {rc}); see {out_dir / f'{algo}_ours.log'}"
@@ -555,6 +559,18 @@ def driver(a: argparse.Namespace) -> None:
     )
     (out_dir / "speed.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out_dir / 'speed.md'}")
+    phase_dir = os.environ.get("CLEAN_RLHF_PHASES")
+    if phase_dir:  # the last round's phases of each algorithm (each side's file is rewritten by every round)
+        from benchmark.tools import phases
+
+        rows = {
+            r["algo"]: {s: json.loads((Path(phase_dir) / f"{r['algo']}_{s}.json").read_text()) for s in ("ours", "trl")}
+            for r in results
+            if all((Path(phase_dir) / f"{r['algo']}_{s}.json").exists() for s in ("ours", "trl"))
+        }
+        md = phases.table(rows, {r["algo"]: r["work"]["steps"] for r in results})
+        (Path(phase_dir) / "phases.md").write_text(f"`CLEAN_RLHF_PHASES={phase_dir} {command}`\n\n{md}\n")
+        print(md)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -570,6 +586,10 @@ def trl_side(a: argparse.Namespace) -> None:
         from benchmark.tools.gen_timer import install_trl
 
         install_trl(f"{os.environ['CLEAN_RLHF_GEN_TIMES']}/{a.algo}_trl.json")
+    if os.environ.get("CLEAN_RLHF_PHASES"):
+        from benchmark.tools import phases
+
+        phases.install_trl(f"{os.environ['CLEAN_RLHF_PHASES']}/{a.algo}_trl.json", a.algo)
     w = work(a.algo, a)
     t = {"rm": trl_rm, "dpo": trl_dpo, "ppo": trl_ppo, "grpo": trl_grpo, "rloo": trl_rloo}[a.algo](w)
     Path(a.out).write_text(json.dumps(t) + "\n")

@@ -445,6 +445,40 @@ EFFECTS.append(
         " the tiny policy is far smaller than either, and 2e-4 touched 0.06% of the loss tokens here",
     )
 )
+BF16_SAMPLER = (
+    ("import functools\n", "import copy\nimport functools\n"),
+    (
+        "            sampler or self.policy,\n",
+        "            copy.deepcopy(sampler or self.policy).to(torch.bfloat16),  # a bf16 sampler, a float32 trainer\n",
+    ),
+)
+"""grpo_math.py sampling with a bfloat16 copy of the policy's weights (as a bf16 inference engine holds them)"""
+EFFECTS.append(
+    Effect(
+        "sampler-correction",
+        'Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training" (TIS)',
+        "when the sampler's probabilities differ from the trainer's (a bf16 engine beside a float32 trainer), the"
+        " truncated importance weight pi_trainer / pi_sampler (C = 2) keeps training at what the uncorrected update"
+        " loses",
+        _grpo("grpo_bf16_sampler", *BF16_SAMPLER, _preset_edit('            sampler_correction="none",\n')),
+        _grpo(
+            "grpo_bf16_sampler_tis",
+            *BF16_SAMPLER,
+            _preset_edit('            sampler_correction="token_truncate",\n            sampler_correction_cap=2.0,\n'),
+        ),
+        "tiny-math-sampler",
+        Quantity("eval/accuracy", "final", "higher"),
+        (
+            ACCURACY_AUC,
+            Quantity("mismatch/abs_logprob_diff", "mean", "higher"),
+            Quantity("mismatch/capped_frac", "mean", "higher"),
+        ),
+        "greedy accuracy after 40 updates, both sampling with a bf16 copy of the policy and training it in float32"
+        " from the trainer's own old logprobs; the correction is TIS per token with verl's cap of 2 (Yao et al.'s);"
+        " the mismatch itself (mean |log pi_trainer - log pi_sampler| a completion, the share of tokens capped) is"
+        " logged by the corrected side",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 

@@ -125,6 +125,15 @@ MORE_TRACKS = {
             "eval/accuracy",
             MATH_NEEDS,
         ),
+        # tiny-math-long with the old policy's logprobs from the trainer's own forward pass, not the sampler's: where
+        # a sampler that is not the trainer (vLLM, a bf16 engine) can be corrected for
+        Track(
+            "tiny-math-sampler",
+            "tiny",
+            ("--total-steps", "40", "--eval-every", "5", "--sampler-logprobs", "False"),
+            "eval/accuracy",
+            MATH_NEEDS,
+        ),
     ],
     # PPO on tiny-math at the preset's 2,048 episodes with each seed's process reward model added to the success reward
     # (the tiny-math suite's ppo-prm stages: Gao et al. 2024 in miniature), an evaluation every 4 updates

@@ -51,6 +51,8 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
     "dpo_ipo": ("tiny-tldr", "loss_type", "ipo"),
     "ppo_clip_delta": ("tiny-math", "prm_refine", "clip_delta"),
     "ppo_kl0": ("tiny-tldr-noisy", "kl_coef", 0.0),
+    "grpo_bf16_sampler": ("tiny", "sampler_correction", "none"),
+    "grpo_bf16_sampler_tis": ("tiny", "sampler_correction", "token_truncate"),
 }
 
 

@@ -93,6 +93,17 @@ def stage_record(runs_dir: Path, run_name: str) -> Path:
     return runs_dir / SUITE_DIR / f"{run_name}.stage.json"
 
 
+def note_end(record: Path, rc: int) -> None:
+    """The stage's end (time and exit code) added to its record, for `benchmark.tools.timeline`; a record that cannot
+    be read (a stage launched by an older suite) is left as it is."""
+    data = _read_json(record)
+    if not isinstance(data, dict) or "launched" not in data:
+        return
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data | {"ended": round(time.time(), 3), "rc": rc}) + "\n")
+    os.replace(tmp, record)
+
+
 def _sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
@@ -666,7 +677,10 @@ def _run_suite(
                     built_on = needs_fingerprint(runs_dir, stage.needs)  # the models it reads, as they are now
                     launched = str(stage.file(workdir).resolve())  # the file: a fork's run records its name only
                     record.write_text(
-                        json.dumps({"argv": stage.args(quick), "command": cmd, "script": launched, "needs": built_on})
+                        json.dumps(
+                            {"argv": stage.args(quick), "command": cmd, "script": launched, "needs": built_on}
+                            | {"launched": round(time.time(), 3), "threads": threads if jobs > 1 else None}
+                        )
                         + "\n"
                     )
                 log = runs_dir / SUITE_DIR / f"{stage.run_name}.log"  # beside the stage's record
@@ -693,6 +707,7 @@ def _run_suite(
                 del running[name]
                 shown = display[name]
                 shown.seconds = time.time() - t0
+                note_end(stage_record(runs_dir, name), rc)  # the suite's timeline (benchmark.tools.timeline)
                 if rc == 0:
                     status[name] = "ok"
                     shown.state, shown.headline = DONE, headline(final_metrics(runs_dir / name))

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmark import launch, run, suites
+from benchmark.tools import timeline
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -113,6 +114,10 @@ def test_failed_stage_is_reported_dependents_skipped_and_finished_stages_not_rer
     assert "[FAILED] b__1" in out and "boom" in out
     assert not (tmp_path / "runs" / "a__1" / "DONE").exists(), "the suite leaves the end-of-run marker to the script"
     assert "eval/x 1.500" in (tmp_path / "runs" / "fake_summary.md").read_text()
+    spans = {s.name: s for s in timeline.read_spans(tmp_path / "runs")}  # each stage's launch and end, recorded
+    assert set(spans) == {"a__1", "b__1", "d__1", "q__1", "r__1"}  # c waited on b, which failed
+    assert spans["b__1"].rc != 0 and spans["a__1"].rc == 0 and spans["a__1"].threads == 1
+    assert spans["d__1"].needs == ["a__1"] and spans["d__1"].start >= spans["a__1"].end
     status = launch.run_suite("fake", [1], workdir=tmp_path, jobs=jobs)
     assert status["a__1"] == status["d__1"] == status["q__1"] == "skipped" and status["b__1"] == "failed"
     assert "[skip] a__1: finished earlier with the same command and script (done.json)" in capsys.readouterr().out

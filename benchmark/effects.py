@@ -479,6 +479,36 @@ EFFECTS.append(
         " logged by the corrected side",
     )
 )
+SAMPLING = (
+    "        args, accelerator, tokenizer, unwrapped, stream, rm, prm, vllm_sampler, synced, "
+    "use_sampler_logprobs\n    )\n"
+)
+"""the end of grpo_math.py's `Sampling(...)` in main: what samples each step's completions"""
+EFFECTS.append(
+    Effect(
+        "distill-vs-sft",
+        "Agarwal et al. 2024 (GKD), arXiv:2306.13649, section 4",
+        "a student trained on its own samples with the teacher's per-token log-probabilities (on-policy distillation)"
+        " ends above one trained by maximum likelihood on as many of the teacher's samples (supervised KD)",
+        _grpo(
+            "grpo_sft_teacher",
+            (SAMPLING, SAMPLING + "    sampling.policy = teacher  # the teacher samples\n"),
+            (
+                "        return distill_advantages(teacher_logprobs, old_logprobs, loss_mask)\n",
+                "        return loss_mask.float()  # each token of the teacher's samples: its likelihood up (SFT)\n",
+            ),
+        ),
+        "grpo_math",
+        "tiny-math-distill",
+        Quantity("eval/accuracy", "final", "higher"),
+        (ACCURACY_AUC,),
+        "greedy accuracy after 40 updates from the SFT policy, each seed's teacher its own GRPO policy (the tiny"
+        " preset's 40 updates): the same prompts, samples per prompt, optimizer and loss (the student's ratio to its"
+        " old self, idle on-policy), the sampler (teacher or student) and each token's weight (1, or log pi_teacher"
+        " - log pi_student) the only differences; the maximum-likelihood side is SFT through grpo_math.py's loss (a"
+        " mean over each completion's tokens), not sft.py",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from benchmark import curves, frontier, launch, runfiles
 from benchmark.launch import decide, run_suite
-from benchmark.suites import TLDR_RM_QUICK, Stage, frontier_tldr_stages, rm_stage, sft_stage, starts
+from benchmark.suites import TLDR_RM_QUICK, Stage, frontier_tldr_stages, rm_stage, seed_flag, sft_stage, starts
 
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = ["sft", "reward_model", "ppo_rlhf", "rloo", "remax", "grpo_math", "dpo"]
@@ -127,6 +127,18 @@ MORE_TRACKS = {
         ),
         # tiny-math-long with the old policy's logprobs from the trainer's own forward pass, not the sampler's: where
         # a sampler that is not the trainer (vLLM, a bf16 engine) can be corrected for
+        # on-policy distillation from each seed's GRPO teacher (`teacher_stage`), tiny-math-long's budget, the old
+        # logprobs from a forward pass (the row's other side samples with the teacher, whose logprobs are not the old
+        # policy's)
+        Track(
+            "tiny-math-distill",
+            "tiny",
+            ("--total-steps", "40", "--eval-every", "5", "--advantage-estimator", "distill")
+            + ("--sampler-logprobs", "False"),
+            "eval/accuracy",
+            ("sft_tiny-math", "teacher_tiny-math"),
+            (("--teacher-model-path", "teacher_tiny-math"),),
+        ),
         Track(
             "tiny-math-sampler",
             "tiny",
@@ -342,7 +354,20 @@ def model_stages(start: int) -> list:
     suite's budgets."""
     prm = rm_stage("prm_tiny-math", "tiny-math-prm", "sft_tiny-math", start)
     rm = rm_stage("rm_tiny-tldr", "tiny-tldr", "sft_tiny-tldr", start, TLDR_RM_QUICK)  # of the gold-labelled pairs
-    return [*frontier_tldr_stages([start]), rm, sft_stage("tiny-math", start), prm]
+    return [*frontier_tldr_stages([start]), rm, sft_stage("tiny-math", start), prm, teacher_stage(start)]
+
+
+def teacher_stage(start: int) -> Stage:
+    """The distillation tracks' teacher: grpo_math.py's `tiny` preset at its full 40 updates from the seed's own SFT
+    policy (tiny-math-long's run, evaluated once), the student's own start trained on."""
+    flags = ["--total-steps", "40", "--pass-k", "0", "--eval-every", "40"]
+    return Stage(
+        f"teacher_tiny-math__{start}",
+        "grpo_math.py",
+        "tiny",
+        [*seed_flag(start), *flags, *starts("grpo_math", start, "sft_tiny-math")],
+        needs=[f"sft_tiny-math__{start}"],
+    )
 
 
 def stages(p: Plan, seeds: list[int], shared_starts: bool = False) -> list:
@@ -484,7 +509,14 @@ def report(
 # Roughly how long a stage takes on a 2-core EPYC, one thread, beside another job (`--jobs 2`); the sources are the
 # main job's log and docs/results.md's variant studies
 SECONDS = {
-    **{"sft_tiny-tldr": 235, "sft_tiny-math": 340, "rm_tiny-tldr-noisy": 85, "rm_tiny-tldr": 97, "prm_tiny-math": 260},
+    **{
+        "sft_tiny-tldr": 235,
+        "sft_tiny-math": 340,
+        "rm_tiny-tldr-noisy": 85,
+        "rm_tiny-tldr": 97,
+        "prm_tiny-math": 260,
+        "teacher_tiny-math": 330,
+    },
     **{"dpo": 115, "grpo_math": 110},
 }
 STUDY_RUN_SECONDS = 180

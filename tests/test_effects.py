@@ -57,7 +57,12 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
 
 
 @pytest.mark.parametrize(
-    "name", sorted(n for n in FORKS if n not in ("rloo_nobaseline", "remax_nobaseline", "grpo_kl_k1", "grpo_kl_cov_7b"))
+    "name",
+    sorted(
+        n
+        for n in FORKS
+        if n not in ("rloo_nobaseline", "remax_nobaseline", "grpo_kl_k1", "grpo_kl_cov_7b", "grpo_sft_teacher")
+    ),
 )
 def test_each_preset_forks_edit_lands_in_the_preset_its_study_runs(name, tmp_path, monkeypatch):
     """The edit lands in the preset the study runs (not another preset, not a comment), and only there."""

@@ -323,6 +323,7 @@ EFFECTS.append(
 )
 PPO_NOISY = '            kl_coef=0.05,\n            eval_task="tldr",\n            eval_every=3,\n'
 """ppo_rlhf.py's `tiny-tldr-noisy` preset (the only one of that KL coefficient evaluated every 3 updates)"""
+PPO_KL0 = Fork("ppo_kl0", "ppo_rlhf", ((PPO_NOISY, PPO_NOISY.replace("kl_coef=0.05", "kl_coef=0.0")),))
 EFFECTS.append(
     Effect(
         "overoptimisation",
@@ -330,7 +331,7 @@ EFFECTS.append(
         "without a KL penalty, PPO on an imperfect reward model raises the proxy while the gold reward falls from its "
         "peak",
         "ppo_rlhf",
-        Fork("ppo_kl0", "ppo_rlhf", ((PPO_NOISY, PPO_NOISY.replace("kl_coef=0.05", "kl_coef=0.0")),)),
+        PPO_KL0,
         "tiny-tldr-noisy",
         Quantity("eval/gold_reward", "drop", "higher"),
         (Quantity("eval/score", "final", "higher"), Quantity("eval/kl", "final", "higher")),
@@ -393,7 +394,7 @@ EFFECTS += [  # designed together, before any of their comparisons ran (docs/eff
         "without a KL penalty, PPO on an imperfect reward model raises the proxy while the gold reward falls from its "
         "peak",
         "ppo_rlhf",
-        Fork("ppo_kl0", "ppo_rlhf", ((PPO_NOISY, PPO_NOISY.replace("kl_coef=0.05", "kl_coef=0.0")),)),
+        PPO_KL0,
         "tiny-tldr-noisy-long",
         Quantity("eval/gold_reward", "drop", "higher"),
         (
@@ -556,8 +557,6 @@ def value(run: curves.Run, q: Quantity) -> float | None:
 class Side:
     script: str
     values: list[float] = field(default_factory=list)
-    hosts: set[str] = field(default_factory=set)
-    """the CPUs its values were measured on (one regime's rounding is one host's: two are not one sample)"""
 
     def cell(self) -> str:
         if not self.values:
@@ -654,7 +653,6 @@ def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[S
             v = None if entry is None else entry["values"].get(q.label())
             if v is not None:
                 side.values.append(v)
-                side.hosts.add(host_key(entry.get("host")))
         sides.append(side)
     return sides[0], sides[1]
 

@@ -14,11 +14,11 @@ earlier invocation's).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmark import runfiles
 from benchmark.launch import SUITE_DIR
 
 
@@ -40,10 +40,10 @@ def read_spans(runs_dir: Path, window_hours: float = 12.0) -> list[Span]:
     spans = []
     for path in sorted((runs_dir / SUITE_DIR).glob("*.stage.json")):
         try:
-            r = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
+            r = runfiles.read_object(path)  # the one checked reader of run and stage files
+        except runfiles.RunFileError:
             continue
-        if not isinstance(r, dict) or "launched" not in r or "ended" not in r:
+        if "launched" not in r or "ended" not in r:
             continue
         name = path.name[: -len(".stage.json")]
         needs = list(r.get("needs") or {})

@@ -3,6 +3,7 @@ callee's lines are not charged again to the line that called it, and each line l
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 
@@ -16,6 +17,15 @@ def helper() -> None:
     time.sleep(0.01)
 
 
+def logged(fn):  # as the scripts' `@one_error_line`: the timer must trace the body, not this wrapper
+    @functools.wraps(fn)
+    def wrapper(*a, **k):
+        return fn(*a, **k)
+
+    return wrapper
+
+
+@logged
 def toy(n: int) -> int:
     time.sleep(0.02)  # before the loop: setup
     x = 0
@@ -71,6 +81,13 @@ def test_the_rules_find_their_lines_in_the_real_loops():
         want = {p for _, p in rules["lines"]}
         assert want <= found, (fn.__module__, want - found)
         assert "setup" in found
+        assert phases.OTHER in found  # the loop header matched: its unnamed lines are in the loop, not setup
+        assert phases.key(phases.inspect.unwrap(fn).__code__) in phases.LineTimer({fn: rules}).phases
+
+
+def test_a_loop_pattern_that_matches_nothing_is_an_error():
+    with pytest.raises(ValueError, match="loop pattern"):
+        phases.statement_phases(toy, {**RULES, "loop": r"^for step in range"})
 
 
 def test_the_trl_rules_find_their_lines():

@@ -48,7 +48,7 @@ OTHER = "statistics, logging and the rest"
 # per traced function: (line rules: pattern on the statement -> phase, block rules: pattern on an enclosing compound
 # statement's header -> phase, default). The training loop's header (`loop`) marks what is setup: every line outside it.
 PPO_OURS = {
-    "loop": r"^for update in range",
+    "loop": r"^for update in progress",
     "lines": [
         (r"sample_or_stop\(", "sampling"),
         (r"model\(\*\*inputs", "value forward (rollout)"),  # with the policy's when its logprobs are not the sampler's
@@ -107,7 +107,9 @@ CALLS: dict[str, int] = defaultdict(int)
 
 
 def statement_phases(fn, rules: dict) -> dict[int, str]:
-    """Each line of `fn`'s source (absolute line numbers) -> its phase under `rules`."""
+    """Each line of `fn`'s source (absolute line numbers) -> its phase under `rules`. A rule set with a `loop` whose
+    pattern matches no statement is an error: every line would be `setup`, left out of the table."""
+    fn = inspect.unwrap(fn)
     lines, first = inspect.getsourcelines(fn)
     tree = ast.parse(textwrap.dedent("".join(lines)))
     source = textwrap.dedent("".join(lines)).splitlines()
@@ -139,6 +141,8 @@ def statement_phases(fn, rules: dict) -> dict[int, str]:
             visit(child, inner, here)
 
     visit(tree.body[0], None, False)
+    if loop is not None and not any(re.search(loop, line.strip()) for line in source):
+        raise ValueError(f"{fn.__qualname__}: no statement matches the loop pattern {loop!r} (its rules are stale)")
     return out
 
 
@@ -151,7 +155,8 @@ class LineTimer:
 
     def __init__(self, targets: dict):
         # keyed by where the code is, not by the code object: a script run as __main__ compiles its functions again
-        self.phases = {key(fn.__code__): statement_phases(fn, rules) for fn, rules in targets.items()}
+        # a decorated function (the scripts' `@one_error_line main`) is traced in its own body, not in the wrapper's
+        self.phases = {key(inspect.unwrap(fn).__code__): statement_phases(fn, rules) for fn, rules in targets.items()}
         self.stack: list[list] = []  # [code, line, start]
 
     def _charge(self, now: float) -> None:

@@ -493,7 +493,13 @@ EFFECTS.append(
         " ends above one trained by maximum likelihood on as many of the teacher's samples (supervised KD)",
         _grpo(
             "grpo_sft_teacher",
-            (SAMPLING, SAMPLING + "    sampling.policy = teacher  # the teacher samples\n"),
+            (  # the teacher samples the training batches; `sampling` (the student) still samples the evaluations
+                SAMPLING,
+                SAMPLING
+                + "    teacher_sampling = Sampling(\n"
+                + SAMPLING.replace("unwrapped", "teacher").replace("vllm_sampler", "None"),  # on itself, not vLLM
+            ),
+            ("            data = sampling.collect()\n", "            data = teacher_sampling.collect()\n"),
             (
                 "        return distill_advantages(teacher_logprobs, old_logprobs, loss_mask)\n",
                 "        return loss_mask.float()  # each token of the teacher's samples: its likelihood up (SFT)\n",

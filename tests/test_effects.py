@@ -230,3 +230,63 @@ def test_a_variant_on_its_own_track_runs_and_is_read_there(tmp_path, capsys):
     assert len(effects.record(tmp_path, "native", [1, 2, 3], values)) == 6
     (line,) = [row for row in effects.brief([1, 2, 3], values).splitlines() if row.startswith("| online-dpo")]
     assert "| 0.120 [0.110, 0.130] / 0.920 [0.910, 0.930] (0.020)" in line and "| shown |" in line
+
+
+def test_the_sft_on_the_teachers_samples_fork_trains_on_the_teacher_and_evaluates_the_student(
+    assets, tmp_path, monkeypatch
+):
+    """distill-vs-sft's maximum-likelihood side: the teacher samples the training batches, the student is evaluated
+    (its first edit set `sampling.policy = teacher`, and the evaluations, which sample through `sampling`, measured
+    the teacher: every recorded accuracy was the teacher's, flat over the run). At a learning rate of 1e-15 its greedy
+    evaluation samples are the parent's (the student's), not the teacher's; its training samples are the teacher's:
+    the mean of log pi_student - log pi_teacher over them is below 0 (-KL(teacher || student)), over the student's
+    above (KL(student || teacher))."""
+    name = "grpo_sft_teacher"
+    path = tmp_path / f"{name}.py"
+    path.write_text(FORKS[name].text())
+    spec = importlib.util.spec_from_file_location(name, path)
+    fork = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, fork)
+    spec.loader.exec_module(fork)
+    grpo = importlib.import_module("grpo_math")
+    common = dict(
+        model_name_or_path=str(assets / "models" / "tiny-llama"),
+        teacher_model_path=str(assets / "models" / "tiny-neox"),  # another model of the same tokenizer
+        dataset_name_or_path=str(assets / "tiny-math" / "gsm8k"),
+        dataset_config=None,
+        prompt_template="Question: {question}\nAnswer:\n",
+        reference_template="{answer}",
+        advantage_estimator="distill",
+        sampler_logprobs=False,
+        max_prompt_length=96,
+        questions_per_device=2,
+        num_generations=4,
+        total_steps=1,
+        max_completion_length=12,
+        micro_batch_size=8,
+        learning_rate=1e-15,  # under a float32 weight's resolution: evaluated after the update as loaded
+        eval_every=1,
+        num_eval_examples=8,
+        pass_k=0,
+        save_model=False,
+        num_threads=1,
+        seed=3,
+    )
+    rows = {}
+    for label, module, teacher in [
+        ("fork", fork, "tiny-neox"),
+        ("parent", grpo, "tiny-neox"),
+        ("teacher", grpo, "tiny-neox"),
+    ]:
+        kw = dict(common, output_dir=str(tmp_path / "runs"), run_name=label)
+        if label == "teacher":  # the teacher itself as the policy: what the broken edit evaluated
+            kw["model_name_or_path"] = str(assets / "models" / teacher)
+        module.main(module.Args(**kw))
+        rows[label] = [json.loads(x) for x in (tmp_path / "runs" / label / "metrics.jsonl").read_text().splitlines()]
+    samples = {k: (tmp_path / "runs" / k / "samples.jsonl").read_text() for k in rows}
+    assert samples["teacher"] != samples["parent"]  # else this test could not tell the two apart
+    assert samples["fork"] == samples["parent"]
+    kl = {
+        k: next(r for r in rows[k] if "objective/teacher_kl" in r)["objective/teacher_kl"] for k in ("fork", "parent")
+    }
+    assert kl["fork"] < 0 < kl["parent"], kl

@@ -516,6 +516,29 @@ EFFECTS.append(
         " mean over each completion's tokens), not sft.py",
     )
 )
+TINY_BETA = "            temperature=0.7,\n            beta=None,\n"
+"""grpo_math.py's `tiny` preset's beta (None: DeepSeekMath's 0.04)"""
+K1_LOSS = (
+    KL_LOSS,
+    "    kl_loss = torch.zeros_like(kl) if ref_logprobs is None else logprobs - ref_logprobs  # k1, a loss\n",
+)
+BETA_04 = (TINY_BETA, TINY_BETA.replace("beta=None,", "beta=0.4,  # ten times DeepSeekMath's 0.04"))
+EFFECTS.append(
+    Effect(
+        "kl-k1-loss-strong",
+        "Tang & Munos 2025, arXiv:2506.09477 (the first pitfall)",
+        "as kl-k1-loss, at a weight where the KL term binds (beta 0.4): with k1 as the loss the KL to the reference"
+        " ends higher than with k3",
+        _grpo("grpo_beta04", BETA_04),
+        _grpo("grpo_kl_k1_beta04", BETA_04, K1_LOSS),
+        "tiny-math-long",
+        Quantity("objective/kl", "final", "higher"),
+        (ACCURACY_FINAL,),
+        "the KL at the last update (k3, as logged) with both sides at beta 0.4: k1's mean gradient is zero at any"
+        " weight, k3's grows with it; at 0.04 (kl-k1-loss) the k3 term held the KL 0.4-0.6 below k1's, inside the"
+        " seeds' spread",
+    )
+)
 BY_KEY = {e.key: e for e in EFFECTS}
 
 

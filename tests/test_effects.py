@@ -53,6 +53,8 @@ PRESET_EDITS = {  # fork: its preset, and the field and value its row names
     "ppo_kl0": ("tiny-tldr-noisy", "kl_coef", 0.0),
     "grpo_bf16_sampler": ("tiny", "sampler_correction", "none"),
     "grpo_bf16_sampler_tis": ("tiny", "sampler_correction", "token_truncate"),
+    "grpo_beta04": ("tiny", "beta", 0.4),
+    "grpo_kl_k1_beta04": ("tiny", "beta", 0.4),
 }
 
 

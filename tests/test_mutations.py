@@ -27,8 +27,9 @@ from benchmark.suites import CHECK_STAGES, MAIN_FRONTIER_STAGES, QUICK_STAGES, S
 from tests.mutants import MUTANTS, Mutant
 
 REPO = Path(__file__).resolve().parent.parent
-STOP_AFTER = 3
-"""training rows a planted bug runs before it is stopped: the early check compares what the run has"""
+STOP_AFTER = 2
+"""training rows a planted bug runs before it is stopped: the early check compares what the run has (every planted
+bug differs at update 1 or 2: the KL ones at 2, where the policy has left the reference; a third cost CI 4 minutes)"""
 TIMEOUT = 600
 THREADS_STAGES = {"sft_tiny-tldr__1", "ppo_tiny-tldr__1", "rloo_tiny-tldr__1", "dpo_tiny-tldr__1"}
 THREADS_STAGES |= {"grpo-fixed-start_tiny-math__1"}  # GRPO from the shipped start (benchmark/suites.py)

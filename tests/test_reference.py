@@ -299,6 +299,18 @@ def test_reproduce_judges_a_run_against_its_own_budget(two_budgets, tmp_path, ca
     assert verdict == "reproduces the library: no, these runs differ: rloo_tiny-math__2"
 
 
+def _seeds_per_regime(records: list[dict], group: str, command: list[str], full: bool = False) -> int:
+    """The fewer, over the two rounding regimes, of the shipped runs of `group` made by `command`."""
+    have = [
+        reference.regime(r)
+        for r in records
+        if r["name"].rsplit("__", 1)[0] == group
+        and reference.full_only(r) == full
+        and reference.budget(r.get("argv")) == command
+    ]
+    return min(have.count("native"), have.count("default"))
+
+
 def test_the_shipped_data_holds_the_main_job_every_study_and_full_tiny_math_as_they_run_today():
     """What `reproduce` and `compare --reference` judge against is today's commands: every group the README's main job
     makes, every family's study track and tiny-math's full-budget groups have 3 or more seeds under each rounding
@@ -319,14 +331,7 @@ def test_the_shipped_data_holds_the_main_job_every_study_and_full_tiny_math_as_t
             wanted[f"{family}_{t.track}-study", False] = [t.preset, *t.flags]
     missing = []
     for (group, is_full), command in wanted.items():
-        have = [
-            reference.regime(r)
-            for r in records
-            if r["name"].rsplit("__", 1)[0] == group
-            and reference.full_only(r) == is_full
-            and reference.budget(r.get("argv")) == command
-        ]
-        if min(have.count("native"), have.count("default")) < 3:
+        if _seeds_per_regime(records, group, command, is_full) < 3:
             missing.append(f"{group}{reference.FULL if is_full else ''}: `{' '.join(command)}`")
     assert not missing, f"shipped runs of today's commands, 3 seeds under each regime, are missing for: {missing}"
 
@@ -352,12 +357,7 @@ def test_every_effects_track_ships_its_library_scripts_runs_or_is_listed_as_not_
         for t in tracks:
             group, command = f"{family}_{t.track}-study", [t.preset, *t.flags]
             wanted.add(group)
-            have = [
-                reference.regime(r)
-                for r in records
-                if r["name"].rsplit("__", 1)[0] == group and reference.budget(r.get("argv")) == command
-            ]
-            if min(have.count("native"), have.count("default")) >= 3:
+            if _seeds_per_regime(records, group, command) >= 3:
                 shipped.add(group)
     assert NOT_YET_SHIPPED <= wanted, f"not a track's group: {sorted(NOT_YET_SHIPPED - wanted)}"
     assert not shipped & NOT_YET_SHIPPED, f"shipped now, drop from NOT_YET_SHIPPED: {sorted(shipped & NOT_YET_SHIPPED)}"

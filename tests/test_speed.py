@@ -103,3 +103,63 @@ def test_a_missing_script_is_skipped_with_a_message(monkeypatch, tmp_path):
     r = speed.measure("rloo", speed.parse_args(["--model", "M"]), tmp_path)
     assert "rloo.py does not exist" in r["skipped"]
     assert "skipped: rloo.py does not exist" in speed.table([r])
+
+
+def test_the_limit_table_takes_each_side_s_model_flops_and_our_sampling_s_bytes(monkeypatch, tmp_path):
+    import json
+
+    from benchmark.tools import gen_timer
+
+    shapes = {"sft": {"n": 1_000, "kv_bytes": 8}, "rm": {"n": 300, "kv_bytes": 8}}
+    monkeypatch.setattr(speed, "model_shape", lambda path, reward: shapes[path])
+    w = {"algo": "ppo", "model": "sft", "reward_model": "rm", "response_length": 32, "ppo_epochs": 4}
+    # TRL counts prompt + budget (40 + 32); our runs sampled 12 tokens an episode on average -> 52 tokens
+    result = {
+        "algo": "ppo",
+        "work": w,
+        "ours": {"episodes_per_sec": 10.0, "completion_length": 12.0},
+        "trl": {"episodes_per_sec": 5.0, "tokens_per_episode": 72.0},
+    }
+    calls = [  # the evaluation's call (8 prompts) is left out; two rollout calls of 2 s and 3 s
+        {"seconds": 9.0, "prompts": 8, "steps": 5, "contexts": 1},
+        {"seconds": 2.0, "prompts": 64, "steps": 10, "contexts": 100},
+        {"seconds": 3.0, "prompts": 64, "steps": 20, "contexts": 300},
+    ]
+    (tmp_path / "ppo_ours.json").write_text(json.dumps({"calls": calls}))
+    machine = {"threads": 1, "matmul_gflops": {128: 40.0, 256: 80.0}, "bandwidth_gbs": {"copy": 5.0, "read": 10.0}}
+    [row] = speed.limit_rows([result], machine, str(tmp_path))
+    flops = (4 * 1_000 + 4 * 300 + 4 * 6 * 1_300) * 52
+    assert row["tokens"] == 52 and row["gflop"] == pytest.approx(flops / 1e9)
+    assert row["ours_gflops"] == pytest.approx(flops * 10 / 1e9) and row["trl_share"] == pytest.approx(flops * 5 / 80e9)
+    moved = 30 * 4_000 + 400 * 8  # 30 decoding steps of 4,000 weight bytes, 400 contexts of 8 bytes
+    assert row["sampling_gbs"] == pytest.approx(moved / 5.0 / 1e9) and row["sampling_share"] == pytest.approx(
+        moved / 5.0 / 10e9
+    )
+    assert "| ppo | 1,000 / 300 | 52 |" in speed.limit_table([row], machine)
+    # a fork that logs no completion length has no row (its tokens an episode are unknown), not a wrong one
+    result["ours"]["completion_length"] = None
+    assert speed.limit_rows([result], machine, str(tmp_path)) == []
+    assert gen_timer.generation_calls(tmp_path / "ppo_ours.json", 8) == calls[1:]
+
+
+def test_the_generation_timer_reads_each_sampler_s_steps_and_contexts():
+    import torch
+
+    from benchmark.tools import gen_timer
+
+    def sample_with_kv_cache(model, prompts, pad_id, eos_id, max_new_tokens, temperature, batch_size, synced=False):
+        return [[7, 2], [7, 7, 7, 2]], []
+
+    def sample_responses(model, queries, qmask, eos_id, pad_id, max_new_tokens, temperature, synced=False):
+        return torch.tensor([[7, 2, 0, 0], [7, 7, 7, 2]]), None, None
+
+    list_args = (None, [[1, 1, 1], [1] * 5], 0, 2, 4, 1.0, 2)
+    lists = gen_timer.decoded(sample_with_kv_cache, list_args, {}, sample_with_kv_cache(*list_args))
+    assert lists == {"steps": 4, "contexts": (3 + 4) + (5 + 6 + 7 + 8)}
+    qmask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    args = (None, torch.zeros(2, 5), qmask, 2, 0, 4, 1.0)
+    result = sample_responses(*args)
+    assert gen_timer.decoded(sample_responses, args, {}, result) == lists
+    timed = gen_timer.timed(sample_responses, shapes=gen_timer.decoded)
+    n = len(gen_timer.CALLS)
+    assert timed(*args)[0] is not None and gen_timer.CALLS[n]["steps"] == 4 and gen_timer.CALLS[n]["prompts"] == 2

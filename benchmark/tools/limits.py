@@ -12,7 +12,9 @@ what the machine allows. Measured, not taken from a datasheet:
     `src.sum()` (read once), far larger than the caches; the better is the attainable bandwidth. Sampling a small
     batch (1-64 sequences) reads every weight once a token, so it is bound by this, not by the matmul rate.
 A model's FLOPs (`model_flops`): 2 N per token for a forward pass and 6 N for a forward and backward (Kaplan et al.
-2020, arXiv:2001.08361, section 2.1), N the parameters outside the embeddings; attention's own term (2 n_layer
+2020, arXiv:2001.08361, section 2.1), N the parameters outside the input embedding (the output head counted, tied
+or not); a pass's FLOPs count every token, so work a side skips (ours runs the LM head on the response positions
+only, TRL pads) does not change them: a share is of the model's FLOPs, as an MFU is; attention's own term (2 n_layer
 n_ctx d_model a token) is left out: below 5% of 2 N at the tiny world's 176-token sequences and 128 hidden units.
 The machine is shared and its speed drifts by 10-20%: take the best of a few runs, on a quiet machine.
 """
@@ -61,10 +63,49 @@ def model_flops(parameters: int, tokens: int, backward: bool) -> float:
     return (6.0 if backward else 2.0) * parameters * tokens
 
 
+def episode_flops(algo: str, tokens: float, completion: float, n_policy: int, n_value: int, ppo_epochs: int) -> float:
+    """Model FLOPs of one episode of `benchmark.tools.speed`'s work (`model_flops` per pass, the useful tokens only: a
+    side's padding is its own overhead). `tokens`: an episode's tokens (rm, dpo: chosen + rejected with their prompts;
+    online: prompt + `completion`, the mean sampled length); `n_policy` / `n_value`: non-embedding parameters of the
+    policy (rm: the reward model) and of the value and reward models (ppo). The passes:
+      rm    the reward model forward and backward: 6 N
+      dpo   the policy forward and backward, the reference forward: 6 N + 2 N
+      ppo   sampling 2 N; the rollout's reference, value and reward forward passes 2 N + 2 Nv + 2 Nv; each PPO epoch
+            the policy's and the value model's forward and backward 6 (N + Nv); the policy's rollout logprobs are the
+            sampler's (TRL recomputes them: its overhead)
+      grpo, rloo  sampling 2 N; the reference forward 2 N; one forward and backward 6 N"""
+    if algo == "rm":
+        return model_flops(n_policy, tokens, backward=True)
+    if algo == "dpo":
+        return model_flops(n_policy, tokens, backward=True) + model_flops(n_policy, tokens, backward=False)
+    if algo == "ppo":
+        frozen = model_flops(2 * n_policy + 2 * n_value, tokens, backward=False)  # sampling + reference, value, reward
+        return frozen + ppo_epochs * model_flops(n_policy + n_value, tokens, backward=True)
+    if algo in ("grpo", "rloo"):
+        return model_flops(2 * n_policy, tokens, backward=False) + model_flops(n_policy, tokens, backward=True)
+    raise ValueError(f"no FLOP model for {algo!r}")
+
+
+def decode_bytes(steps: int, contexts: int, weight_bytes: int, kv_bytes_per_token: int) -> float:
+    """Bytes one sampling call reads at least: every weight once a decoding step (`steps`: the longest completion's),
+    and at each step each live row's KV cache (`contexts`: over the rows, the sum of the context lengths before each
+    of their tokens; a finished row leaves the batch; `kv_bytes_per_token`: 2 x layers x KV width x element size). A
+    decoding step of 1-64 rows does too little arithmetic per byte to be bound by the matmul rate."""
+    return steps * weight_bytes + contexts * kv_bytes_per_token
+
+
+def row_contexts(prompt_lengths: list[int], completion_lengths: list[int]) -> int:
+    """`decode_bytes`'s `contexts`: a row of prompt P decoding L tokens reads contexts P, P + 1, ..., P + L - 1."""
+    return sum(length * p + length * (length - 1) // 2 for p, length in zip(prompt_lengths, completion_lengths))
+
+
 def non_embedding_parameters(model: torch.nn.Module) -> int:
-    """The parameters outside the input embedding (an untied output head counts: it is a matmul a token)."""
+    """The parameters a token's matmuls use: all but the input embedding (a lookup), with the output head counted
+    whether or not it is tied to that embedding (it is a matmul a token either way)."""
     embedding = model.get_input_embeddings().weight if hasattr(model, "get_input_embeddings") else None
-    return sum(p.numel() for p in model.parameters() if p is not embedding)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = head is not None and embedding is not None and head.weight is embedding
+    return sum(p.numel() for p in model.parameters() if p is not embedding) + (embedding.numel() if tied else 0)
 
 
 def measure(threads: list[int], sizes: list[int], mib: int, seconds: float) -> list[dict]:

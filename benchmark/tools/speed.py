@@ -426,8 +426,11 @@ def measure(algo: str, a: argparse.Namespace, out_dir: Path) -> dict:
     if rc != 0:
         result["skipped"] = f"our script failed (exit {rc}); see {out_dir / f'{algo}_ours.log'}"
         return result
-    seconds, episodes = train_seconds(read_jsonl(REPO / "runs" / run_name / "metrics.jsonl"), RATE_KIND[algo])
+    rows = read_jsonl(REPO / "runs" / run_name / "metrics.jsonl")
+    seconds, episodes = train_seconds(rows, RATE_KIND[algo])
+    lengths = [r["objective/completion_length"] for r in rows if "objective/completion_length" in r]
     result["ours"] = {
+        "completion_length": sum(lengths) / len(lengths) if lengths else None,  # sampled tokens an episode, mean
         "train_s": seconds,
         "episodes": episodes,
         "episodes_per_sec": episodes / seconds,
@@ -502,6 +505,79 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def model_shape(path: str, reward: bool) -> dict:
+    """A model's matmul parameters (limits.non_embedding_parameters) and its KV cache's bytes a token (float32)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from benchmark.tools import limits
+
+    cls = AutoModelForSequenceClassification if reward else AutoModelForCausalLM
+    model = cls.from_pretrained(REPO / path, local_files_only=True, **({"num_labels": 1} if reward else {}))
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_width = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    element = torch.finfo(torch.float32).bits // 8
+    return {
+        "n": limits.non_embedding_parameters(model),
+        "kv_bytes": 2 * c.num_hidden_layers * kv_width * head_dim * element,
+    }
+
+
+def limit_rows(results: list[dict], machine: dict, gen_dir: str | None) -> list[dict]:
+    """Each measured algorithm's training step against this CPU's limits (`machine`: the one-thread row of
+    `benchmark.tools.limits --out`, as both sides run one thread): the model FLOPs of an episode
+    (limits.episode_flops) x episodes per second, each side, as a share of the attainable matmul rate; and, with
+    CLEAN_RLHF_GEN_TIMES, our sampling's bytes read per second (limits.decode_bytes) as a share of the bandwidth."""
+    from benchmark.tools import limits
+    from benchmark.tools.gen_timer import generation_calls
+
+    peak, bandwidth = max(machine["matmul_gflops"].values()), max(machine["bandwidth_gbs"].values())
+    rows = []
+    for r in results:
+        if "skipped" in r:
+            continue
+        w, o, t = r["work"], r["ours"], r["trl"]
+        policy = model_shape(w["model"], reward=r["algo"] == "rm")
+        n_value = model_shape(w["reward_model"], reward=True)["n"] if "reward_model" in w else 0
+        online = "response_length" in w
+        if online and o.get("completion_length") is None:
+            continue  # a fork that logs no objective/completion_length: its tokens an episode are unknown
+        completion = o["completion_length"] if online else 0.0
+        tokens = t["tokens_per_episode"] - w.get("response_length", 0) + completion
+        flops = limits.episode_flops(r["algo"], tokens, completion, policy["n"], n_value, w.get("ppo_epochs", 0))
+        row = {"algo": r["algo"], "n": policy["n"], "n_value": n_value, "tokens": tokens, "gflop": flops / 1e9}
+        for side in ("ours", "trl"):
+            row[f"{side}_gflops"] = flops * r[side]["episodes_per_sec"] / 1e9
+            row[f"{side}_share"] = row[f"{side}_gflops"] / peak
+        path = Path(gen_dir) / f"{r['algo']}_ours.json" if gen_dir else None
+        calls = generation_calls(path, 8) if path is not None and path.exists() else []
+        if calls and all("steps" in c for c in calls):
+            weights = policy["n"] * 4  # float32, every matmul weight once a decoding step
+            moved = sum(limits.decode_bytes(c["steps"], c["contexts"], weights, policy["kv_bytes"]) for c in calls)
+            row["sampling_gbs"] = moved / sum(c["seconds"] for c in calls) / 1e9
+            row["sampling_share"] = row["sampling_gbs"] / bandwidth
+        rows.append(row)
+    return rows
+
+
+def limit_table(rows: list[dict], machine: dict) -> str:
+    peak, bandwidth = max(machine["matmul_gflops"].values()), max(machine["bandwidth_gbs"].values())
+    lines = [
+        "| algorithm | matmul parameters (policy / value) | tokens an episode | GFLOP an episode | "
+        f"ours GFLOP/s, share of {peak:.1f} | TRL GFLOP/s, share | our sampling GB/s, share of {bandwidth:.1f} |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        sampling = f"{r['sampling_gbs']:.2f}, {r['sampling_share']:.0%}" if "sampling_gbs" in r else "-"
+        lines.append(
+            f"| {r['algo']} | {r['n']:,} / {r['n_value']:,} | {r['tokens']:.0f} | {r['gflop']:.3f} | "
+            f"{r['ours_gflops']:.1f}, {r['ours_share']:.0%} | {r['trl_gflops']:.1f}, {r['trl_share']:.0%} | "
+            f"{sampling} |"
+        )
+    return "\n".join(lines)
+
+
 def driver(a: argparse.Namespace) -> None:
     out_dir = REPO / "runs" / "speed"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -559,6 +635,15 @@ def driver(a: argparse.Namespace) -> None:
     )
     (out_dir / "speed.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {out_dir / 'speed.md'}")
+    if a.limits is not None:  # each stage against the CPU's limits (issue 70 item 2)
+        machine = next((m for m in json.loads(a.limits.read_text()) if m["threads"] == 1), None)
+        if machine is None:
+            raise SystemExit(
+                f"error: --limits {a.limits} has no one-thread row (run benchmark.tools.limits --threads 1)"
+            )
+        md = limit_table(limit_rows(results, machine, os.environ.get("CLEAN_RLHF_GEN_TIMES")), machine)
+        (out_dir / "limits.md").write_text(f"`{command}`\n\n{md}\n")
+        print(md)
     phase_dir = os.environ.get("CLEAN_RLHF_PHASES")
     if phase_dir:  # the last round's phases of each algorithm (each side's file is rewritten by every round)
         from benchmark.tools import phases
@@ -878,6 +963,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=os.environ.get("TRL_PPO_PATH", "/work/trl112"),
         help="folder holding trl 1.12 (`pip install --no-deps --target DIR trl==1.12.0`), put first on PYTHONPATH "
         "for the TRL PPO side",
+    )
+    p.add_argument(
+        "--limits",
+        type=Path,
+        default=None,
+        help="JSON of `benchmark.tools.limits --out`: also each step's model FLOP/s (and, with CLEAN_RLHF_GEN_TIMES, "
+        "our sampling's bytes/s) as a share of this CPU's one-thread limits (runs/speed/limits.md)",
     )
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a side is killed")
     p.add_argument("--side", choices=["driver", "trl"], default="driver", help=argparse.SUPPRESS)

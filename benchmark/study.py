@@ -125,8 +125,6 @@ MORE_TRACKS = {
             "eval/accuracy",
             MATH_NEEDS,
         ),
-        # tiny-math-long with the old policy's logprobs from the trainer's own forward pass, not the sampler's: where
-        # a sampler that is not the trainer (vLLM, a bf16 engine) can be corrected for
         # on-policy distillation from each seed's GRPO teacher (`teacher_stage`), tiny-math-long's budget, the old
         # logprobs from a forward pass (the row's other side samples with the teacher, whose logprobs are not the old
         # policy's)
@@ -139,6 +137,8 @@ MORE_TRACKS = {
             ("sft_tiny-math", "teacher_tiny-math"),
             (("--teacher-model-path", "teacher_tiny-math"),),
         ),
+        # tiny-math-long with the old policy's logprobs from the trainer's own forward pass, not the sampler's: where
+        # a sampler that is not the trainer (vLLM, a bf16 engine) can be corrected for
         Track(
             "tiny-math-sampler",
             "tiny",

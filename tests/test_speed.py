@@ -142,6 +142,16 @@ def test_the_limit_table_takes_each_side_s_model_flops_and_our_sampling_s_bytes(
     assert gen_timer.generation_calls(tmp_path / "ppo_ours.json", 8) == calls[1:]
 
 
+def test_the_generation_timer_makes_its_folder(tmp_path, monkeypatch):
+    """CLEAN_RLHF_GEN_TIMES=DIR names a folder that may not exist yet: the calls must still land there (an error in an
+    atexit hook is only printed, and the limit table's sampling column then read "-" for every algorithm)."""
+    from benchmark.tools import gen_timer
+
+    monkeypatch.setattr(gen_timer, "CALLS", [{"seconds": 1.0, "prompts": 64}])
+    gen_timer.write_calls(str(tmp_path / "gen" / "ppo_ours.json"))
+    assert gen_timer.generation_calls(tmp_path / "gen" / "ppo_ours.json", 8) == [{"seconds": 1.0, "prompts": 64}]
+
+
 def test_the_generation_timer_reads_each_sampler_s_steps_and_contexts():
     import torch
 

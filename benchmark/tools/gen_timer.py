@@ -75,8 +75,14 @@ def timed(fn, size=_size, shapes=None):
     return wrapper
 
 
+def write_calls(out: str) -> None:
+    """OUT.json with the calls so far; its folder is made if missing (an exception at exit would only be printed)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps({"calls": CALLS}) + "\n")
+
+
 def write_at_exit(out: str) -> None:
-    atexit.register(lambda: Path(out).write_text(json.dumps({"calls": CALLS}) + "\n"))
+    atexit.register(write_calls, out)
 
 
 def install_ours(out: str) -> None:

@@ -586,6 +586,8 @@ def value(run: curves.Run, q: Quantity) -> float | None:
 class Side:
     script: str
     values: list[float] = field(default_factory=list)
+    versions: set = field(default_factory=set)
+    """the script hashes its seeds' runs recorded: more than one, and the seeds are not one program's sample"""
 
     def cell(self) -> str:
         if not self.values:
@@ -600,6 +602,9 @@ def verdict(q: Quantity, base: Side, variant: Side) -> tuple[str, float | None]:
     """The verdict of one regime, and the smallest difference the seeds could separate."""
     if min(len(base.values), len(variant.values)) < curves.MIN_SEEDS_FOR_CI:
         return "not measured (fewer than 3 seeds)", None
+    mixed = [f"{s.script}'s seeds ran {len(s.versions)} versions of it" for s in (base, variant) if len(s.versions) > 1]
+    if mixed:  # a script edited between its seeds' runs: one sample is one program's; rerun the older seeds
+        return f"not measured ({'; '.join(mixed)})", None
     (bl, bh), (vl, vh) = (curves.bootstrap_ci(np.array(s.values)) for s in (base, variant))
     smallest = ((bh - bl) + (vh - vl)) / 2
     diff = float(np.mean(variant.values) - np.mean(base.values))
@@ -682,6 +687,7 @@ def measure(e: Effect, recorded: dict, seeds: list[int], q: Quantity) -> tuple[S
             v = None if entry is None else entry["values"].get(q.label())
             if v is not None:
                 side.values.append(v)
+                side.versions.add(entry.get("script_sha256"))
         sides.append(side)
     return sides[0], sides[1]
 

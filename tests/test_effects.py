@@ -206,6 +206,26 @@ def test_two_hosts_runs_are_never_one_sample_and_an_old_record_is_read_by_its_ho
     assert effects.regime_verdict(rs) == "differs by host: cpu A: shown; cpu B: not shown"
 
 
+def test_seeds_of_two_versions_of_a_script_are_not_one_sample(tmp_path):
+    """A side whose seeds' records carry two script hashes (the script edited between its seeds' runs, the older seeds
+    left recorded) gets no verdict: its sample would mix two programs. One hash a side, and the row is judged."""
+    e = effects.BY_KEY["rloo-baseline"]
+
+    def name(script: str, seed: int) -> str:
+        return study.run_name(Path(f"{script}.py"), e.track, seed)
+
+    recorded = {
+        name(s, n): {"values": {"train/grad_norm (mean)": v + 0.01 * n}, "script_sha256": f"{s}-v1"}
+        for s, v in (("rloo", 1), ("rloo_nobaseline", 2))
+        for n in (1, 2, 3)
+    }
+    (r,) = effects.results(e, e.quantity, {"cpu A": recorded}, [1, 2, 3])
+    assert r.verdict == "shown"
+    recorded[name("rloo", 3)]["script_sha256"] = "rloo-v2"
+    (r,) = effects.results(e, e.quantity, {"cpu A": recorded}, [1, 2, 3])
+    assert r.verdict == "not measured (rloo's seeds ran 2 versions of it)" and r.smallest is None
+
+
 def test_list_and_an_unknown_row():
     proc = subprocess.run([sys.executable, "-m", "benchmark.effects", "list"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0 and all(f"{e.key}: " in proc.stdout for e in effects.EFFECTS)

@@ -136,6 +136,12 @@ def test_the_limit_table_takes_each_side_s_model_flops_and_our_sampling_s_bytes(
         moved / 5.0 / 10e9
     )
     assert "| ppo | 1,000 / 300 | 52 |" in speed.limit_table([row], machine)
+    # asked for (CLEAN_RLHF_GEN_TIMES) and not written by the side: the cell says so, not a bare "-"
+    (tmp_path / "ppo_ours.json").rename(tmp_path / "kept.json")
+    assert "| no ppo_ours.json (none written) |" in speed.limit_table(
+        speed.limit_rows([result], machine, str(tmp_path)), machine
+    )
+    (tmp_path / "kept.json").rename(tmp_path / "ppo_ours.json")
     # a fork that logs no completion length has no row (its tokens an episode are unknown), not a wrong one
     result["ours"]["completion_length"] = None
     assert speed.limit_rows([result], machine, str(tmp_path)) == []

@@ -557,6 +557,10 @@ def limit_rows(results: list[dict], machine: dict, gen_dir: str | None) -> list[
             moved = sum(limits.decode_bytes(c["steps"], c["contexts"], weights, policy["kv_bytes"]) for c in calls)
             row["sampling_gbs"] = moved / sum(c["seconds"] for c in calls) / 1e9
             row["sampling_share"] = row["sampling_gbs"] / bandwidth
+        elif online and path is not None:  # asked for, and none to read: say so, not a bare "-"
+            row["sampling_missing"] = (
+                f"no sampling calls with steps in {path.name}" if path.exists() else f"no {path.name} (none written)"
+            )
         rows.append(row)
     return rows
 
@@ -570,6 +574,7 @@ def limit_table(rows: list[dict], machine: dict) -> str:
     ]
     for r in rows:
         sampling = f"{r['sampling_gbs']:.2f}, {r['sampling_share']:.0%}" if "sampling_gbs" in r else "-"
+        sampling = r.get("sampling_missing", sampling)
         lines.append(
             f"| {r['algo']} | {r['n']:,} / {r['n_value']:,} | {r['tokens']:.0f} | {r['gflop']:.3f} | "
             f"{r['ours_gflops']:.1f}, {r['ours_share']:.0%} | {r['trl_gflops']:.1f}, {r['trl_share']:.0%} | "

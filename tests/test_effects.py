@@ -312,3 +312,16 @@ def test_the_sft_on_the_teachers_samples_fork_trains_on_the_teacher_and_evaluate
         k: next(r for r in rows[k] if "objective/teacher_kl" in r)["objective/teacher_kl"] for k in ("fork", "parent")
     }
     assert kl["fork"] < 0 < kl["parent"], kl
+
+
+@pytest.mark.parametrize("doc", ["docs/effects.md", "docs/results.md"])
+def test_the_docs_results_table_is_the_recorded_values(doc):
+    """The results table in the docs is `python -m benchmark.effects table --brief` of benchmark/effects_values.json:
+    a value recorded (or dropped) without the table regenerated fails here, so the docs never state an old number."""
+    want = effects.brief([1, 2, 3]).splitlines()
+    lines = (REPO / doc).read_text().splitlines()
+    start = lines.index(want[0])  # the table's header: a doc without the table fails here
+    got = lines[start : start + len(want) + 1]
+    assert got[: len(want)] == want and (len(got) == len(want) or not got[-1].startswith("|")), (
+        f"{doc}: regenerate its table with `python -m benchmark.effects table --brief`"
+    )

@@ -110,7 +110,10 @@ def main() -> None:
     parser.add_argument("--workdir", default=".", help="working directory; runs are written to WORKDIR/runs")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     parser.add_argument(
-        "--jobs", type=int, default=1, help="independent stages run at once (threads split between them)"
+        "--jobs",
+        type=int,
+        default=1,
+        help="independent stages run at once (the cores split between them; with 1, a stage takes every core)",
     )
     parser.add_argument(
         "--only",

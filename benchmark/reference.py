@@ -87,25 +87,23 @@ def record(run_dir: Path) -> dict:
     }
 
 
-START_FLAGS = ("--sft-model-path", "--model-name-or-path", "--reward-model-path")
-"""the flags by which a suite points a seed's stage at that seed's own SFT policy and reward model (`run.starts`)"""
-
-
 def budget(argv: list | None) -> list[str]:
-    """A run's command without what differs between seeds of one experiment (`--seed`, `--run-name`, and a start of
-    the run's own seed, `--sft-model-path runs/sft_<track>__<seed>/model`: seed 1's are the presets' paths, so seed 1
-    names none) or does not change what it computes (`--num-threads`, `--resume`, `--overwrite`)."""
+    """A run's command without what differs between seeds of one experiment (`--seed`, `--run-name`, and any flag
+    that points the run at a model of its own seed, `runs/<stage>__<seed>/model`: the SFT policy and reward model
+    `--sft-model-path runs/sft_<track>__<seed>/model`, whose seed-1 paths are the presets' so that seed 1 names none,
+    and a track's own models such as `--teacher-model-path` or `--prm-path`, which seed 1 names too) or does not change
+    what it computes (`--num-threads`, `--resume`, `--overwrite`)."""
     out, args = [], [str(a) for a in argv or []]
     named = [args[i + 1] for i in range(len(args) - 1) if args[i] == "--run-name"]
     seed = re.search(r"__(\d+)$", named[0]) if named else None
     seed = seed.group(1) if seed else next((args[i + 1] for i in range(len(args) - 1) if args[i] == "--seed"), "1")
-    own_start = re.compile(rf"(\./)?runs/(sft|rm|prm)_[^/]+__{re.escape(seed)}/model/?")
+    own_start = re.compile(rf"(\./)?runs/[^/]+__{re.escape(seed)}/model/?")
     i = 0
     while i < len(args):
         if args[i] in ("--seed", "--run-name", "--num-threads"):
             i += 2
             continue
-        if args[i] in START_FLAGS and i + 1 < len(args) and own_start.fullmatch(args[i + 1]):
+        if args[i].startswith("--") and i + 1 < len(args) and own_start.fullmatch(args[i + 1]):
             i += 2
             continue
         if args[i] not in ("--resume", "--overwrite"):

@@ -92,6 +92,14 @@ def test_each_seeds_own_start_is_the_same_command():
     rm = [["tiny-tldr", "--run-name", f"rm_tiny-tldr__{s}", "--sft-model-path", f"runs/sft_tiny-tldr__{s}/model"]
           for s in (1, 3)]  # fmt: skip
     assert reference.budget(rm[0]) == reference.budget(rm[1]) == ["tiny-tldr"]
+    # a track's own models of the seed (a teacher, a process reward model), which seed 1 names too: one command
+    distill = [["tiny", "--run-name", f"grpo_math_tiny-math-distill-study__{s}", "--seed", str(s)] for s in (1, 2)]
+    distill[1] += ["--model-name-or-path", "runs/sft_tiny-math__2/model"]
+    for s, argv in zip((1, 2), distill):
+        argv += ["--advantage-estimator", "distill", "--teacher-model-path", f"runs/teacher_tiny-math__{s}/model"]
+    assert reference.budget(distill[0]) == reference.budget(distill[1]) == ["tiny", "--advantage-estimator", "distill"]
+    other = [*distill[1][:-1], "runs/teacher_tiny-math__1/model"]  # seed 2 taught by seed 1's teacher: another one
+    assert reference.budget(other) != reference.budget(distill[1])
 
 
 def test_the_prediction_band_covers_one_more_run_and_has_a_floor():

@@ -337,7 +337,6 @@ def test_the_shipped_data_holds_the_main_job_every_study_and_full_tiny_math_as_t
 
 
 NOT_YET_SHIPPED = {
-    "ppo_rlhf_tiny-math-prm-study",
     "ppo_rlhf_tiny-tldr-noisy-long-study",
 }
 """issue 68's tracks whose library script's runs no host has yet held under both regimes in one session (a session's
